@@ -1,0 +1,50 @@
+"""Checkpoints carry the spec that rebuilds their model; loading validates before trusting them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+from .models import build_model
+from .rundir import atomic_path
+
+FORMAT = 1
+REQUIRED = ("format", "spec", "state_dict")
+
+
+def save(path: Path, model: nn.Module, spec: dict[str, Any], **extra: Any) -> None:
+    payload = {"format": FORMAT, "spec": spec, "state_dict": model.state_dict(), **extra}
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_payload(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is missing; rerun the stage that writes it")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # truncated zip, wrong pickle, ...: all mean the same to the user
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it and rerun its stage (pipeline run --resume <run> --redo <stage>)"
+        ) from None
+    if not isinstance(payload, dict) or any(k not in payload for k in REQUIRED):
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(REQUIRED)}; it was not written by this pipeline")
+    if payload["format"] != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {payload['format']}, this version reads {FORMAT}")
+    return payload
+
+
+def load_model(path: Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the model from its spec and load the weights; returns (model in eval mode, payload)."""
+    payload = load_payload(path, map_location)
+    model = build_model(payload["spec"])
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {path} does not match its own spec ({str(exc).splitlines()[0]})") from None
+    return model.to(map_location).eval(), payload

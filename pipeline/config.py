@@ -1,0 +1,271 @@
+"""Typed run configuration: dataclass defaults, a TOML/YAML file, then `key.sub=value` overrides.
+
+Every section owns its defaults. Unknown keys and wrong types are errors that list the valid
+choices (nanoGPT's configurator guard); booleans accept true/false/1/0/yes/no.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from .errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    name: str = "fashion_mnist"  # a key of pipeline.data.DATASETS
+    root: str = "data"  # directory holding the standard files (also searched: system dirs)
+    download: bool = False  # fetch missing files from the official mirrors (needs network)
+    val_fraction: float = 0.1  # carved from the training set, seeded; selects checkpoints
+    subset: int = 0  # keep only this many training examples (0 = all); for smoke runs
+    batch_size: int = 128
+    eval_batch_size: int = 2048
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # a key of pipeline.models.MODELS
+    hidden: list[int] = field(default_factory=lambda: [256, 256, 256, 256])  # MLP widths
+    channels: list[int] = field(default_factory=lambda: [16, 32, 32])  # CNN conv widths
+    cnn_hidden: int = 128  # CNN fully connected width
+
+
+@dataclass
+class GateConfig:
+    """Hardness parametrisation of the λ-gates: λ = 1 + softplus(s / t)."""
+
+    temperature: float = 0.1  # t
+    lr_mult: float = 9.0  # c: s is trained with lr = c * lr_w and no weight decay
+    granularity: Literal["layer", "channel", "global"] = "layer"
+    init: Literal["uniform", "increasing", "decreasing"] = "uniform"
+    init_lambda: float = 1.05  # uniform λ(0); start of the increasing/decreasing ramp
+    init_lambda_max: float = 2.0  # end of the increasing/decreasing ramp
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20  # T
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 5e-2
+    weight_decay: float = 1e-4
+    momentum: float = 0.9  # SGD only
+    schedule: Literal["constant", "cosine"] = "cosine"  # per-epoch lr schedule for weights and s
+    switch_fraction: float = 0.25  # e_s = floor(switch_fraction * T): λ learned up to e_s, then annealed
+    grad_clip: float = 0.0  # max global grad norm (0 = off)
+
+
+@dataclass
+class HardenConfig:
+    epsilon: float = 5e-3  # tolerance on the bound named by `criterion`
+    lambda_target: float = 0.0  # > 0 overrides the value derived from epsilon
+    criterion: Literal["gate_l1"] = "gate_l1"  # E∞(λ) = ∫|H(x) − Φ(λx)|dx = 2/(λ√(2π))
+
+
+@dataclass
+class Config:
+    name: str = ""  # run directory name under out_dir ("" = derived from data/model/time)
+    out_dir: str = "runs"
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op CPU threads (0 = torch's default)
+    # Models trained side by side: the hardened λ-gate model and the baselines it is compared to.
+    variants: list[str] = field(default_factory=lambda: ["lambda_gelu", "gelu"])
+    stages: list[str] = field(default_factory=list)  # run only these (default: all registered)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    harden: HardenConfig = field(default_factory=HardenConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert `value` (from a file or a CLI string) to the field type `tp`, or raise ConfigError."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (list, typing.List):
+        (inner,) = get_args(tp)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    value = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{key}: cannot parse list {value!r} ({exc.msg})") from None
+            else:
+                value = [v.strip() for v in text.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} expects a list of {_type_name(inner)}, got {value!r}")
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        return _coerce(value, next(a for a in get_args(tp) if a is not type(None)), key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{key} expects a boolean (true/false/1/0), got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"{key} expects an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} expects a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key} expects a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # programming error, kept loud
+
+
+def _fields(obj: Any) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(obj)}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _set(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
+    head, _, rest = dotted.partition(".")
+    fields = _fields(obj)
+    full = f"{prefix}{head}"
+    if head not in fields:
+        raise ConfigError(
+            f"unknown config key {full!r}; valid keys here: {', '.join(sorted(fields))}"
+        )
+    current = getattr(obj, head)
+    if dataclasses.is_dataclass(current):
+        if not rest:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full} is a section; set one of its keys, e.g. {full}.{next(iter(_fields(current)))}=...")
+            for k, v in value.items():
+                _set(current, k, v, prefix=f"{full}.")
+            return
+        _set(current, rest, value, prefix=f"{full}.")
+        return
+    if rest:
+        raise ConfigError(f"{full} is not a section, so {full}.{rest} does not exist")
+    setattr(obj, head, _coerce(value, _hints(type(obj))[head], full))
+
+
+def apply(cfg: Config, values: dict[str, Any]) -> Config:
+    """Merge a nested dict (from a file or config.json) into cfg, strictly."""
+    for k, v in values.items():
+        _set(cfg, k, v)
+    return cfg
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key.sub=value (e.g. train.epochs=5)")
+        _set(cfg, key.strip(), value)
+    return cfg
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; see configs/ for ready ones")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            return yaml.safe_load(text) or {}
+        if path.suffix == ".json":
+            return json.loads(text)
+    except Exception as exc:  # each parser has its own error type; the message is what matters
+        raise ConfigError(f"cannot parse {path}: {str(exc).splitlines()[0]}") from None
+    raise ConfigError(f"config file {path} must end in .toml, .yaml, .yml or .json")
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks and registry names (kept here so every entry point gets them)."""
+    from . import activations, data, models, stages
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    need(cfg.data.name in data.DATASETS, f"data.name={cfg.data.name!r} is unknown; choose one of {', '.join(data.DATASETS)}")
+    need(cfg.model.name in models.MODELS, f"model.name={cfg.model.name!r} is unknown; choose one of {', '.join(models.MODELS)}")
+    need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
+    need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")
+    for v in cfg.variants:
+        need(v in activations.ACTIVATIONS, f"variants: {v!r} is unknown; choose from {', '.join(activations.ACTIVATIONS)}")
+    for s in cfg.stages:
+        need(s in stages.STAGES, f"stages: {s!r} is unknown; choose from {', '.join(stages.STAGES)}")
+    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    need(cfg.data.batch_size > 0 and cfg.data.eval_batch_size > 0, "data.batch_size and data.eval_batch_size must be > 0")
+    need(cfg.threads >= 0, "threads must be >= 0 (0 = torch's default)")
+    need(cfg.data.subset >= 0, "data.subset must be >= 0 (0 = all)")
+    need(cfg.train.epochs >= 1, f"train.epochs must be >= 1, got {cfg.train.epochs}")
+    need(0 <= cfg.train.switch_fraction <= 1, "train.switch_fraction must be in [0, 1]")
+    need(cfg.train.lr > 0, "train.lr must be > 0")
+    need(cfg.gate.temperature > 0, f"gate.temperature must be > 0, got {cfg.gate.temperature}")
+    need(cfg.gate.lr_mult >= 0, "gate.lr_mult must be >= 0")
+    need(cfg.gate.init_lambda > 1 and cfg.gate.init_lambda_max > 1,
+         "gate.init_lambda and gate.init_lambda_max must be > 1 (λ = 1 + softplus(s/t) is never 1 exactly)")
+    need(cfg.harden.epsilon > 0 or cfg.harden.lambda_target > 0,
+         "set harden.epsilon > 0 or harden.lambda_target > 0")
+    need(cfg.harden.lambda_target == 0 or cfg.harden.lambda_target >= 1, "harden.lambda_target must be >= 1 (or 0 to derive it)")
+    need(all(h > 0 for h in cfg.model.hidden) and cfg.model.hidden, "model.hidden must be a non-empty list of positive widths")
+    return cfg
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    cfg = Config()
+    if path is not None:
+        apply(cfg, read_file(path))
+    apply_overrides(cfg, overrides or [])
+    return validate(cfg)
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    return apply(Config(), values)

@@ -1,0 +1,69 @@
+"""The swap stage: every gate of the best checkpoint becomes ReLU, with no weight update."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import checkpoint
+from .activations import Gate
+from .config import Config
+from .rundir import RunDir, atomic_write_json
+from .train import dataset_for, predict, resolve_device, score
+
+
+def replace_modules(root: nn.Module, match: Callable[[nn.Module, str], bool],
+                    make: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+    """Replace every submodule for which match(module, fqn) holds by make(module, fqn); returns the root.
+
+    Replaced modules are not descended into. The root itself may be replaced.
+    """
+    if match(root, ""):
+        return make(root, "")
+
+    def walk(parent: nn.Module, prefix: str) -> None:
+        for name, child in list(parent.named_children()):
+            fqn = f"{prefix}{name}"
+            if match(child, fqn):
+                setattr(parent, name, make(child, fqn))
+            else:
+                walk(child, fqn + ".")
+
+    walk(root, "")
+    return root
+
+
+def to_relu(model: nn.Module) -> nn.Module:
+    """Swap every gate for its ReLU form, in place; callers pass a copy when they keep the original."""
+    return replace_modules(model, lambda m, _: isinstance(m, Gate), lambda m, _: m.to_relu())
+
+
+def relu_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    return {**spec, "activation": "relu"}
+
+
+def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
+    ds = dataset_for(cfg)
+    bs = cfg.data.eval_batch_size
+    result: dict[str, dict[str, float]] = {}
+    for variant in cfg.variants:
+        model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
+        before = {s: predict(model, getattr(ds, s), bs, device) for s in ("val", "test")}
+        swapped = to_relu(model)  # the loaded copy is ours to change
+        after = {s: predict(swapped, getattr(ds, s), bs, device) for s in ("val", "test")}
+        # Agreement and logit change on the validation split: the split the checkpoint was chosen on.
+        result[variant] = {
+            "val_before": score(before["val"], ds.val.y)["accuracy"],
+            "val_after": score(after["val"], ds.val.y)["accuracy"],
+            "test_before": score(before["test"], ds.test.y)["accuracy"],
+            "test_after": score(after["test"], ds.test.y)["accuracy"],
+            "argmax_agreement": float((before["val"].argmax(1) == after["val"].argmax(1)).float().mean()),
+            "max_logit_change": float((before["val"] - after["val"]).abs().max()),
+        }
+        checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),
+                        source_epoch=payload.get("epoch"), source=str(run.file("train", variant, "best.pt")))
+    atomic_write_json(run.file("swap", "swap.json"), result)
+    return result

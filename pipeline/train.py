@@ -1,0 +1,199 @@
+"""Training with Algorithm 1: the `train` stage learns λ for epochs 1..e_s, the `harden` stage freezes s
+and anneals λ linearly to λ_target over e_s+1..T. Baseline variants simply keep training in both.
+
+Every epoch ends with `last.pt` (weights, optimizer, history) written atomically, so a killed run
+resumes at the next epoch with the same numbers; `best.pt` holds the best-validation checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import signal
+import time
+from dataclasses import astuple
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from . import checkpoint
+from .activations import ACTIVATIONS, hardenable_gates, layer_lambdas
+from .config import Config, DataConfig
+from .data import Dataset, Split, batches, load_dataset
+from .errors import TrainingError
+from .hardness import annealed_lambda, lambda_target, lr_at, param_groups, switch_epoch
+from .models import build_model, make_spec
+from .rundir import RunDir, atomic_write_bytes, atomic_write_csv
+
+OPTIMIZERS = {
+    "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
+    "adamw": lambda groups, cfg: torch.optim.AdamW(groups, lr=cfg.lr),
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_dataset(key: tuple) -> Dataset:
+    return load_dataset(DataConfig(*key))
+
+
+def dataset_for(cfg: Config) -> Dataset:
+    return _cached_dataset(astuple(cfg.data))
+
+
+def target_for(cfg: Config) -> float:
+    return lambda_target(cfg.harden.epsilon, cfg.harden.criterion, cfg.harden.lambda_target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def predict(model: nn.Module, split: Split, batch_size: int, device: torch.device) -> torch.Tensor:
+    """Logits for the whole split, on CPU, shape [N, K]."""
+    model.eval()
+    out = [model(x.to(device)).float().cpu() for x, _ in batches(split, batch_size)]
+    return torch.cat(out)
+
+
+def score(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    return {"loss": float(F.cross_entropy(logits, y)), "accuracy": float((logits.argmax(1) == y).float().mean())}
+
+
+# ---------------------------------------------------------------------------------------------
+# One variant
+
+
+def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device) -> dict[str, float]:
+    model.train()
+    g = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)  # data order depends only on (seed, epoch)
+    total, correct, n = 0.0, 0, 0
+    for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        if not torch.isfinite(loss):
+            raise TrainingError(
+                f"loss is {float(loss.detach())} at epoch {epoch}, batch {b}; the last good checkpoint (epoch {epoch - 1}) is kept: "
+                f"lower train.lr or set train.grad_clip, then resume"
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.train.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        total += float(loss.detach()) * len(y)
+        correct += int((logits.argmax(1) == y).sum())
+        n += len(y)
+    return {"train_loss": total / n, "train_accuracy": correct / n}
+
+
+def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: int, last: int,
+                  histories: dict[str, list[dict]], device: torch.device) -> dict[str, Any]:
+    vdir = run.dir("train", variant)
+    T = cfg.train.epochs
+    e_s = switch_epoch(T, cfg.train.switch_fraction)
+    hardenable = ACTIVATIONS[variant].hardenable
+    target = target_for(cfg)
+    spec = make_spec(cfg.model, variant, cfg.gate, ds.info)
+
+    torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
+    model = build_model(spec).to(device)
+    opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
+    state: dict[str, Any] = {"epoch": 0, "best_metric": -math.inf, "best_epoch": 0, "lambda_switch": None, "history": []}
+    if (vdir / "last.pt").is_file():
+        payload = checkpoint.load_payload(vdir / "last.pt", device)
+        model.load_state_dict(payload["state_dict"])
+        opt.load_state_dict(payload["optimizer"])
+        state = payload["state"]
+    histories[variant] = state["history"]
+
+    epochs = range(max(first, state["epoch"] + 1), last + 1)
+    bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None, leave=True)
+    for epoch in bar:
+        t0 = time.time()
+        lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
+        for group in opt.param_groups:
+            group["lr"] = lr * group["lr_mult"]
+        gates = hardenable_gates(model)
+        phase = "train"
+        if hardenable:
+            phase = "learn" if epoch <= e_s else "anneal"
+            if phase == "anneal":
+                if state["lambda_switch"] is None:  # Algorithm 1, line 2: save λ(e_s)
+                    state["lambda_switch"] = [g.lam.detach().cpu().clone() for g in gates]
+                for g, lam_s in zip(gates, state["lambda_switch"]):
+                    g.freeze(annealed_lambda(lam_s, epoch, e_s, T, target).to(device))
+        stats = _train_epoch(model, opt, ds.train, cfg, epoch, device)
+        val = score(predict(model, ds.val, cfg.data.eval_batch_size, device), ds.val.y)
+        lams = layer_lambdas(model)
+        row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr, **stats,
+               "val_loss": val["loss"], f"val_{ds.info.metric}": val["accuracy"], "seconds": time.time() - t0}
+        row.update({f"lambda_{i}": v for i, v in enumerate(lams)})
+        state["history"].append(row)
+        state["epoch"] = epoch
+        if val["accuracy"] > state["best_metric"]:
+            state["best_metric"], state["best_epoch"] = val["accuracy"], epoch
+            checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["accuracy"], lambdas=lams)
+        # Order matters for resume: the CSV is derived from last.pt's history, so write last.pt first.
+        checkpoint.save(vdir / "last.pt", model, spec, optimizer=opt.state_dict(), state=state)
+        _write_metrics(run, histories)
+        _fault_injection(variant, epoch)
+        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['accuracy']:.4f}",
+                        lam=f"{(sum(lams) / len(lams)) if lams else float('nan'):.3g}")
+    return {"epoch": state["epoch"], "best_epoch": state["best_epoch"], "best_val": state["best_metric"],
+            "lambdas": layer_lambdas(model)}
+
+
+def _fault_injection(variant: str, epoch: int) -> None:
+    """Tests set PIPELINE_KILL_AFTER=<variant>:<epoch> to SIGKILL the run right after that epoch's
+    checkpoint, which is the only way to kill at a reproducible point (epochs take milliseconds)."""
+    if os.environ.get("PIPELINE_KILL_AFTER") == f"{variant}:{epoch}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
+    rows = [r for v in histories for r in histories[v]]
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    atomic_write_csv(run.file("train", "metrics.csv"), rows, fields)
+
+
+def _run_phase(cfg: Config, run: RunDir, phase: str) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
+    ds = dataset_for(cfg)
+    T = cfg.train.epochs
+    e_s = switch_epoch(T, cfg.train.switch_fraction)
+    first, last = (1, e_s) if phase == "train" else (e_s + 1, T)
+    histories: dict[str, list[dict]] = {}
+    for v in cfg.variants:  # histories of every variant, so metrics.csv always holds them all
+        p = run.file("train", v, "last.pt")
+        histories[v] = checkpoint.load_payload(p)["state"]["history"] if p.is_file() else []
+    out = {"epochs": [first, last], "switch_epoch": e_s, "lambda_target": target_for(cfg), "device": str(device)}
+    for v in cfg.variants:
+        out[v] = train_variant(cfg, run, ds, v, first, last, histories, device)
+        if phase == "train" and run.file("train", v, "last.pt").is_file():
+            # Algorithm 1, line 2: keep the state at e_s (λ(e_s) and the weights) beside the run.
+            atomic_write_bytes(run.file("train", v, "switch.pt"), run.file("train", v, "last.pt").read_bytes())
+    return out
+
+
+def run_train(cfg: Config, run: RunDir) -> dict[str, Any]:
+    """Epochs 1..e_s: weights and λ learned together (λ's s at c·lr, no weight decay)."""
+    return _run_phase(cfg, run, "train")
+
+
+def run_harden(cfg: Config, run: RunDir) -> dict[str, Any]:
+    """Epochs e_s+1..T: s frozen, λ annealed linearly to λ_target, weights keep training."""
+    return _run_phase(cfg, run, "harden")

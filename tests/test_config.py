@@ -1,0 +1,71 @@
+"""Typed config: files, overrides, and one-line errors that name the valid choices."""
+
+import pytest
+
+from pipeline import config
+from pipeline.errors import ConfigError
+
+
+def test_defaults_are_the_paper_fashion_mnist_setup():
+    cfg = config.load()
+    assert (cfg.data.name, cfg.model.name, cfg.model.hidden) == ("fashion_mnist", "mlp", [256] * 4)
+    assert (cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay) == ("sgd", 5e-2, 1e-4)
+    assert (cfg.gate.temperature, cfg.gate.lr_mult, cfg.harden.epsilon) == (0.1, 9.0, 5e-3)
+    assert cfg.variants == ["lambda_gelu", "gelu"]
+
+
+def test_overrides_parse_types():
+    cfg = config.load(overrides=["train.epochs=7", "train.lr=1e-3", "data.download=1", "model.hidden=32,16",
+                                 "variants=[\"gelu\"]", "gate.granularity=channel"])
+    assert cfg.train.epochs == 7 and cfg.train.lr == 1e-3 and cfg.data.download is True
+    assert cfg.model.hidden == [32, 16] and cfg.variants == ["gelu"] and cfg.gate.granularity == "channel"
+
+
+@pytest.mark.parametrize("text,value", [("true", True), ("false", False), ("1", True), ("0", False), ("no", False), ("YES", True)])
+def test_booleans(text, value):
+    assert config.load(overrides=[f"data.download={text}"]).data.download is value
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.epoch=3", "unknown config key 'train.epoch'; valid keys here: "),
+    ("trian.epochs=3", "unknown config key 'trian'; valid keys here: "),
+    ("train.epochs=three", "train.epochs expects an integer"),
+    ("train.optimizer=adam", "choose one of sgd, adamw"),
+    ("data.download=maybe", "expects a boolean (true/false/1/0)"),
+    ("data.name=mnist", "choose one of fashion_mnist, adult, digits"),
+    ("variants=lambda_gelu,swish", "choose from relu, gelu, lambda_gelu"),
+    ("train.epochs", "must look like key.sub=value"),
+    ("train=3", "train is a section"),
+    ("gate.temperature=0", "gate.temperature must be > 0"),
+])
+def test_errors_are_one_line_and_name_the_fix(override, needle):
+    with pytest.raises(ConfigError) as e:
+        config.load(overrides=[override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_toml_and_yaml_files(tmp_path):
+    (tmp_path / "a.toml").write_text('seed = 3\n[train]\nepochs = 4\n[data]\nname = "digits"\n')
+    (tmp_path / "b.yaml").write_text("seed: 3\ntrain:\n  epochs: 4\ndata:\n  name: digits\n")
+    a, b = config.load(tmp_path / "a.toml"), config.load(tmp_path / "b.yaml")
+    assert a.to_dict() == b.to_dict() and a.train.epochs == 4 and a.seed == 3
+    assert config.load(tmp_path / "a.toml", ["train.epochs=9"]).train.epochs == 9  # CLI wins over file
+    (tmp_path / "bad.toml").write_text("[train]\nepochs = 'x'\n")
+    with pytest.raises(ConfigError, match="train.epochs expects an integer"):
+        config.load(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_round_trip_through_dict():
+    cfg = config.load(overrides=["train.epochs=3", "gate.init=decreasing"])
+    assert config.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    files = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.toml"))
+    assert files, "configs/ should ship ready configs"
+    for f in files:
+        config.load(f)

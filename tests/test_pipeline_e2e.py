@@ -1,0 +1,165 @@
+"""End to end on sklearn digits: every stage, artifacts, kill-and-resume, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import checkpoint
+from pipeline.cli import main
+from pipeline.hardness import lambda_target
+from pipeline.rundir import sha256
+from pipeline.stages import STAGES
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["-c", str(ROOT / "configs" / "digits-tiny.toml")]
+SWAP_KEYS = {"val_before", "val_after", "test_before", "test_after", "argmax_agreement", "max_logit_change"}
+SWAP_DROP_TOL = 0.02  # hardened λ-GELU → ReLU on digits: at most one validation example in ~50 may flip
+
+
+def _run(*args: str) -> int:
+    return main(["run", *TINY, *args])
+
+
+def _rows(run: Path) -> list[dict]:
+    with open(run / "train" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs")
+    assert _run(f"out_dir={out}", "name=ref") == 0
+    return out / "ref"
+
+
+def test_every_stage_done_with_hashed_outputs(finished):
+    m = json.loads((finished / "manifest.json").read_text())
+    assert list(m["stages"]) == list(STAGES)
+    latest = {}  # train and harden share train/: a file's current hash is the last stage's record
+    for name, st in m["stages"].items():
+        assert st["status"] == "done" and st["device"] == "cpu" and st["seconds"] >= 0, name
+        latest.update(st["outputs"])
+    assert latest and all(sha256(finished / rel) == digest for rel, digest in latest.items())
+    assert "train/lambda_gelu/switch.pt" in m["stages"]["train"]["outputs"]
+    switch = checkpoint.load_payload(finished / "train" / "lambda_gelu" / "switch.pt")
+    assert switch["state"]["epoch"] == 2 and not switch["state"]["lambda_switch"]
+    assert {"torch", "numpy", "python"} <= set(m["versions"]) and m["seed"] == 0
+    cfg = json.loads((finished / "config.json").read_text())
+    assert cfg["data"]["name"] == "digits" and cfg["train"]["epochs"] == 8
+
+
+def test_metrics_csv_follows_algorithm_1(finished):
+    rows = _rows(finished)
+    T, e_s = 8, 2
+    lam_rows = [r for r in rows if r["variant"] == "lambda_gelu"]
+    assert [int(r["epoch"]) for r in lam_rows] == list(range(1, T + 1))
+    assert [r["phase"] for r in lam_rows] == ["learn"] * e_s + ["anneal"] * (T - e_s)
+    lam_cols = [k for k in rows[0] if k.startswith("lambda_")]
+    assert len(lam_cols) == 2  # one λ per activation layer of the 32-32 MLP
+    target = lambda_target(5e-3)
+    for col in lam_cols:
+        series = [float(r[col]) for r in lam_rows]
+        assert series[-1] == pytest.approx(target, rel=1e-6)  # λ(T) = λ_target (float32 storage)
+        lam_s = series[e_s - 1]
+        for e in range(e_s + 1, T + 1):
+            assert series[e - 1] == pytest.approx(lam_s + (e - e_s) / (T - e_s) * (target - lam_s), rel=1e-5)
+        assert series[0] != series[1]  # λ is learned in the first phase
+    gelu_rows = [r for r in rows if r["variant"] == "gelu"]
+    assert len(gelu_rows) == T and all(r["lambda_0"] == "" for r in gelu_rows)
+
+
+def test_swap_json_shape_and_hardened_swap_is_nearly_lossless(finished):
+    swap = json.loads((finished / "swap" / "swap.json").read_text())
+    assert set(swap) == {"lambda_gelu", "gelu"}
+    for v in swap.values():
+        assert set(v) == SWAP_KEYS and all(isinstance(x, float) for x in v.values())
+    lam = swap["lambda_gelu"]
+    assert lam["val_before"] > 0.8
+    assert lam["val_before"] - lam["val_after"] <= SWAP_DROP_TOL
+    # At λ = 159.6 each unit moves by at most 0.17/λ ≈ 1e-3: logits barely change.
+    assert lam["max_logit_change"] < 0.1 and lam["argmax_agreement"] >= 1 - SWAP_DROP_TOL
+
+
+def test_checkpoints_rebuild_their_models(finished):
+    model, payload = checkpoint.load_model(finished / "train" / "lambda_gelu" / "best.pt")
+    assert payload["epoch"] >= 1 and len(payload["lambdas"]) == 2
+    relu, rp = checkpoint.load_model(finished / "swap" / "lambda_gelu" / "relu.pt")
+    assert rp["spec"]["activation"] == "relu"
+    assert sum(isinstance(m, torch.nn.ReLU) for m in relu.modules()) == 2
+    x = torch.rand(5, 1, 8, 8)
+    with torch.no_grad():
+        assert (model(x) - relu(x)).abs().max() < 0.1
+
+
+def test_existing_name_with_other_config_is_refused(finished, capsys):
+    assert _run(f"out_dir={finished.parent}", "name=ref", "seed=1") == 2
+    assert "already exists with a different config" in capsys.readouterr().err
+
+
+def _subprocess_run(args: list[str], kill_after: str | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("PIPELINE_KILL_AFTER", None)
+    if kill_after:
+        env["PIPELINE_KILL_AFTER"] = kill_after
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sigkill_and_resume_gives_identical_results(finished, tmp_path):
+    out = tmp_path / "runs"
+    # Killed in the train stage (gelu's first epoch), then in the harden stage (λ-GELU epoch 5).
+    p = _subprocess_run(["run", *TINY, f"out_dir={out}", "name=k"], kill_after="gelu:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    run = out / "k"
+    assert json.loads((run / "manifest.json").read_text())["stages"]["train"]["status"] == "running"
+    p = _subprocess_run(["run", "--resume", str(run)], kill_after="lambda_gelu:5")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert checkpoint.load_payload(run / "train" / "lambda_gelu" / "last.pt")["state"]["epoch"] == 5
+    p = _subprocess_run(["run", "--resume", str(run)], kill_after=None)
+    assert p.returncode == 0, p.stderr
+    assert "[train] done already, skipped" in p.stdout
+    assert json.loads((run / "swap" / "swap.json").read_text()) == json.loads((finished / "swap" / "swap.json").read_text())
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(_rows(run)) == strip(_rows(finished))
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path, capsys):
+    code = main(["run", f"out_dir={tmp_path}", "data.name=adult", f"data.root={tmp_path / 'nowhere'}", "name=x"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: adult: adult.data, adult.test not found (looked in")
+    assert "data.download=true" in err and "\n" not in err
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_keeps_old_outputs(finished, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "c"
+    shutil.copytree(finished, run)
+    old_swap = (run / "swap" / "swap.json").read_text()
+    (run / "train" / "gelu" / "best.pt").write_bytes(b"not a checkpoint")
+    assert main(["run", "--resume", str(run), "--redo", "swap"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint" in err and "is corrupt" in err and "best.pt" in err
+    superseded = list((run / "superseded").glob("swap-*/swap.json"))
+    assert len(superseded) == 1 and superseded[0].read_text() == old_swap  # redo never deletes finished work
+    assert json.loads((run / "manifest.json").read_text())["stages"]["swap"]["status"] == "failed"
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
+    out = tmp_path / "runs"
+    assert _run(f"out_dir={out}", "name=n", "stages=train") == 0
+    run = out / "n"
+    good = (run / "train" / "lambda_gelu" / "last.pt").read_bytes()
+    code = main(["run", "--resume", str(run), "stages=", "train.lr=1e30"])
+    err = capsys.readouterr().err
+    assert code == 2 and "at epoch 3" in err and "last good checkpoint (epoch 2)" in err
+    assert (run / "train" / "lambda_gelu" / "last.pt").read_bytes() == good
+    assert checkpoint.load_payload(run / "train" / "lambda_gelu" / "best.pt")["epoch"] <= 2
