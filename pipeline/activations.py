@@ -94,6 +94,8 @@ class Gate(nn.Module):
 
 
 class GELU(Gate):
+    GATE = "phi"  # x·Φ(x): λ-GELU at λ = 1, for the bound checks
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x)
 
@@ -136,6 +138,8 @@ class HardenableGate(Gate):
 
 
 class LambdaGELU(HardenableGate):
+    GATE = "phi"  # x·Φ(λx)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return lambda_gelu(x, self._lam_for(x))
 
@@ -160,6 +164,7 @@ class ActivationSpec:
     build: Callable[[GateContext], nn.Module]
     hardenable: bool = False  # has a λ that Algorithm 1 anneals
     gate: str | None = None  # the gate g in x·g(λx), for the bound registry in analysis/
+    expansion: int = 1  # outputs per input unit (2 for a linked pair (g(z), g(−z)))
 
 
 def _init_lambda(ctx: GateContext) -> float:

@@ -64,7 +64,53 @@ class TrainConfig:
 class HardenConfig:
     epsilon: float = 5e-3  # tolerance on the bound named by `criterion`
     lambda_target: float = 0.0  # > 0 overrides the value derived from epsilon
-    criterion: Literal["gate_l1"] = "gate_l1"  # E∞(λ) = ∫|H(x) − Φ(λx)|dx = 2/(λ√(2π))
+    # gate_l1: E∞(λ) = ∫|H(x) − Φ(λx)|dx = 2/(λ√(2π)) (the paper); act_l1: ∫|ReLU − f_λ| = 1/(2λ²);
+    # sup: max|ReLU − f_λ| = c/λ, c ≈ 0.169971 (what a swap changes per unit)
+    criterion: Literal["gate_l1", "act_l1", "sup"] = "gate_l1"
+
+
+@dataclass
+class CheckConfig:
+    """Per-layer empirical check of the bounds on the real validation pre-activations."""
+
+    soft_delta: float = 1e-3  # "soft" band: pre-activations with g(λx) in (δ, 1 − δ)
+    band: float = 3.0  # |λx| < band estimates the pre-activation density at 0 (for the closed-form comparison)
+    sup_rtol: float = 1e-9  # float64 slack on max|ReLU − f_λ| ≤ c/λ
+
+
+@dataclass
+class ExportConfig:
+    """fp32 ONNX export (quantize/export.py)."""
+
+    opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
+    atol: float = 1e-5  # onnxruntime vs PyTorch, max |Δlogit| on the check batch
+    check_samples: int = 1024  # validation inputs in the check batch
+    simplify: bool = True  # run onnxsim
+
+
+@dataclass
+class QuantizeConfig:
+    """onnxruntime static int8 quantization and its measurements (quantize/int8.py)."""
+
+    calibration_samples: int = 1024  # training examples fed through the CalibrationDataReader
+    calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
+    activation_type: Literal["int8", "uint8"] = "int8"
+    keep_activations: bool = False  # QDQKeepRemovableActivations: keep ReLU nodes (slower; for graph readers)
+    fold_normalization: bool = True  # fold an MLP's input Normalize into its first Linear before quantizing
+    threads: int = 1  # onnxruntime intra-op threads for evaluation and timing
+    repeats: int = 50  # timed runs at the throughput batch (batch 1 uses 4x as many); the median is reported
+    throughput_batch: int = 256
+    sqnr_samples: int = 256  # validation inputs for the per-tensor SQNR
+
+
+@dataclass
+class SparsityConfig:
+    """APoZ and dead-unit pruning (analysis/sparsity.py)."""
+
+    prune: bool = True  # remove dead units, check and export the pruned model
+    atol: float = 1e-6  # pruned vs original logits on the validation set (float64)
+    bins: int = 20  # histogram bins over 0..100%
 
 
 @dataclass
@@ -82,6 +128,10 @@ class Config:
     gate: GateConfig = field(default_factory=GateConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     harden: HardenConfig = field(default_factory=HardenConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    sparsity: SparsityConfig = field(default_factory=SparsityConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -256,6 +306,13 @@ def validate(cfg: Config) -> Config:
          "set harden.epsilon > 0 or harden.lambda_target > 0")
     need(cfg.harden.lambda_target == 0 or cfg.harden.lambda_target >= 1, "harden.lambda_target must be >= 1 (or 0 to derive it)")
     need(all(h > 0 for h in cfg.model.hidden) and cfg.model.hidden, "model.hidden must be a non-empty list of positive widths")
+    need(13 <= cfg.export.opset <= 20, f"export.opset must be in 13..20 (the TorchScript exporter's range), got {cfg.export.opset}")
+    need(cfg.export.atol > 0 and cfg.export.check_samples > 0, "export.atol and export.check_samples must be > 0")
+    need(cfg.quantize.calibration_samples > 0, "quantize.calibration_samples must be > 0")
+    need(cfg.quantize.threads > 0 and cfg.quantize.repeats > 0 and cfg.quantize.throughput_batch > 0,
+         "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
+    need(cfg.quantize.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
+    need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
     return cfg
 
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .activations import GateContext, build_activation
+from .activations import ACTIVATIONS, GateContext, build_activation
 from .config import GateConfig, ModelConfig
 
-MakeAct = Callable[[int], nn.Module]  # channels -> activation module
+MakeAct = Callable[[int], nn.Module]  # channels -> activation module; act.expansion: outputs per input unit
 
 
 class Normalize(nn.Module):
@@ -40,7 +40,7 @@ def mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, act: M
     width = int(torch.tensor(input_shape).prod())
     for i, h in enumerate(cfg.hidden):
         layers += [(f"fc{i}", nn.Linear(width, h)), (f"act{i}", act(h))]
-        width = h
+        width = h * act.expansion
     layers.append(("head", nn.Linear(width, num_classes)))
     return layers
 
@@ -54,14 +54,14 @@ def cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, act: M
     for i, out in enumerate(cfg.channels):
         stride = 1 if i == 0 else 2
         layers += [(f"conv{i}", nn.Conv2d(c, out, 3, stride=stride, padding=1)), (f"act{i}", act(out))]
-        c = out
+        c = out * act.expansion
         h, w = (h - 1) // stride + 1, (w - 1) // stride + 1
     n = len(cfg.channels)
     layers += [
         ("flatten", nn.Flatten()),
         ("fc", nn.Linear(c * h * w, cfg.cnn_hidden)),
         (f"act{n}", act(cfg.cnn_hidden)),
-        ("head", nn.Linear(cfg.cnn_hidden, num_classes)),
+        ("head", nn.Linear(cfg.cnn_hidden * act.expansion, num_classes)),
     ]
     return layers
 
@@ -83,19 +83,29 @@ def make_spec(model_cfg: ModelConfig, activation: str, gate_cfg: GateConfig, inf
     }
 
 
+class _ActFactory:
+    """Callable channels -> activation module, carrying the activation's width expansion."""
+
+    def __init__(self, make: Callable[[int], nn.Module], expansion: int):
+        self.make, self.expansion = make, expansion
+
+    def __call__(self, channels: int) -> nn.Module:
+        return self.make(channels)
+
+
 def build_model(spec: dict[str, Any]) -> nn.Sequential:
     model_cfg = ModelConfig(**spec["model"])
     gate_cfg = GateConfig(**spec["gate"])
     shape = tuple(spec["input_shape"])
     builder = MODELS[model_cfg.name]
     # First pass counts activation sites (increasing/decreasing λ init needs the depth).
-    count = sum(1 for name, _ in builder(model_cfg, shape, spec["num_classes"], lambda ch: nn.Identity()) if name.startswith("act"))
+    activation = ACTIVATIONS[spec["activation"]]
+    counter = _ActFactory(lambda ch: nn.Identity(), activation.expansion)
+    count = sum(1 for name, _ in builder(model_cfg, shape, spec["num_classes"], counter) if name.startswith("act"))
     shared: dict = {}
     sites = iter(range(count))
-
-    def act(channels: int) -> nn.Module:
-        return build_activation(spec["activation"], GateContext(channels, next(sites), count, gate_cfg, shared))
-
+    act = _ActFactory(lambda ch: build_activation(spec["activation"], GateContext(ch, next(sites), count, gate_cfg, shared)),
+                      activation.expansion)
     layers = builder(model_cfg, shape, spec["num_classes"], act)
     return nn.Sequential(OrderedDict([("norm", Normalize(spec["mean"], spec["std"], shape))] + layers))
 

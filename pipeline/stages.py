@@ -33,7 +33,12 @@ class Stage:
 STAGES: dict[str, Stage] = {
     "train": Stage("pipeline.train:run_train", "train", "learn weights and λ for the first 25% of epochs (Algorithm 1, line 1)"),
     "harden": Stage("pipeline.train:run_harden", "train", "freeze s, anneal λ linearly to λ_target, keep the best-validation checkpoint"),
+    "check": Stage("analysis.check:run_check", "check", "bounds: sympy closed forms, per-layer check on validation pre-activations, swap certificate"),
     "swap": Stage("pipeline.swap:run_swap", "swap", "replace every gate of the best checkpoint by ReLU and re-evaluate, no weight update"),
+    "export": Stage("quantize.export:run_export", "export", "fp32 ONNX (opset 20, onnxsim, dynamic batch) of the smooth and the swapped models, checked against PyTorch"),
+    "int8": Stage("quantize.int8:run_int8", "quantize", "onnxruntime static int8 (QDQ, per-channel): accuracy, size, latency, op counts, SQNR"),
+    "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported"),
+    "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above"),
 }
 
 

@@ -55,12 +55,13 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         swapped = to_relu(model)  # the loaded copy is ours to change
         after = {s: predict(swapped, getattr(ds, s), bs, device) for s in ("val", "test")}
         # Agreement and logit change on the validation split: the split the checkpoint was chosen on.
+        m = ds.info.metric  # accuracy, or perplexity for language models
         result[variant] = {
-            "val_before": score(before["val"], ds.val.y)["accuracy"],
-            "val_after": score(after["val"], ds.val.y)["accuracy"],
-            "test_before": score(before["test"], ds.test.y)["accuracy"],
-            "test_after": score(after["test"], ds.test.y)["accuracy"],
-            "argmax_agreement": float((before["val"].argmax(1) == after["val"].argmax(1)).float().mean()),
+            "val_before": score(before["val"], ds.val.y, m)["metric"],
+            "val_after": score(after["val"], ds.val.y, m)["metric"],
+            "test_before": score(before["test"], ds.test.y, m)["metric"],
+            "test_after": score(after["test"], ds.test.y, m)["metric"],
+            "argmax_agreement": float((before["val"].argmax(-1) == after["val"].argmax(-1)).float().mean()),
             "max_logit_change": float((before["val"] - after["val"]).abs().max()),
         }
         checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),

@@ -68,8 +68,25 @@ def predict(model: nn.Module, split: Split, batch_size: int, device: torch.devic
     return torch.cat(out)
 
 
-def score(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    return {"loss": float(F.cross_entropy(logits, y)), "accuracy": float((logits.argmax(1) == y).float().mean())}
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dim: [N, K] classification or [N, T, V] next-token prediction."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+# metric name -> (value from logits and labels, higher is better)
+METRICS = {
+    "accuracy": (lambda logits, y: float((logits.argmax(-1) == y).float().mean()), True),
+    "perplexity": (lambda logits, y: math.exp(float(_loss(logits, y))), False),
+}
+
+
+def score(logits: torch.Tensor, y: torch.Tensor, metric: str = "accuracy") -> dict[str, float]:
+    """{"loss", "metric"} for a whole split; `metric` names an entry of METRICS."""
+    return {"loss": float(_loss(logits, y)), "metric": METRICS[metric][0](logits, y)}
+
+
+def improved(new: float, best: float, metric: str) -> bool:
+    return new > best if METRICS[metric][1] else new < best
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +100,7 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device) -> d
     for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = _loss(logits, y)
         if not torch.isfinite(loss):
             raise TrainingError(
                 f"loss is {float(loss.detach())} at epoch {epoch}, batch {b}; the last good checkpoint (epoch {epoch - 1}) is kept: "
@@ -95,9 +112,9 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device) -> d
             nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         opt.step()
         total += float(loss.detach()) * len(y)
-        correct += int((logits.argmax(1) == y).sum())
+        correct += int((logits.argmax(-1) == y).sum())
         n += len(y)
-    return {"train_loss": total / n, "train_accuracy": correct / n}
+    return {"train_loss": total / n, "train_top1": correct / (n * (y[0].numel() if len(y) else 1))}
 
 
 def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: int, last: int,
@@ -112,7 +129,9 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device)
     opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
-    state: dict[str, Any] = {"epoch": 0, "best_metric": -math.inf, "best_epoch": 0, "lambda_switch": None, "history": []}
+    metric = ds.info.metric
+    worst = -math.inf if METRICS[metric][1] else math.inf
+    state: dict[str, Any] = {"epoch": 0, "best_metric": worst, "best_epoch": 0, "lambda_switch": None, "history": []}
     if (vdir / "last.pt").is_file():
         payload = checkpoint.load_payload(vdir / "last.pt", device)
         model.load_state_dict(payload["state_dict"])
@@ -137,21 +156,21 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
                 for g, lam_s in zip(gates, state["lambda_switch"]):
                     g.freeze(annealed_lambda(lam_s, epoch, e_s, T, target).to(device))
         stats = _train_epoch(model, opt, ds.train, cfg, epoch, device)
-        val = score(predict(model, ds.val, cfg.data.eval_batch_size, device), ds.val.y)
+        val = score(predict(model, ds.val, cfg.data.eval_batch_size, device), ds.val.y, metric)
         lams = layer_lambdas(model)
         row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr, **stats,
-               "val_loss": val["loss"], f"val_{ds.info.metric}": val["accuracy"], "seconds": time.time() - t0}
+               "val_loss": val["loss"], f"val_{metric}": val["metric"], "seconds": time.time() - t0}
         row.update({f"lambda_{i}": v for i, v in enumerate(lams)})
         state["history"].append(row)
         state["epoch"] = epoch
-        if val["accuracy"] > state["best_metric"]:
-            state["best_metric"], state["best_epoch"] = val["accuracy"], epoch
-            checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["accuracy"], lambdas=lams)
+        if improved(val["metric"], state["best_metric"], metric):
+            state["best_metric"], state["best_epoch"] = val["metric"], epoch
+            checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["metric"], metric=metric, lambdas=lams)
         # Order matters for resume: the CSV is derived from last.pt's history, so write last.pt first.
         checkpoint.save(vdir / "last.pt", model, spec, optimizer=opt.state_dict(), state=state)
         _write_metrics(run, histories)
         _fault_injection(variant, epoch)
-        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['accuracy']:.4f}",
+        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}",
                         lam=f"{(sum(lams) / len(lams)) if lams else float('nan'):.3g}")
     return {"epoch": state["epoch"], "best_epoch": state["best_epoch"], "best_val": state["best_metric"],
             "lambdas": layer_lambdas(model)}

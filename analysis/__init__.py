@@ -1,0 +1,1 @@
+"""Derivations, numeric checks, property tables, certificates and hardness statistics."""

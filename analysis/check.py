@@ -1,0 +1,169 @@
+"""The `check` stage: the bounds derived in `symbolic.py`, checked per layer on the real
+pre-activations of the best checkpoint (validation set, streamed: running sums, never all
+activations at once), plus a certificate for the swap.
+
+Per gate layer ℓ with hardness λ (per unit for per-channel gates), on pre-activations x:
+- max |ReLU(x) − f_λ(x)| against the sup bound c/λ (a hard bound: failing it means a bug);
+- mean |ReLU(x) − f_λ(x)| and the density-weighted gate error E_p|H(x) − g(λx)|;
+- each mean against its closed form times the pre-activation density at 0, p̂(0)·E∞(λ) and
+  p̂(0)·∫|ReLU − f_λ|, with p̂(0) estimated from the fraction of |λx| < band (the gate error lives
+  within a few 1/λ of 0, where the density is flat at λ = 160);
+- the fraction of pre-activations in the soft band δ < g(λx) < 1 − δ;
+- pass/fail: the sup bound (tolerance `check.sup_rtol`) and E_p|H − g(λx)| ≤ ε (`harden.epsilon`,
+  the tolerance the hardening targeted, now on the real distribution instead of Lebesgue measure).
+The GELU baseline is checked as λ-GELU at λ = 1: that is how far a direct swap is from ReLU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline import checkpoint
+from pipeline.activations import Gate, HardenableGate
+from pipeline.config import Config
+from pipeline.data import batches
+from pipeline.rundir import RunDir, atomic_path, atomic_write_json
+from pipeline.train import dataset_for, resolve_device
+
+from . import symbolic
+
+
+def gate_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every gate that has a bound (a GATE attribute), in forward order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Gate) and getattr(m, "GATE", None)]
+
+
+def _lam_of(m: nn.Module) -> torch.Tensor:
+    return m.lam.detach().double().cpu() if isinstance(m, HardenableGate) else torch.ones(1, dtype=torch.float64)
+
+
+class _LayerStats:
+    """Running sums for one gate layer (float64)."""
+
+    def __init__(self, gate: str, lam: torch.Tensor, delta: float, band: float):
+        self.g = symbolic.GATES[gate].torch_fn
+        self.lam, self.delta, self.band = lam, delta, band
+        self.n = 0
+        self.sum_gap = self.sum_gate = self.max_gap = self.max_gap_scaled = 0.0
+        self.n_soft = self.n_band = self.n_nonpos = 0
+        self.sum_inv_lam_band = 0.0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().double().cpu()
+        lam = self.lam.reshape(()) if self.lam.numel() == 1 else self.lam.view(1, -1, *([1] * (x.dim() - 2)))
+        lam = lam.expand_as(x)
+        z = lam * x
+        gz = self.g(z)
+        gap = (torch.relu(x) - x * gz).abs()
+        heav = (x > 0).double() + 0.5 * (x == 0).double()
+        in_band = z.abs() < self.band
+        self.n += x.numel()
+        self.sum_gap += float(gap.sum())
+        self.sum_gate += float((heav - gz).abs().sum())
+        self.max_gap = max(self.max_gap, float(gap.max()))
+        self.max_gap_scaled = max(self.max_gap_scaled, float((gap * lam).max()))  # c/λ per unit ⇒ compare λ·gap with c
+        self.n_soft += int(((gz > self.delta) & (gz < 1 - self.delta)).sum())
+        self.n_band += int(in_band.sum())
+        self.sum_inv_lam_band += float((in_band.double() / lam).sum())
+        self.n_nonpos += int((x <= 0).sum())
+
+
+def layer_report(st: _LayerStats, summary: dict[str, Any], eps: float, sup_rtol: float) -> dict[str, Any]:
+    a = summary["gate_l1"]["coeff"]  # E∞(λ) = a/λ
+    b = summary["act_l1"]["coeff"]  # ∫|ReLU − f_λ| = b/λ²
+    c = summary["sup"]["c"]
+    n = max(st.n, 1)
+    # p̂(0)·a/λ per element = 1{|λx| < B}·(λ/2B)·(a/λ) = 1{…}·a/(2B); likewise b/λ² → 1{…}·b/(2Bλ).
+    pred_gate = st.n_band / n * a / (2 * st.band)
+    pred_act = st.sum_inv_lam_band / n * b / (2 * st.band)
+    mean_gap, mean_gate = st.sum_gap / n, st.sum_gate / n
+    sup_ok = st.max_gap_scaled <= c * (1 + sup_rtol)
+    gate_ok = mean_gate <= eps
+    lam = st.lam
+    return {
+        "lambda_mean": float(lam.mean()), "lambda_min": float(lam.min()), "lambda_max": float(lam.max()),
+        "n_preactivations": st.n,
+        "max_gap": st.max_gap, "sup_bound": c / float(lam.min()), "max_gap_times_lambda": st.max_gap_scaled, "c": c,
+        "mean_gap": mean_gap, "mean_gap_predicted": pred_act,
+        "gate_error": mean_gate, "gate_error_predicted": pred_gate,
+        "soft_fraction": st.n_soft / n, "density_at_0": st.n_band / n / (2 * st.band) * float(lam.mean()),
+        "nonpositive_fraction": st.n_nonpos / n,
+        "checks": {
+            "sup": {"pass": sup_ok, "rule": "max λ·|ReLU(x) − f_λ(x)| ≤ c·(1 + sup_rtol)", "sup_rtol": sup_rtol},
+            "gate_l1": {"pass": gate_ok, "rule": "E_p|H(x) − g(λx)| ≤ ε on the validation pre-activations", "epsilon": eps},
+        },
+        "pass": bool(sup_ok and gate_ok),
+    }
+
+
+@torch.no_grad()
+def empirical_check(model: nn.Module, split, batch_size: int, device, eps: float, delta: float, band: float,
+                    sup_rtol: float) -> list[dict[str, Any]]:
+    sites = gate_sites(model)
+    stats = [_LayerStats(m.GATE, _lam_of(m), delta, band) for _, m in sites]
+    hooks = [m.register_forward_hook(lambda mod, inp, out, st=st: st.update(inp[0])) for (_, m), st in zip(sites, stats)]
+    try:
+        model.eval()
+        for x, _ in batches(split, batch_size):
+            model(x.to(device))
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for i, ((name, m), st) in enumerate(zip(sites, stats)):
+        rep = layer_report(st, symbolic.gate_summary(m.GATE), eps, sup_rtol)
+        out.append({"layer": i, "module": name, "gate": m.GATE, **rep})
+    return out
+
+
+def plot_layers(per_variant: dict[str, list[dict]], eps: float, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(per_variant))
+    for k, (variant, layers) in enumerate(per_variant.items()):
+        idx = [l["layer"] + k * width for l in layers]
+        axes[0].bar(idx, [l["gate_error"] for l in layers], width, label=f"{variant}: E_p|H − g(λx)|")
+        axes[0].scatter(idx, [l["gate_error_predicted"] for l in layers], marker="_", s=200, color="k")
+        axes[1].bar(idx, [l["max_gap"] for l in layers], width, label=f"{variant}: max|ReLU − f|")
+        axes[1].scatter(idx, [l["sup_bound"] for l in layers], marker="_", s=200, color="k")
+    axes[0].axhline(eps, color="r", ls="--", label=f"ε = {eps:g}")
+    axes[0].set(yscale="log", xlabel="gate layer", ylabel="density-weighted gate error", title="gate error (— = p̂(0)·E∞(λ))")
+    axes[1].set(yscale="log", xlabel="gate layer", ylabel="|ReLU(x) − f_λ(x)|", title="max gap per unit (— = c/λ)")
+    n_layers = max(len(layers) for layers in per_variant.values())
+    for ax in axes:
+        ax.set_xticks([i + width * (len(per_variant) - 1) / 2 for i in range(n_layers)], [str(i) for i in range(n_layers)])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
+    ds = dataset_for(cfg)
+    eps = cfg.harden.epsilon
+    out: dict[str, Any] = {"symbolic": symbolic.summary(eps), "variants": {}}
+    per_layer: dict[str, list[dict]] = {}
+    for variant in cfg.variants:
+        model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
+        layers = empirical_check(model, ds.val, cfg.data.eval_batch_size, device, eps,
+                                 cfg.check.soft_delta, cfg.check.band, cfg.check.sup_rtol)
+        if not layers:  # a ReLU baseline has no gate to check
+            out["variants"][variant] = {"layers": [], "note": "no smooth gates: nothing to check"}
+            continue
+        per_layer[variant] = layers
+        out["variants"][variant] = {"epoch": payload.get("epoch"), "layers": layers, "pass": all(l["pass"] for l in layers)}
+    if per_layer:
+        plot_layers(per_layer, eps, run.file("check", "gate_error.png"))
+    atomic_write_json(run.file("check", "bounds.json"), out)
+    return {v: {"pass": r.get("pass"), "max_gate_error": max((l["gate_error"] for l in r["layers"]), default=math.nan)}
+            for v, r in out["variants"].items()}

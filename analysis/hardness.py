@@ -1,0 +1,112 @@
+"""Hardness statistics over a run's per-epoch λ table ([epochs × layers]): drift, Spearman rank
+correlation of layerwise profiles across runs (the λ-GELU paper's V_λ and ρ_S), and the λ plot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+LambdaTable = Sequence[Sequence[float]] | np.ndarray
+
+
+def as_table(lams: LambdaTable) -> np.ndarray:
+    """[epochs, layers] float64; a 1-D input is one layer over epochs."""
+    a = np.asarray(lams, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[:, None]
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"λ table must be [epochs × layers] with at least one of each, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("λ table has non-finite entries")
+    return a
+
+
+def per_layer_drift(lams: LambdaTable) -> np.ndarray:
+    """Σ_e |λ_ℓ(e+1) − λ_ℓ(e)| for each layer ℓ: [layers]."""
+    a = as_table(lams)
+    return np.abs(np.diff(a, axis=0)).sum(axis=0)
+
+
+def drift(lams: LambdaTable) -> float:
+    """V_λ = (1/L) Σ_ℓ Σ_{e=1}^{T−1} |λ_ℓ(e+1) − λ_ℓ(e)| (λ-GELU paper, Sec. IV-A); 0 for one epoch."""
+    return float(per_layer_drift(lams).mean())
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Spearman rank correlation of two layerwise λ profiles.
+
+    Returns {"rho", "pvalue", "n", "reason"}; rho and pvalue are nan, with the reason, when ranks
+    are undefined: fewer than 2 layers, or a constant profile (e.g. uniform init at epoch 0).
+    """
+    x, y = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape:
+        raise ValueError(f"profiles have different lengths: {x.size} vs {y.size}")
+    n = int(x.size)
+    reason = None
+    if n < 2:
+        reason = "fewer than 2 layers"
+    elif np.ptp(x) == 0 or np.ptp(y) == 0:
+        which = " and ".join(k for k, v in (("first", x), ("second", y)) if np.ptp(v) == 0)
+        reason = f"constant profile ({which}): every layer has the same λ, ranks are undefined"
+    if reason is not None:
+        return {"rho": math.nan, "pvalue": math.nan, "n": n, "reason": reason}
+    res = spearmanr(x, y)
+    return {"rho": float(res.statistic), "pvalue": float(res.pvalue), "n": n, "reason": None}
+
+
+def spearman_over_epochs(run_a: LambdaTable, run_b: LambdaTable) -> list[dict[str, Any]]:
+    """ρ_S(e) between two runs' profiles at each common epoch (the paper's Fig. 3, right)."""
+    a, b = as_table(run_a), as_table(run_b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"runs have different layer counts: {a.shape[1]} vs {b.shape[1]}")
+    return [{"epoch": e, **spearman(a[e], b[e])} for e in range(min(a.shape[0], b.shape[0]))]
+
+
+def plot_lambda(
+    lams: LambdaTable,
+    path: str | Path,
+    layer_names: Sequence[str] | None = None,
+    title: str | None = None,
+    switch_epoch: int | None = None,
+    target: float | None = None,
+) -> Path:
+    """λ per layer over epochs, saved as PNG. Uses the Agg canvas directly (no global backend switch).
+
+    `switch_epoch` marks where annealing starts (Algorithm 1's e_s), `target` draws λ_target.
+    Epochs are numbered from 1 on the x axis.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    a = as_table(lams)
+    names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(a.shape[1])]
+    if len(names) != a.shape[1]:
+        raise ValueError(f"{len(names)} layer names for {a.shape[1]} layers")
+    fig = Figure(figsize=(6.4, 4.0), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    epochs = np.arange(1, a.shape[0] + 1)
+    for i, name in enumerate(names):
+        ax.plot(epochs, a[:, i], marker="o" if a.shape[0] <= 30 else None, ms=3, label=name)
+    if switch_epoch is not None:
+        ax.axvline(switch_epoch, color="grey", ls="--", lw=1, label="annealing starts")
+    if target is not None:
+        ax.axhline(target, color="black", ls=":", lw=1, label="λ_target")
+    if target is not None and target / max(a.min(), 1e-12) > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("λ")
+    ax.set_title(title or "λ per layer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(names) > 6 else 1)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
