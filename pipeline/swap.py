@@ -51,6 +51,11 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     result: dict[str, dict[str, float]] = {}
     for variant in cfg.variants:
         model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
+        if not any(isinstance(m, Gate) for m in model.modules()):
+            # Nothing to swap (a ReLU baseline): its best checkpoint is already the ReLU model.
+            checkpoint.save(run.file("swap", variant, "relu.pt"), model, payload["spec"], source_epoch=payload.get("epoch"),
+                            source=str(run.file("train", variant, "best.pt")))
+            continue
         before = {s: predict(model, getattr(ds, s), bs, device) for s in ("val", "test")}
         swapped = to_relu(model)  # the loaded copy is ours to change
         after = {s: predict(swapped, getattr(ds, s), bs, device) for s in ("val", "test")}

@@ -11,7 +11,7 @@ def test_defaults_are_the_paper_fashion_mnist_setup():
     assert (cfg.data.name, cfg.model.name, cfg.model.hidden) == ("fashion_mnist", "mlp", [256] * 4)
     assert (cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay) == ("sgd", 5e-2, 1e-4)
     assert (cfg.gate.temperature, cfg.gate.lr_mult, cfg.harden.epsilon) == (0.1, 9.0, 5e-3)
-    assert cfg.variants == ["lambda_gelu", "gelu"]
+    assert cfg.variants == ["lambda_gelu", "gelu", "relu"]
 
 
 def test_overrides_parse_types():
