@@ -26,6 +26,8 @@ import numpy as np
 import sympy as sp
 import torch
 
+from . import gate_numeric
+
 X = sp.Symbol("x", real=True)
 LAM = sp.Symbol("lambda", positive=True)
 U = sp.Symbol("u", real=True)  # scaled input u = λx
@@ -78,6 +80,9 @@ class GateSpec:
     sym: Callable[[sp.Expr], sp.Expr]
     torch_fn: Callable[[torch.Tensor], torch.Tensor]
     tail_series: Callable[[sp.Symbol], tuple[sp.Expr, sp.Expr]] | None = None
+    # No closed forms (and not symmetric): every constant comes from `gate_numeric.derive` (mpmath
+    # quadrature and root finding, error estimates stated there) and is returned as a Float.
+    numeric: bool = False
 
 
 def _phi_sym(y: sp.Expr) -> sp.Expr:
@@ -98,7 +103,20 @@ GATES: dict[str, GateSpec] = {
         # 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku} for u > 0
         tail_series=lambda k: ((-1) ** (k + 1), k),
     ),
+    "serf": GateSpec("serf", "λ-SERF  x·erf(softplus(λx))", gate_numeric.serf_gate,
+                     lambda y: torch.erf(torch.nn.functional.softplus(y)), numeric=True),
+    "mish": GateSpec("mish", "λ-Mish  x·tanh(softplus(λx))", gate_numeric.mish_gate,
+                     lambda y: torch.tanh(torch.nn.functional.softplus(y)), numeric=True),
 }
+
+
+def _numeric(gate: str) -> gate_numeric.NumericGate | None:
+    spec = _gate(gate)
+    return gate_numeric.derive(spec.name, spec.sym) if spec.numeric else None
+
+
+def _float(v) -> sp.Float:
+    return sp.Float(v, NSOLVE_PREC) if abs(v) != float("inf") else (sp.oo if v > 0 else -sp.oo)
 
 
 def register_gate(spec: GateSpec) -> None:
@@ -169,6 +187,8 @@ def gate_l1_bound(gate: str = "phi") -> sp.Expr:
     For x > 0 the integrand is 1 − g(λx) ≥ 0; for x < 0 it is g(λx) = 1 − g(λ|x|) by symmetry,
     so the integral is twice the half-line integral. For "phi": sqrt(2)/(sqrt(pi)·λ).
     """
+    if (num := _numeric(gate)) is not None:  # both half-lines, numerically
+        return _float(num.gate_l1) / LAM
     _check_symmetric(gate)
     return sp.simplify(2 * _half_line_integral(gate, 0))
 
@@ -181,6 +201,8 @@ def act_l1_bound(gate: str = "phi") -> sp.Expr:
     x > 0: x − x·g(λx) = x(1 − g(λx)) ≥ 0; x < 0: |x·g(λx)| = |x|(1 − g(λ|x|)) by symmetry.
     For "phi": 1/(2λ²); for "sigmoid": π²/(6λ²).
     """
+    if (num := _numeric(gate)) is not None:
+        return _float(num.act_l1) / LAM**2
     _check_symmetric(gate)
     return sp.simplify(2 * _half_line_integral(gate, 1))
 
@@ -216,6 +238,7 @@ class SupConstant:
     u: sp.Float
     n_critical: int  # stationary points of u·(1 − g(u)) on u > 0 (1: the max is unique)
     second_derivative: float  # h''(u) at the max (< 0)
+    side: int = 0  # 0: both sides (symmetric gate); ±1: attained only at x = ±u/λ (numeric gates)
 
 
 @functools.lru_cache(maxsize=None)
@@ -227,6 +250,9 @@ def sup_constant(gate: str = "phi") -> SupConstant:
     h(∞) = 0 (checked by sympy limits), so the largest stationary value is the supremum.
     For "phi": c ≈ 0.169971 at u ≈ 0.751792.
     """
+    if (num := _numeric(gate)) is not None:
+        return SupConstant(c=_float(num.c), u=_float(num.u_c), n_critical=num.n_critical,
+                           second_derivative=num.second_derivative, side=num.side)
     _check_symmetric(gate)
     g = _gate(gate).sym
     # λ-freeness of the scaled gap is derived, not assumed: λ·gap(u/λ) must simplify to h(u).
@@ -298,6 +324,8 @@ def activation_minimum(gate: str = "phi") -> ActivationMinimum:
 
     For "phi": u ≈ −0.751792 and λ·min ≈ −0.169971, i.e. min = −c/λ with c from `sup_constant`.
     """
+    if (num := _numeric(gate)) is not None:
+        return ActivationMinimum(u=_float(num.min_u), value_scaled=_float(num.min_value))
     g = _gate(gate).sym
     f = X * g(LAM * X)
     d1 = sp.simplify(sp.diff(f, X).subs(X, U / LAM))
@@ -330,6 +358,9 @@ def lipschitz_constant(gate: str = "phi") -> LipschitzConstant:
     from solveset when it can (exact: ±√2 for "phi"), otherwise from nsolve on a sign-change scan.
     For "phi": L = Φ(√2) + √2·φ(√2) = 1/2 + erf(1)/2 + 1/(e·√π) ≈ 1.128904 at x = √2/λ.
     """
+    if (num := _numeric(gate)) is not None:
+        return LipschitzConstant(value=_float(num.lipschitz), closed_form=None, u_star=_float(num.u_star),
+                                 min_slope=_float(num.min_slope), limits=(sp.Integer(0), sp.Integer(1)))
     g = _gate(gate).sym
     f = X * g(LAM * X)
     d1 = sp.simplify(sp.diff(f, X).subs(X, U / LAM))
@@ -383,6 +414,7 @@ def gate_summary(gate: str = "phi", eps: float = 5e-3) -> dict[str, Any]:
             "c": float(sup.c),
             "u": float(sup.u),
             "n_critical": sup.n_critical,
+            "side": sup.side,  # 0: at x = ±u/λ; −1 / +1: only at x = −u/λ / x = u/λ (asymmetric gates)
             "form": "c/lambda at x = ±u/lambda",
         },
         "minimum": {"u": float(mn.u), "value_times_lambda": float(mn.value_scaled), "form": "min = value_times_lambda/lambda at x = u/lambda"},

@@ -65,3 +65,33 @@ def test_closed_form_prediction_and_verdicts():
 def test_gate_sites_skip_relu():
     net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), GELU(), LambdaGELU(nn.Parameter(torch.zeros(1)), 0.1))
     assert [n for n, _ in gate_sites(net)] == ["2", "3"]
+
+
+def test_swap_certificate_is_sound_and_certifies_hardened_nets():
+    from analysis.check import swap_certificate
+
+    torch.manual_seed(3)
+    lam = 160.0
+    gates = [LambdaGELU(nn.Parameter(torch.zeros(1)), 0.1) for _ in range(2)]
+    for g in gates:
+        g.freeze(torch.tensor([lam]))
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), gates[0], nn.Linear(32, 32), gates[1], nn.Linear(32, 4))
+    x = torch.rand(500, 1, 4, 4)
+    cert = swap_certificate(net, Split(x, torch.zeros(500, dtype=torch.long)), 128, (1, 4, 4))
+    assert cert["sound_on_split"] and cert["measured_max_logit_change"] <= cert["bound_max"]
+    assert cert["max_excess_over_per_sample_bound"] <= 1e-5  # float32 rounding only
+    assert cert["certified_fraction"] <= cert["certified_fraction_per_sample"] <= 1.0
+    assert cert["certified_fraction_per_sample"] > 0.9  # at λ = 160 almost every prediction is provably kept
+
+
+def test_analyze_command_writes_tables(tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["analyze", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "analysis.md").read_text()
+    import json
+
+    rows = json.loads((tmp_path / "analysis.json").read_text())["claims"]
+    wrong = {r["statement"] for r in rows if r["verdict"] == "wrong"}
+    assert any("e/√(2π)" in s for s in wrong) and any("GELU(x) ≤ x" in s for s in wrong)
+    assert "| lambda_gelu_160 |" in md and "| gelu |" in md and "1.128904" in md

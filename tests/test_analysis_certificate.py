@@ -1,0 +1,256 @@
+"""The swap certificate is sound on random small networks (hypothesis), exact where it should be,
+and the certified fraction counts only predictions that cannot flip."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from analysis import certificate as cert
+from analysis import symbolic
+
+# Both networks run in float64; their rounding (∝ the logits' size) is all the slack allowed.
+SOUND_ATOL = 1e-10
+SOUND_RTOL = 1e-13
+N_INPUTS = 512
+C_PHI = float(symbolic.sup_constant("phi").c)
+U_PHI = float(symbolic.sup_constant("phi").u)
+
+
+class LamGelu(nn.Module):
+    """x·Φ(λx) with λ of shape [1] (per layer) or [C] (per channel, dim 1)."""
+
+    def __init__(self, lam):
+        super().__init__()
+        self.lam = torch.as_tensor(lam, dtype=torch.float64).reshape(-1)
+
+    def forward(self, x):
+        lam = self.lam if self.lam.numel() == 1 else self.lam.view(1, -1, *([1] * (x.dim() - 2)))
+        return x * 0.5 * torch.erfc(-lam * x / math.sqrt(2.0))
+
+
+class Affine(nn.Module):
+    """Stands in for the pipeline's Normalize: x·scale + shift."""
+
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return x * self.scale + self.shift
+
+
+def inputs(dim_shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Gaussian inputs at scales 1e-3 … 1e3, plus zeros: small and large magnitudes both."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(-3, 3, N_INPUTS, dtype=torch.float64).view(-1, *([1] * len(dim_shape)))
+    x = torch.randn(N_INPUTS, *dim_shape, generator=g, dtype=torch.float64) * scales
+    return torch.cat([x, torch.zeros(1, *dim_shape, dtype=torch.float64)])
+
+
+def assert_sound(smooth: nn.Module, bound: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    relu = cert.relu_swapped(smooth)
+    with torch.no_grad():
+        a, b = smooth(x), relu(x)
+    diff = (a - b).abs()
+    slack = SOUND_ATOL + SOUND_RTOL * torch.maximum(a.abs(), b.abs())
+    excess = diff - bound - slack
+    assert excess.max().item() <= 0, f"bound violated by {excess.max().item():.3g} (max |Δlogit| {diff.max().item():.3g})"
+    return diff
+
+
+@st.composite
+def mlps(draw):
+    d_in = draw(st.integers(1, 6))
+    widths = draw(st.lists(st.integers(1, 10), min_size=1, max_size=3))
+    d_out = draw(st.integers(1, 5))
+    seed = draw(st.integers(0, 2**31 - 1))
+    wscale = draw(st.sampled_from([0.1, 1.0, 3.0]))
+    per_channel = draw(st.booleans())
+    lam_lo = draw(st.sampled_from([1.0, 5.0, 50.0]))
+    g = torch.Generator().manual_seed(seed)
+    layers: list[nn.Module] = [Affine(torch.rand(d_in, generator=g, dtype=torch.float64) + 0.5, torch.randn(d_in, generator=g, dtype=torch.float64))]
+    prev = d_in
+    for w in widths:
+        lin = nn.Linear(prev, w).double()
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(w, prev, generator=g, dtype=torch.float64) * wscale / math.sqrt(prev))
+            lin.bias.copy_(torch.randn(w, generator=g, dtype=torch.float64) * 0.1)
+        lam = lam_lo * (1 + 4 * torch.rand(w if per_channel else 1, generator=g, dtype=torch.float64))
+        layers += [lin, LamGelu(lam)]
+        prev = w
+    head = nn.Linear(prev, d_out).double()
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(d_out, prev, generator=g, dtype=torch.float64) * wscale / math.sqrt(prev))
+    layers.append(head)
+    return nn.Sequential(*layers), d_in, seed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mlps())
+def test_global_bound_is_sound_on_random_mlps(case):
+    net, d_in, seed = case
+    b = cert.swap_bound(net, (d_in,))
+    assert b.per_logit.shape == (net[-1].out_features,)
+    assert b.max == pytest.approx(b.per_logit.max().item())
+    assert_sound(net, b.per_logit, inputs((d_in,), seed))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mlps())
+def test_per_sample_bound_is_sound_and_tighter(case):
+    net, d_in, seed = case
+    x = inputs((d_in,), seed)
+    ps = cert.swap_bound_per_sample(net, x)
+    assert ps.per_logit.shape == (x.shape[0], net[-1].out_features)
+    assert_sound(net, ps.per_logit, x)
+    glob = cert.swap_bound(net, (d_in,)).per_logit
+    assert (ps.per_logit <= glob + 1e-12).all()  # never looser than the global bound
+
+
+@pytest.mark.parametrize("lam", [1.0, 2.0, 10.0, 160.0])
+def test_single_unit_bound_is_attained(lam):
+    """One unit between identity maps: the bound c/λ is exact, reached at x = −u/λ."""
+    lin_in, lin_out = nn.Linear(1, 1).double(), nn.Linear(1, 1).double()
+    with torch.no_grad():
+        for lin in (lin_in, lin_out):
+            lin.weight.fill_(1.0)
+            lin.bias.zero_()
+    net = nn.Sequential(lin_in, LamGelu(lam), lin_out)
+    b = cert.swap_bound(net, (1,))
+    assert b.max == pytest.approx(C_PHI / lam, rel=1e-15)
+    x = torch.tensor([[-U_PHI / lam], [U_PHI / lam]], dtype=torch.float64)
+    diff = assert_sound(net, b.per_logit, x)
+    assert diff.min().item() >= b.max * (1 - 1e-12)
+    ps = cert.swap_bound_per_sample(net, x)  # per sample, the bound is the exact gap here
+    assert torch.allclose(ps.per_logit, diff, rtol=1e-12, atol=0)
+
+
+def test_conv_net_with_per_channel_lambda_and_padding_modes():
+    g = torch.Generator().manual_seed(1)
+    with torch.random.fork_rng():  # seeded default init, global RNG left as it was
+        torch.manual_seed(1)
+        net = conv_net(g)
+    b = cert.swap_bound(net, (2, 8, 8))
+    x = inputs((2, 8, 8), 2)
+    diff = assert_sound(net, b.per_logit, x)
+    ps = cert.swap_bound_per_sample(net, x)
+    assert_sound(net, ps.per_logit, x)
+    # Not vacuous: the seeded net reaches ~0.9 % of the global bound (|W| through three convs is loose).
+    assert ps.max <= b.max and diff.max().item() > 0.002 * b.max
+    assert [layer["type"] for layer in b.layers][:3] == ["Affine", "Conv2d", "LamGelu"]
+    assert b.layers[0]["max_deviation"] == 0.0 and b.layers[2]["max_deviation"] > 0
+
+
+def conv_net(g: torch.Generator) -> nn.Sequential:
+    return nn.Sequential(
+        Affine(torch.tensor(2.0, dtype=torch.float64), torch.tensor(-0.5, dtype=torch.float64)),
+        nn.Conv2d(2, 4, 3, padding=1),
+        LamGelu(1 + 9 * torch.rand(4, generator=g, dtype=torch.float64)),
+        nn.Conv2d(4, 3, 3, stride=2, padding=1, padding_mode="reflect"),
+        LamGelu(3.0),
+        nn.MaxPool2d(2),
+        nn.Conv2d(3, 3, 1, padding=1, padding_mode="circular"),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(3 * 4 * 4, 5),
+        LamGelu(20.0),
+        nn.Linear(5, 3),
+    ).double()
+
+
+def test_plain_gelu_is_a_lambda_one_gate():
+    net = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2)).double()
+    b = cert.swap_bound(net, (3,))
+    expected = net[2].weight.detach().abs().sum(dim=1) * C_PHI
+    assert torch.allclose(b.per_logit, expected, rtol=1e-12)
+    assert_sound(net, b.per_logit, inputs((3,), 3))
+
+
+class LamSwish(nn.Module):
+    """x·σ(λx): names its gate the way the pipeline's gates do."""
+
+    GATE = "sigmoid"
+
+    def __init__(self, lam):
+        super().__init__()
+        self.lam = torch.as_tensor(lam, dtype=torch.float64).reshape(-1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.lam * x)
+
+
+def test_gate_named_by_attribute_uses_its_own_constant():
+    c_sig = float(symbolic.sup_constant("sigmoid").c)
+    net = nn.Sequential(nn.Linear(3, 4), LamSwish(4.0), nn.Linear(4, 2), LamSwish(1.0), nn.Linear(2, 2)).double()
+    b = cert.swap_bound(net, (3,))
+    w2, w3 = net[2].weight.detach().abs(), net[4].weight.detach().abs()
+    expected = w3 @ (w2 @ torch.full((4,), c_sig / 4.0, dtype=torch.float64) + c_sig)
+    assert torch.allclose(b.per_logit, expected, rtol=1e-12)
+    x = inputs((3,), 7)
+    assert_sound(net, b.per_logit, x)
+    assert_sound(net, cert.swap_bound_per_sample(net, x).per_logit, x)
+
+
+def test_unknown_module_after_a_gate_is_an_error_before_it_is_not():
+    class Odd(nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+
+    ok = nn.Sequential(Odd(), nn.Linear(3, 3), LamGelu(2.0), nn.Linear(3, 2)).double()
+    assert cert.swap_bound(ok, (3,)).max > 0
+    assert cert.swap_bound_per_sample(ok, inputs((3,), 4)).max > 0
+    bad = nn.Sequential(nn.Linear(3, 3), LamGelu(2.0), Odd(), nn.Linear(3, 2)).double()
+    with pytest.raises(TypeError, match="no deviation rule"):
+        cert.swap_bound(bad, (3,))
+
+
+def test_certified_fraction_by_hand():
+    logits = torch.tensor([[3.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.5, 2.0]])
+    assert cert.certified_fraction(logits, 0.5) == pytest.approx(2 / 3)  # margins 2, 0, 1.5 > 1
+    assert cert.certified_fraction(logits, 0.75) == pytest.approx(1 / 3)  # 1.5 is not > 1.5
+    assert cert.certified_mask(logits, 0.0).tolist() == [True, False, True]  # a tie is never certified
+    # Per-logit bounds: only the top class and each rival's own bound matter.
+    # sample 0: 2 > 0.1 + 0.2 and 3 > 0.1 + 1.4; sample 2: 1.5 > 1.4 + 0.2 fails.
+    assert cert.certified_mask(logits, torch.tensor([0.1, 0.2, 1.4])).tolist() == [True, False, False]
+
+
+def test_certified_fraction_matches_margin_rule_and_is_sound():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2000, 7, generator=g, dtype=torch.float64)
+    top2 = logits.topk(2, dim=1).values
+    for b in (0.0, 0.05, 0.3):
+        assert cert.certified_fraction(logits, b) == pytest.approx(((top2[:, 0] - top2[:, 1]) > 2 * b).double().mean().item())
+    # Certified samples keep their prediction after any perturbation within the bound.
+    b = 0.2
+    mask = cert.certified_mask(logits, b)
+    moved = logits + (torch.rand(logits.shape, generator=g, dtype=torch.float64) * 2 - 1) * b
+    assert (moved.argmax(1)[mask] == logits.argmax(1)[mask]).all()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mlps())
+def test_certified_predictions_survive_the_swap(case):
+    net, d_in, seed = case
+    x = inputs((d_in,), seed)
+    with torch.no_grad():
+        smooth, relu = net(x), cert.relu_swapped(net)(x)
+    for bound in (cert.swap_bound(net, (d_in,)).per_logit, cert.swap_bound_per_sample(net, x).per_logit):
+        mask = cert.certified_mask(smooth, bound)
+        assert (relu.argmax(1)[mask] == smooth.argmax(1)[mask]).all()
+
+
+def test_pipeline_lambda_gelu_gate():
+    acts = pytest.importorskip("pipeline.activations")
+    s = nn.Parameter(torch.full((4,), acts.s_from_lambda(7.0, 0.1)))
+    gate = acts.LambdaGELU(s, 0.1)
+    net = nn.Sequential(nn.Linear(3, 4), gate, nn.Linear(4, 2)).double()
+    b = cert.swap_bound(net, (3,))
+    expected = net[2].weight.detach().abs().sum(dim=1) * C_PHI / 7.0
+    assert torch.allclose(b.per_logit, expected, rtol=1e-9)
+    assert_sound(net, b.per_logit, inputs((3,), 6))
