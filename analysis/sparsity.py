@@ -1,0 +1,315 @@
+"""The sparsity stage: APoZ of the swapped ReLU models, and lossless pruning of their dead units.
+
+APoZ (average percentage of zeros) of a unit is the fraction of its ReLU outputs that are exactly 0
+over the validation set; for a conv channel, over every position of every sample. APoZ = 100% is a
+dead unit, APoZ = 0% an always-active one (linear on this data). λ-GELU never outputs an exact zero,
+so on the smooth model we report the fraction of non-positive pre-activations instead (what APoZ
+would be if its gates were ReLUs at that point). Statistics are streamed batch by batch.
+
+A dead unit's output is 0 for every validation input, so removing it (its row of W_l and b_l, the
+matching column(s) of the next layer) leaves the logits unchanged on that set: checked in float64
+against `sparsity.atol`, where only the removal can change anything (float32 changes the summation
+order, hence ~1e-7 noise). On other inputs a unit dead on validation may fire; the test-set change
+is reported next to it rather than assumed to be zero.
+
+Writes `sparsity/apoz.csv` (one row per unit), `sparsity/sparsity.json` (per-layer summary, pruning
+results), and per variant `sparsity/<variant>/apoz_hist.png`, `pruned.pt` and `pruned.onnx`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline import checkpoint
+from pipeline.activations import RELU_FORMS, Gate, Linked
+from pipeline.config import Config
+from pipeline.data import Split, batches
+from pipeline.errors import PipelineError
+from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.train import dataset_for, resolve_device
+
+PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
+AFFINE = (nn.Linear, nn.Conv2d)
+
+
+class PruneError(PipelineError):
+    pass
+
+
+def activation_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The activation modules (ReLU, a gate, or a linked pair of either), by name, in forward order.
+
+    A linked pair (g(z), g(−z)) counts as one site with 2C units; its inner module is not a site.
+    """
+    inner = {id(m.inner) for m in model.modules() if isinstance(m, Linked)}
+    return [(n, m) for n, m in model.named_modules()
+            if (isinstance(m, Linked) and isinstance(m.inner, (nn.ReLU, Gate)))
+            or (isinstance(m, (nn.ReLU, Gate)) and id(m) not in inner)]
+
+
+def unit_axis(t: torch.Tensor) -> int:
+    """Features of [N, F], channels of [N, C, H, W]; the last axis of token sequences [N, T, C]."""
+    return t.dim() - 1 if t.dim() == 3 else 1
+
+
+@torch.no_grad()
+def unit_stats(model: nn.Module, split: Split, batch_size: int, device: torch.device | str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
+    """Per activation site and unit: count of exact-zero outputs, of non-positive inputs, of positions.
+
+    A unit is a feature of a [N, F] activation or a channel of a [N, C, H, W] one (counted over N·H·W).
+    """
+    model = model.eval().to(device)
+    stats: dict[str, dict[str, torch.Tensor]] = {}
+
+    def hook(name: str):
+        def fn(m, inputs, output):
+            x = inputs[0]
+            if isinstance(m, Linked):  # output j < C is g(z_j), output C + j is g(−z_j)
+                x = torch.cat([x, -x], dim=1)
+            axis = unit_axis(x)
+            dims = [d for d in range(x.dim()) if d != axis]  # every axis but the unit axis
+            s = stats.setdefault(name, {"zero": 0, "nonpos": 0, "positions": 0})
+            s["zero"] = s["zero"] + (output == 0).sum(dims).long().cpu()
+            s["nonpos"] = s["nonpos"] + (x <= 0).sum(dims).long().cpu()
+            s["positions"] += x.numel() // x.shape[axis]
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in activation_sites(model)]
+    try:
+        for x, _ in batches(split, batch_size):
+            model(x.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def apoz(stats: dict[str, dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    return {n: (s["zero"].double() / s["positions"]).numpy() for n, s in stats.items()}
+
+
+def nonpositive_fraction(stats: dict[str, dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    return {n: (s["nonpos"].double() / s["positions"]).numpy() for n, s in stats.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pruning
+
+
+def _neighbours(mods: list[tuple[str, nn.Module]], k: int) -> tuple[int, int, bool]:
+    """Producer (last affine layer before site k), consumer (first after), and a Flatten in between."""
+    prod = next((i for i in range(k - 1, -1, -1) if isinstance(mods[i][1], AFFINE)), None)
+    cons = next((i for i in range(k + 1, len(mods)) if isinstance(mods[i][1], AFFINE)), None)
+    if prod is None or cons is None:
+        raise PruneError(f"activation {mods[k][0]} has no affine layer on one side; cannot prune it")
+    between = [m for _, m in mods[prod + 1:cons] if m is not mods[k][1]]
+    if any(not isinstance(m, nn.Flatten) for m in between):
+        raise PruneError(f"between {mods[prod][0]} and {mods[cons][0]} only the activation and Flatten are supported")
+    return prod, cons, bool(between)
+
+
+def prune_dead(model: nn.Sequential, dead: dict[str, np.ndarray]) -> tuple[nn.Sequential, dict[str, int]]:
+    """Remove the dead units of every site: rows of the producing Linear/Conv (and bias), the matching
+    input columns (Linear) or input channels (Conv) of the consumer. A layer keeps at least one unit.
+
+    Returns the pruned copy and the number of units removed per site.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise PruneError(f"pruning needs an nn.Sequential model, got {type(model).__name__}")
+    model = copy.deepcopy(model).cpu()
+    mods = list(model.named_children())
+    removed: dict[str, int] = {}
+    for k, (name, mod) in enumerate(mods):
+        if name not in dead:
+            continue
+        mask = torch.as_tensor(np.asarray(dead[name], dtype=bool))
+        keep = (~mask).nonzero().flatten()
+        if len(keep) == 0:  # all dead: the layer's output is constant; keep one zero unit, not zero width
+            keep = torch.tensor([0])
+        removed[name] = len(mask) - len(keep)
+        if removed[name] == 0:
+            continue
+        p, c, flat = _neighbours(mods, k)
+        prod, cons = mods[p][1], mods[c][1]
+        _slice_out(prod, keep)
+        if flat:  # Conv → act → Flatten → Linear: channel j owns columns j·S .. (j+1)·S − 1
+            per = cons.in_features // len(mask)
+            cols = (keep[:, None] * per + torch.arange(per)[None, :]).flatten()
+            _slice_in(cons, cols)
+        else:
+            _slice_in(cons, keep)
+    return model, removed
+
+
+def _slice_out(layer: nn.Module, keep: torch.Tensor) -> None:
+    layer.weight = nn.Parameter(layer.weight.detach()[keep].clone())
+    if layer.bias is not None:
+        layer.bias = nn.Parameter(layer.bias.detach()[keep].clone())
+    if isinstance(layer, nn.Linear):
+        layer.out_features = len(keep)
+    else:
+        layer.out_channels = len(keep)
+
+
+def _slice_in(layer: nn.Module, keep: torch.Tensor) -> None:
+    if isinstance(layer, nn.Conv2d) and layer.groups != 1:
+        raise PruneError("grouped convolutions are not supported by pruning")
+    layer.weight = nn.Parameter(layer.weight.detach()[:, keep].clone())
+    if isinstance(layer, nn.Linear):
+        layer.in_features = len(keep)
+    else:
+        layer.in_channels = len(keep)
+
+
+def pruned_spec(spec: dict[str, Any], model: nn.Sequential) -> dict[str, Any]:
+    """The checkpoint spec whose widths rebuild the pruned model (MLP hidden; CNN channels and fc width)."""
+    m = dict(spec["model"])
+    m["width_match"] = "none"  # the widths below are final; matching them again would resize the pruned model
+    children = OrderedDict(model.named_children())
+    if m["name"] == "mlp":
+        m["hidden"] = [children[f"fc{i}"].out_features for i in range(len(m["hidden"]))]
+    elif m["name"] == "cnn":
+        m["channels"] = [children[f"conv{i}"].out_channels for i in range(len(m["channels"]))]
+        m["cnn_hidden"] = children["fc"].out_features
+    else:
+        raise PruneError(f"no pruned spec for model {m['name']!r}")
+    return {**spec, "model": m}
+
+
+def _widths(m: dict[str, Any]) -> dict[str, Any]:
+    return {"hidden": m["hidden"]} if m["name"] == "mlp" else {"channels": m["channels"], "cnn_hidden": m["cnn_hidden"]}
+
+
+@torch.no_grad()
+def max_logit_diff(a: nn.Module, b: nn.Module, split: Split, batch_size: int, dtype: torch.dtype) -> tuple[float, float]:
+    """Max |logits_a − logits_b| and argmax agreement on a split, both models run in `dtype` on CPU."""
+    a, b = copy.deepcopy(a).cpu().to(dtype).eval(), copy.deepcopy(b).cpu().to(dtype).eval()
+    diff, agree = 0.0, 0
+    for x, _ in batches(split, batch_size):
+        x = x.to(dtype) if x.is_floating_point() else x
+        la, lb = a(x), b(x)
+        diff = max(diff, float((la - lb).abs().max()))
+        agree += int((la.argmax(-1) == lb.argmax(-1)).sum())
+    return diff, agree / len(split)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage
+
+
+def _histogram(path, variant: str, relu_apoz: dict[str, np.ndarray], smooth_nonpos: dict[str, np.ndarray] | None, bins: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(relu_apoz)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False, sharey=False)
+    edges = np.linspace(0, 100, bins + 1)
+    for ax, n in zip(axes[0], names):
+        ax.hist(100 * relu_apoz[n], bins=edges, color="tab:blue", alpha=0.8, label="APoZ (swapped ReLU)")
+        if smooth_nonpos is not None and n in smooth_nonpos:
+            ax.hist(100 * smooth_nonpos[n], bins=edges, histtype="step", color="tab:orange", lw=1.5,
+                    label="non-positive pre-act. (smooth)")
+        ax.set_title(f"{variant} · {n}: {int((relu_apoz[n] == 1).sum())} dead, {int((relu_apoz[n] == 0).sum())} always active",
+                     fontsize=8)
+        ax.set_xlabel("% of validation activations")
+    axes[0][0].set_ylabel("units")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
+    from quantize import export as export_mod
+
+    scfg = cfg.sparsity
+    ds = dataset_for(cfg)
+    device = resolve_device(cfg.device)
+    bs = cfg.data.eval_batch_size
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for variant in cfg.variants:
+        relu, payload = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
+        if payload["spec"]["activation"] not in RELU_FORMS:  # not a gate: the swap left it, no ReLU to count
+            summary[variant] = {"note": f"no swap ({payload['spec']['activation']} is not a gate): no APoZ", "layers": {}}
+            continue
+        relu_apoz = apoz(unit_stats(relu, ds.val, bs, device))
+        smooth, smooth_payload = checkpoint.load_model(run.file("train", variant, "best.pt"))
+        smooth_nonpos = None
+        if smooth_payload["spec"]["activation"] not in RELU_FORMS:
+            smooth_nonpos = nonpositive_fraction(unit_stats(smooth, ds.val, bs, device))
+        layers = {}
+        for layer, a in relu_apoz.items():
+            dead, alive = a == 1.0, a == 0.0
+            for u, v in enumerate(a):
+                rows.append({"variant": variant, "layer": layer, "unit": u, "apoz": float(v), "dead": bool(dead[u]),
+                             "always_active": bool(alive[u]),
+                             "nonpos_smooth": "" if smooth_nonpos is None else float(smooth_nonpos[layer][u])})
+            layers[layer] = {"units": len(a), "apoz_mean": float(a.mean()), "apoz_median": float(np.median(a)),
+                             "apoz_min": float(a.min()), "apoz_max": float(a.max()),
+                             "dead": int(dead.sum()), "always_active": int(alive.sum()),
+                             **({"nonpos_smooth_mean": float(smooth_nonpos[layer].mean())} if smooth_nonpos is not None else {})}
+        units = sum(v["units"] for v in layers.values())
+        entry: dict[str, Any] = {
+            "layers": layers, "units": units, "dead": sum(v["dead"] for v in layers.values()),
+            "always_active": sum(v["always_active"] for v in layers.values()),
+            "apoz_mean": float(np.concatenate(list(relu_apoz.values())).mean()),
+        }
+        _histogram(run.file("sparsity", variant, "apoz_hist.png"), variant, relu_apoz, smooth_nonpos, scfg.bins)
+        if scfg.prune:
+            why_not = _unprunable(payload["spec"])
+            entry["pruning"] = ({"note": why_not} if why_not else
+                                _prune_variant(cfg, run, ds, variant, relu, payload, relu_apoz, export_mod))
+        summary[variant] = entry
+    atomic_write_csv(run.file("sparsity", "apoz.csv"), rows,
+                     ["variant", "layer", "unit", "apoz", "dead", "always_active", "nonpos_smooth"])
+    result = {"split": "val", "samples": len(ds.val), "variants": summary}
+    atomic_write_json(run.file("sparsity", "sparsity.json"), result)
+    return result
+
+
+def _unprunable(spec: dict[str, Any]) -> str | None:
+    """Why dead units of this model are not pruned (None: they are)."""
+    if spec["model"]["name"] not in ("mlp", "cnn"):
+        return f"not pruned: model {spec['model']['name']!r}; pruning handles the plain mlp and cnn stacks"
+    if spec["activation"] != "relu":
+        return f"not pruned: activation {spec['activation']!r}; a linked pair shares its input row, only plain ReLU units are pruned"
+    return None
+
+
+def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequential, payload: dict[str, Any],
+                   relu_apoz: dict[str, np.ndarray], export_mod) -> dict[str, Any]:
+    scfg = cfg.sparsity
+    bs = cfg.data.eval_batch_size
+    pruned, removed = prune_dead(relu, {n: a == 1.0 for n, a in relu_apoz.items()})
+    val64, agree_val = max_logit_diff(relu, pruned, ds.val, bs, torch.float64)
+    if not val64 <= scfg.atol:
+        raise PruneError(f"{variant}: pruning dead units changed validation logits by {val64:.3g} > sparsity.atol={scfg.atol:g}")
+    val32, _ = max_logit_diff(relu, pruned, ds.val, bs, torch.float32)
+    test64, agree_test = max_logit_diff(relu, pruned, ds.test, bs, torch.float64)
+    spec = pruned_spec(payload["spec"], pruned)
+    checkpoint.save(run.file("sparsity", variant, "pruned.pt"), pruned, spec,
+                    source=str(run.file("swap", variant, "relu.pt")), removed=removed)
+    rebuilt, _ = checkpoint.load_model(run.file("sparsity", variant, "pruned.pt"))  # the spec really rebuilds it
+    xval = ds.val.x[:cfg.export.check_samples]
+    proto, _ = export_mod.to_onnx(rebuilt, xval[:2], cfg.export.opset, cfg.export.simplify,
+                                  {**export_mod.metadata_for({"spec": spec}, variant, "relu_pruned", ds.info)})
+    onnx_path = run.file("sparsity", variant, "pruned.onnx")
+    export_mod.save(proto, onnx_path)
+    check = export_mod.compare(onnx_path, rebuilt, xval, cfg.export.atol, cfg.export.rtol, cfg.quantize.threads)
+    params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return {"removed": removed, "removed_total": sum(removed.values()), "params_before": params(relu),
+            "params_after": params(pruned), "widths_after": _widths(spec["model"]),
+            "val_max_logit_diff_fp64": val64, "val_max_logit_diff_fp32": val32, "val_argmax_agreement": agree_val,
+            "test_max_logit_diff_fp64": test64, "test_argmax_agreement": agree_test, "atol": scfg.atol,
+            "onnx": str(onnx_path.relative_to(run.path)), "onnx_max_abs_diff": check["max_abs_diff"]}

@@ -1,0 +1,169 @@
+"""The export stage: every model of the run to one self-contained fp32 ONNX file.
+
+For each variant: the smooth best checkpoint (`train/<v>/best.pt`, form "smooth") and its swapped
+ReLU model (`swap/<v>/relu.pt`, form "relu"); a ReLU-baseline variant has only the "relu" form.
+Files land in `export/<variant>/<form>/model.onnx`; `export/export.json` lists them with their checks.
+
+Decisions (see also DESIGN.md, Known pitfalls):
+- Exporter: `torch.onnx.export(..., dynamo=False)`, the TorchScript tracer. The dynamo exporter
+  (torch ≥ 2.9's default) needs onnxscript, a further dependency, for graphs this simple; the tracer
+  is deprecated but present through torch 2.14 (pyproject pins torch < 2.15).
+- Opset 20 (the tracer's highest): the first with a native `Gelu` op, so λ-GELU = GELU(λx)/λ exports
+  as Mul → Gelu → Div, three nodes instead of the seven-node Erf expansion of opset ≤ 19, and plain
+  GELU as one node. The ReLU graphs are the same at any opset ≥ 13 (Gemm/Conv/Relu/Flatten).
+- Inputs in natural units: the model's first module `Normalize` (x·scale + shift) is inside the graph.
+- Dynamic batch axis on the input and the logits; onnxsim keeps it (checked, not assumed).
+- Single file: no external data (checked), `onnx.checker.check_model(full_check=True)`, then
+  onnxruntime against PyTorch on a validation batch: max |Δlogit| ≤ atol + rtol·max|logit| with
+  atol = 1e-5 and rtol = 1e-6. A bare 1e-5 fails on the default Fashion-MNIST MLP for a reason that is
+  not the export: its logits reach |52|, where one float32 ulp is 3.8e-6, and onnxruntime and PyTorch
+  sum the Gemms in different orders (1.9e-5 apart there; PyTorch fp32 itself is 8.5e-6 off float64).
+  Both are also compared with a float64 run of the model, so the record shows which side the
+  rounding is on.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from pipeline import checkpoint
+from pipeline.activations import RELU_FORMS, swapped_activation
+from pipeline.config import Config
+from pipeline.errors import PipelineError
+from pipeline.rundir import RunDir, atomic_path, atomic_write_json
+from pipeline.train import dataset_for
+
+from . import ort as ort_util
+
+FP32_ATOL = 1e-5  # onnxruntime vs PyTorch on fp32 logits: absolute part (the default of export.atol) ...
+FP32_RTOL = 1e-6  # ... plus this times the largest |logit| of the batch (export.rtol); ~8 float32 ulps
+EXPORTER = "torch.onnx.export(dynamo=False)"
+
+
+class ExportError(PipelineError):
+    pass
+
+
+def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
+    """(variant, form, checkpoint) for every model the run exports, in a fixed order."""
+    out = []
+    for v in cfg.variants:
+        best = run.file("train", v, "best.pt")
+        act = checkpoint.load_payload(best)["spec"]["activation"]
+        if act not in RELU_FORMS:
+            out.append((v, "smooth", best))
+        if swapped_activation(act) is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
+            out.append((v, "relu", run.file("swap", v, "relu.pt")))
+    return out
+
+
+def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool = True,
+            metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Trace `model` (eval mode, CPU) to an ONNX ModelProto with a dynamic batch axis; onnxsim; checks.
+
+    Returns the model and facts about it (node counts before and after onnxsim).
+    """
+    model = model.eval().cpu()
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        # Expected and harmless here: the legacy-exporter deprecation notice, and tracer notes about
+        # λ being a constant / the frozen flag being read once (both are fixed in an exported model).
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        warnings.filterwarnings("ignore", message=".*feature will be removed.*")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        torch.onnx.export(model, (example.cpu(),), buf, dynamo=False, opset_version=opset,
+                          input_names=[ort_util.INPUT], output_names=[ort_util.OUTPUT], do_constant_folding=True,
+                          dynamic_axes={ort_util.INPUT: {0: "batch"}, ort_util.OUTPUT: {0: "batch"}})
+    proto = onnx.load_from_string(buf.getvalue())
+    facts: dict[str, Any] = {"nodes_traced": len(proto.graph.node)}
+    if simplify:
+        from onnxsim import simplify as onnxsim_simplify
+
+        simplified, ok = onnxsim_simplify(proto)
+        if not ok:
+            raise ExportError("onnxsim could not validate the simplified graph; rerun with export.simplify=false")
+        proto = simplified
+    facts["nodes"] = len(proto.graph.node)
+    for key, value in (metadata or {}).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add); output: logits"
+    check_graph(proto)
+    return proto, facts
+
+
+def check_graph(proto: onnx.ModelProto) -> None:
+    """Full ONNX check, single file, and a symbolic batch dimension on input and output."""
+    onnx.checker.check_model(proto, full_check=True)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        raise ExportError("exported graph refers to external data; it must be one self-contained file")
+    for vi in (proto.graph.input[0], proto.graph.output[0]):
+        dim0 = vi.type.tensor_type.shape.dim[0]
+        if not dim0.dim_param:
+            raise ExportError(f"{vi.name}: batch axis is fixed at {dim0.dim_value}, expected a symbolic 'batch'")
+
+
+def save(proto: onnx.ModelProto, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        onnx.save_model(proto, str(tmp), save_as_external_data=False)
+
+
+@torch.no_grad()
+def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
+            threads: int = 1) -> dict[str, float]:
+    """onnxruntime vs PyTorch (fp32) on x: raises ExportError unless max|Δ| ≤ atol + rtol·max|logit|.
+
+    Also records how far each is from a float64 run of the same model (the rounding reference).
+    """
+    model = model.eval().cpu()
+    ref = model(x).numpy()
+    ref64 = copy.deepcopy(model).double()(x.double() if x.is_floating_point() else x).numpy()
+    got = ort_util.infer(ort_util.session(path, threads), x.numpy())
+    diff = float(np.abs(got - ref).max())
+    scale = float(np.abs(ref).max())
+    tol = atol + rtol * scale
+    if not diff <= tol:  # also catches NaN
+        raise ExportError(f"{path}: onnxruntime and PyTorch differ by {diff:.3g} > {tol:.3g} "
+                          f"(export.atol={atol:g} + export.rtol={rtol:g} x max|logit| {scale:.3g}) on {len(x)} validation inputs")
+    return {"max_abs_diff": diff, "tolerance": tol, "max_abs_logit": scale,
+            "ort_vs_fp64": float(np.abs(got - ref64).max()), "torch_vs_fp64": float(np.abs(ref - ref64).max()),
+            "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()), "samples": len(x)}
+
+
+def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict[str, str]:
+    spec = payload["spec"]
+    return {"variant": variant, "form": form, "activation": spec["activation"],
+            "input_shape": json.dumps(spec["input_shape"]), "num_classes": str(spec["num_classes"]),
+            "input_units": "natural (the data's own units; normalization is inside the graph)",
+            "input_low": json.dumps(info.input_low), "input_high": json.dumps(info.input_high)}
+
+
+def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
+    ds = dataset_for(cfg)
+    ecfg = cfg.export
+    xval = ds.val.x[:ecfg.check_samples]
+    models: dict[str, dict[str, Any]] = {}
+    for variant, form, src in sources(cfg, run):
+        model, payload = checkpoint.load_model(src)
+        proto, facts = to_onnx(model, xval[:2], ecfg.opset, ecfg.simplify, metadata_for(payload, variant, form, ds.info))
+        path = run.file("export", variant, form, "model.onnx")
+        save(proto, path)
+        check = compare(path, model, xval, ecfg.atol, ecfg.rtol, cfg.quantize.threads)
+        models.setdefault(variant, {})[form] = {
+            "path": str(path.relative_to(run.path)), "source": str(Path(src).relative_to(run.path)),
+            "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **check,
+        }
+    result = {"exporter": EXPORTER, "opset": ecfg.opset, "simplified": ecfg.simplify, "atol": ecfg.atol, "rtol": ecfg.rtol,
+              "torch": torch.__version__, "onnx": onnx.__version__, "models": models}
+    atomic_write_json(run.file("export", "export.json"), result)
+    return result

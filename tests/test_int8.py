@@ -1,0 +1,237 @@
+"""int8: graph structure after onnxruntime's optimizer, accuracy against fp32, SQNR, the stage's artifacts."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from pipeline.config import Config
+from quantize import export as ex
+from quantize import int8 as q8
+from quantize import ort as ort_util
+
+from _digits import digits, make_run, trained
+
+FP32_ATOL = ex.FP32_ATOL
+INT8_ACC_TOL = 0.02  # |test accuracy fp32 − int8| on digits' 359 test images (7 images)
+INT8_AGREEMENT_MIN = 0.97  # argmax agreement fp32 vs int8 on the test set
+WEIGHT_SQNR_MIN_DB = 35.0  # per-channel int8 of a trained layer: ~6 dB/bit minus the range the outliers take
+OUTPUT_SQNR_MIN_DB = 20.0  # logits of a 3-layer int8 net vs fp32
+
+CASES = [("relu", "mlp"), ("gelu", "mlp"), ("lambda_gelu", "mlp"), ("relu", "cnn")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def nets():
+    return {case: trained(*case) for case in CASES}
+
+
+def _quantize(net, spec, d, name, cfg: Config):
+    """fp32 ONNX (normalization folded when possible) and its int8 QDQ file; returns (fp32, int8, pre)."""
+    ds = digits()
+    folded = q8.fold_normalization(net, tuple(spec["input_shape"])) if cfg.quantize.fold_normalization else None
+    proto, _ = ex.to_onnx(folded if folded is not None else net, ds.val.x[:2], cfg.export.opset)
+    fp32 = d / f"{name}.fp32.onnx"
+    ex.save(proto, fp32)
+    work = d / name
+    work.mkdir()
+    int8 = d / f"{name}.int8.onnx"
+    pre = q8.quantize_file(fp32, int8, q8.calibration_samples(cfg, ds.train.x), cfg, work)
+    return fp32, int8, pre
+
+
+@pytest.fixture(scope="module")
+def quantized(nets, tmp_path_factory):
+    d = tmp_path_factory.mktemp("int8")
+    return {case: _quantize(*nets[case], d, "-".join(case), Config()) for case in CASES}
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, str]:
+    return {o: n.op_type for n in graph.node for o in n.output}
+
+
+def _optimized_graph(path, tmp_path) -> onnx.GraphProto:
+    out = tmp_path / "opt.onnx"
+    ort_util.session(path, optimized_path=out)
+    return onnx.load(str(out)).graph
+
+
+def test_relu_mlp_int8_is_integer_only_after_optimization(quantized, tmp_path):
+    _, int8, _ = quantized[("relu", "mlp")]
+    raw = ort_util.op_counts(int8)
+    assert "Relu" not in raw  # absorbed into the QuantizeLinear range (QDQKeepRemovableActivations=False)
+    counts = ort_util.optimized_op_counts(int8)
+    # Normalization folded into fc0: quantize once at the input, three integer Gemms, dequantize once.
+    assert counts == {"QuantizeLinear": 1, "Flatten": 1, "QGemm": 3, "DequantizeLinear": 1}
+    assert ort_util.float_ops(counts) == {} and ort_util.integer_only(counts)
+    g = _optimized_graph(int8, tmp_path)
+    assert [n.op_type for n in g.node] == ["Flatten", "QuantizeLinear", "QGemm", "QGemm", "QGemm", "DequantizeLinear"]
+    assert g.node[0].input[0] == ort_util.INPUT and g.node[-1].output[0] == ort_util.OUTPUT
+
+
+def test_relu_cnn_int8_runs_qlinearconv_with_a_float_prologue(nets, quantized):
+    net, spec = nets[("relu", "cnn")]
+    assert q8.fold_normalization(net, tuple(spec["input_shape"])) is None  # padding: no exact fold
+    counts = ort_util.optimized_op_counts(quantized[("relu", "cnn")][1])
+    assert counts["QLinearConv"] == 2 and counts["QGemm"] == 2
+    assert ort_util.float_ops(counts) == {"Mul": 1, "Add": 1}  # the input's normalization, nothing else
+
+
+@pytest.mark.parametrize("act, float_ops", [("gelu", {"Gelu": 2}), ("lambda_gelu", {"Mul": 2, "Gelu": 2, "Div": 2})])
+def test_gelu_stays_float_between_dequantize_and_quantize(act, float_ops, quantized, tmp_path):
+    int8 = quantized[(act, "mlp")][1]
+    counts = ort_util.optimized_op_counts(int8)
+    assert counts["QGemm"] == 3 and ort_util.float_ops(counts) == float_ops
+    assert not ort_util.integer_only(counts)
+    g = _optimized_graph(int8, tmp_path)
+    made_by = _producers(g)
+    consumers = {i: n.op_type for n in g.node for i in n.input}
+    inits = {t.name for t in g.initializer}
+    for n in g.node:
+        if n.op_type in float_ops:  # fed by DQ (or another float op of the gate), feeding Q (or the gate)
+            assert all(made_by.get(i) in {"DequantizeLinear", *float_ops} for i in n.input if i not in inits), n.name
+            assert all(consumers.get(o) in {"QuantizeLinear", *float_ops} for o in n.output), n.name
+
+
+def test_fold_normalization_is_exact(nets):
+    net, spec = nets[("relu", "mlp")]
+    folded = q8.fold_normalization(net, tuple(spec["input_shape"]))
+    assert "norm" not in dict(folded.named_children()) and "norm" in dict(net.named_children())
+    x = digits().val.x
+    with torch.no_grad():
+        assert (folded(x) - net(x)).abs().max() <= FP32_ATOL
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
+def test_int8_accuracy_is_close_to_fp32(case, quantized):
+    fp32, int8, _ = quantized[case]
+    ds = digits()
+    l32 = ort_util.infer(ort_util.session(fp32), ds.test.x.numpy())
+    l8 = ort_util.infer(ort_util.session(int8), ds.test.x.numpy())
+    a32, a8 = ort_util.accuracy(l32, ds.test.y.numpy()), ort_util.accuracy(l8, ds.test.y.numpy())
+    assert a32 > 0.9, "the fixture model should be trained"
+    assert abs(a32 - a8) <= INT8_ACC_TOL, f"fp32 {a32:.4f} vs int8 {a8:.4f}"
+    assert (l32.argmax(1) == l8.argmax(1)).mean() >= INT8_AGREEMENT_MIN
+
+
+def test_per_tensor_sqnr(quantized, tmp_path):
+    _, int8, pre = quantized[("relu", "mlp")]
+    rows = q8.sqnr_rows(pre, int8, digits().val.x[:64].numpy(), tmp_path)
+    weights = {r["tensor"]: r["sqnr_db"] for r in rows if r["kind"] == "weight"}
+    assert {"fc0.weight", "fc1.weight", "head.weight"} <= set(weights)
+    assert all(weights[w] >= WEIGHT_SQNR_MIN_DB for w in ("fc0.weight", "fc1.weight", "head.weight")), weights
+    acts = [r for r in rows if r["kind"] == "activation"]
+    assert acts[-1]["tensor"] == ort_util.OUTPUT and acts[-1]["sqnr_db"] >= OUTPUT_SQNR_MIN_DB  # graph order
+
+
+def test_keep_activations_leaves_relu_nodes(nets, tmp_path):
+    cfg = Config()
+    cfg.quantize.keep_activations = True
+    _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "keep", cfg)
+    assert ort_util.op_counts(int8)["Relu"] == 2
+
+
+def _activation_scales(path) -> dict[str, float]:
+    g = onnx.load(str(path)).graph
+    return {t.name: float(numpy_helper.to_array(t)) for t in g.initializer
+            if t.name.endswith("_scale") and numpy_helper.to_array(t).size == 1}
+
+
+def test_percentile_calibration_clips_ranges(nets, quantized, tmp_path):
+    cfg = Config()
+    cfg.quantize.calibration_method = "percentile"
+    _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "pct", cfg)
+    minmax, pct = _activation_scales(quantized[("relu", "mlp")][1]), _activation_scales(int8)
+    assert set(minmax) == set(pct)
+    assert all(pct[k] <= minmax[k] * (1 + 1e-6) for k in minmax) and any(pct[k] < minmax[k] for k in minmax)
+
+
+def test_calibration_reader_covers_every_sample_and_rewinds():
+    x = np.arange(300 * 3, dtype=np.float32).reshape(300, 3)
+    reader = q8.ArrayReader(x, batch=128)
+    sizes = [len(b[ort_util.INPUT]) for b in iter(reader.get_next, None)]
+    assert sizes == [128, 128, 44] and len(reader) == 3
+    reader.rewind()
+    assert np.array_equal(reader.get_next()[ort_util.INPUT], x[:128])
+    assert q8.ArrayReader(np.arange(6).reshape(2, 3)).get_next()[ort_util.INPUT].dtype == np.int64  # token ids stay ids
+    assert q8.ArrayReader(x.astype(np.float64)).get_next()[ort_util.INPUT].dtype == np.float32
+
+
+def test_float_op_classification():
+    assert ort_util.integer_only({"QuantizeLinear": 1, "QGemm": 2, "Flatten": 1, "DequantizeLinear": 1})
+    assert ort_util.float_ops({"QGemm": 2, "Gelu": 2, "DequantizeLinear": 3}) == {"Gelu": 2}
+    assert not ort_util.integer_only({"Flatten": 1})  # nothing integer at all
+
+
+def test_speed_numbers_are_positive(quantized):
+    s = ort_util.speed(quantized[("relu", "mlp")][1], digits().val.x[:8].numpy(), batch=16, repeats=3)
+    assert s["latency_b1_ms"] > 0 and s["throughput_b16"] > 0
+    assert s["latency_b1_ms"] <= s["latency_b1_median_all_ms"] <= s["latency_b1_p90_ms"]
+    assert s["batch16_ms"] <= s["batch16_median_all_ms"] and s["throughput_b16"] == pytest.approx(16e3 / s["batch16_ms"])
+
+
+def test_block_median_survives_load_longer_than_half_the_run():
+    quiet, loaded = np.full(40, 1.0), np.full(60, 3.0)  # 60% of the calls under load
+    t = np.concatenate([loaded[:30], quiet, loaded[30:]])
+    assert np.median(t) == 3.0 and ort_util.block_median(t, blocks=10) == 1.0
+
+
+def test_int8_stage(nets, tmp_path):
+    run = make_run(tmp_path, {"lambda_gelu": nets[("lambda_gelu", "mlp")], "relu": nets[("relu", "mlp")]})
+    ex.run_export(run.cfg, run)
+    result = q8.run_int8(run.cfg, run)
+    saved = json.loads(run.file("quantize", "quantize.json").read_text())
+    assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "minmax"
+    assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
+    relu = saved["models"]["lambda_gelu"]["relu"]
+    assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"
+    assert relu["fold_check"]["max_abs_diff"] <= FP32_ATOL
+    assert not saved["models"]["lambda_gelu"]["smooth"]["int8"]["integer_only"]
+    for forms in saved["models"].values():
+        for e in forms.values():
+            assert abs(e["test_drop_pt"]) <= 100 * INT8_ACC_TOL
+            assert e["size_ratio"] > 1.5  # 64-32 MLP: per-channel scales and graph overhead weigh in (3.8x on Fashion-MNIST)
+            assert e["int8"]["throughput_b256"] > 0 and e["fp32"]["latency_b1_ms"] > 0 and e["speedup_b256"] > 0
+            assert (run.path / e["int8_path"]).is_file()
+    assert set(saved["comparisons"]) == {"lambda_gelu"}
+    with open(run.file("quantize", "sqnr.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["variant"], r["form"]) for r in rows} == {("lambda_gelu", "relu"), ("lambda_gelu", "smooth"), ("relu", "relu")}
+    assert result["models"].keys() == saved["models"].keys()
+
+
+def test_fp32_bias_in_the_file_runs_the_same_integer_graph(nets, quantized, tmp_path):
+    # quantize.quantize_bias=false (default) leaves biases fp32 in the QDQ file; onnxruntime makes them
+    # int32 when it fuses QGemm, so the runtime graph and outputs equal those of an int32-bias file.
+    cfg = Config()
+    cfg.quantize.quantize_bias = True
+    _, with_int32_bias, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "qbias", cfg)
+    default = quantized[("relu", "mlp")][1]
+    x = digits().val.x.numpy()
+    assert np.array_equal(ort_util.infer(ort_util.session(default), x), ort_util.infer(ort_util.session(with_int32_bias), x))
+    assert ort_util.optimized_op_counts(default) == ort_util.optimized_op_counts(with_int32_bias)
+    assert ort_util.file_bytes(default) < ort_util.file_bytes(with_int32_bias)
+
+
+def test_entropy_calibration_searches_a_real_histogram(nets, quantized, tmp_path):
+    # quantize_static's own entropy calibrator has as many histogram bins as quantized bins (128),
+    # i.e. a single candidate range; ours uses ENTROPY_BINS and so clips somewhere.
+    cfg = Config()
+    cfg.quantize.calibration_method = "entropy"
+    _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "ent", cfg)
+    minmax, ent = _activation_scales(quantized[("relu", "mlp")][1]), _activation_scales(int8)
+    assert set(minmax) == set(ent) and any(ent[k] < 0.9 * minmax[k] for k in minmax)
