@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.activations import swapped_activation
 from pipeline.config import Config
 from pipeline.hardness import switch_epoch
 from pipeline.rundir import RunDir, atomic_path, atomic_write_text
@@ -124,10 +125,10 @@ def section_swap(cfg: Config, run: RunDir) -> str | None:
     swap = _json(run.file("swap", "swap.json"))
     if swap is None:
         return None
-    rows = [[v, r["val_before"], r["val_after"], r["val_after"] - r["val_before"], r["test_before"], r["test_after"],
-             r["argmax_agreement"], r["max_logit_change"]] for v, r in swap.items()]
+    rows = [[v, swapped_activation(v) or "no swap (not a gate)", r["val_before"], r["val_after"], r["val_after"] - r["val_before"], r["test_before"],
+             r["test_after"], r["argmax_agreement"], r["max_logit_change"]] for v, r in swap.items()]
     return "\n\n".join(["## Swap to ReLU (best checkpoint, no weight update)",
-                        table(["variant", "val before", "val after", "Δ val", "test before", "test after", "argmax agreement (val)", "max |Δ logit| (val)"], rows)])
+                        table(["variant", "swap to", "val before", "val after", "Δ val", "test before", "test after", "argmax agreement (val)", "max |Δ logit| (val)"], rows)])
 
 
 def section_check(cfg: Config, run: RunDir) -> str | None:
@@ -158,7 +159,14 @@ def section_check(cfg: Config, run: RunDir) -> str | None:
     return "\n\n".join(out)
 
 
-SECTIONS: list[Callable[[Config, RunDir], str | None]] = [section_overview, section_training, section_check, section_swap]
+def section_verify(cfg: Config, run: RunDir) -> str | None:
+    from .verify import report_section
+
+    return report_section(cfg, run)
+
+
+SECTIONS: list[Callable[[Config, RunDir], str | None]] = [section_overview, section_training, section_check, section_swap,
+                                                          section_verify]
 
 
 def run_report(cfg: Config, run: RunDir) -> dict[str, Any]:

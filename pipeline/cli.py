@@ -15,6 +15,11 @@ EPILOG = """examples:
   pipeline run train.epochs=5 data.name=adult    # key.sub=value overrides
   pipeline run --resume runs/<name>              # continue a killed run where it stopped
   pipeline stages                                # list the stages in run order
+  pipeline analyze --run runs/<name>             # activation properties + the papers' claims table
+  pipeline zoo                                   # 23 activations on the pre-activation ResNet, Table 1 style
+  torchrun --nproc_per_node=4 -m pipeline.cli run -c configs/cifar10-resnet18.toml   # DDP, one GPU per process
+  pipeline sweep configs/sweeps/tc-grid-fmnist.toml  # a grid of runs, finished points skipped
+  pipeline report runs-paper/tc-grid-fmnist        # Table I/II, Figures 1-3 (Markdown + PNG)
 """
 
 
@@ -29,6 +34,27 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--redo", action="append", default=[], metavar="STAGE", help="rerun STAGE and every later stage")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5")
     sub.add_parser("stages", help="list the stages in run order")
+    sw = sub.add_parser("sweep", help="run a grid of runs, one run directory per point; finished points are skipped")
+    sw.add_argument("spec", nargs="?", help="sweep file (TOML/YAML/JSON: config, out_dir, set, [[grid]] blocks); see configs/sweeps/")
+    sw.add_argument("-c", "--config", help="base config file (replaces the sweep file's `config`)")
+    sw.add_argument("--grid", action="append", default=[], metavar="key=v1,v2",
+                    help="an axis crossed into every block, e.g. --grid seed=0,1,2 (JSON list for choices with commas)")
+    sw.add_argument("--out", metavar="DIR", help="where the run directories go (default: the sweep file's out_dir)")
+    sw.add_argument("--label", help="prefix for the run names of every block (sweeps sharing --out need different labels)")
+    sw.add_argument("--dry-run", action="store_true", help="list the points and their overrides, run nothing")
+    sw.add_argument("--report", action="store_true", help="then write the paper tables and figures (as `pipeline report`)")
+    sw.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides for every point, e.g. train.epochs=5")
+    rp = sub.add_parser("report", help="the paper's Table I/II and Figures 1-3 (Markdown + PNG) from finished runs")
+    rp.add_argument("paths", nargs="+", metavar="DIR", help="run directories, or folders holding them (searched recursively)")
+    rp.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/paper-report)")
+    rp.add_argument("--title", default="λ-GELU: the paper's tables on these runs")
+    z = sub.add_parser("zoo", help="the GELU analysis paper's activation zoo (Table 1) on Fashion-MNIST: test loss/accuracy table")
+    z.add_argument("-c", "--config", help="config file applied on top of the zoo's defaults (analysis/zoo.py)")
+    z.add_argument("--test-samples", type=int, default=0, metavar="N", help="evaluate on the first N test images (0 = all)")
+    z.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 data.subset=0 out_dir=runs")
+    an = sub.add_parser("analyze", help="activation properties and the seed papers' claims (derived, with verdicts)")
+    an.add_argument("--run", metavar="RUN_DIR", help="write analysis/analysis.{md,json} into this run directory")
+    an.add_argument("--out", metavar="DIR", help="or into this directory (default: print only)")
     c = sub.add_parser("config", help="print the resolved config as JSON")
     c.add_argument("-c", "--config")
     c.add_argument("overrides", nargs="*")
@@ -36,25 +62,36 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from . import distributed
     from .rundir import RunDir, atomic_write_json
     from .stages import run_pipeline
 
-    if args.resume:
-        if args.config:
-            raise PipelineError("--resume uses the run's own config.json; drop -c/--config (overrides are allowed)")
-        run = RunDir.open(args.resume)
-        if args.overrides:  # e.g. a lower lr after a NaN: recorded in config.json and the manifest
-            config_mod.validate(config_mod.apply_overrides(run.cfg, args.overrides))
-            atomic_write_json(run.file("config.json"), run.cfg.to_dict())
-            m = run.manifest()
-            m.setdefault("resumed_with", []).append(args.overrides)
-            run._write_manifest(m)
-    else:
-        cfg = config_mod.load(args.config, args.overrides)
-        run = RunDir.create(cfg, argv=sys.argv)
-    print(f"run directory: {run.path}")
-    run_pipeline(run.cfg, run, redo=args.redo)
-    print(f"finished: {run.path}")
+    world = distributed.init_from_env()  # torchrun: join the process group; otherwise one process
+    try:
+        if args.resume:
+            if args.config:
+                raise PipelineError("--resume uses the run's own config.json; drop -c/--config (overrides are allowed)")
+            run = RunDir.open(args.resume)
+            if args.overrides:  # e.g. a lower lr after a NaN: recorded in config.json and the manifest
+                config_mod.validate(config_mod.apply_overrides(run.cfg, args.overrides))
+                if world.main:
+                    atomic_write_json(run.file("config.json"), run.cfg.to_dict())
+                    m = run.manifest()
+                    m.setdefault("resumed_with", []).append(args.overrides)
+                    run._write_manifest(m)
+        else:
+            cfg = config_mod.load(args.config, args.overrides)
+            if world.distributed:  # rank 0 creates the directory, the others open the one it named
+                run = RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=sys.argv).path))
+            else:
+                run = RunDir.create(cfg, argv=sys.argv)
+        if world.main:
+            print(f"run directory: {run.path}" + (f" ({world.size} processes)" if world.distributed else ""))
+        run_pipeline(run.cfg, run, redo=args.redo)
+        if world.main:
+            print(f"finished: {run.path}")
+    finally:
+        distributed.shutdown()
     return 0
 
 
@@ -72,7 +109,68 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config}
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import distributed
+    from .sweep import Sweep, parse_axis, read_sweep, run_sweep
+
+    if args.spec and "=" in args.spec and not Path(args.spec).exists():  # `pipeline sweep key=value ...` without a file
+        args.overrides.insert(0, args.spec)
+        args.spec = None
+    sweep = read_sweep(args.spec) if args.spec else Sweep()
+    if args.config:
+        sweep.config = args.config
+    for block in sweep.blocks if args.label else []:
+        block.label = "-".join(x for x in (args.label, block.label) if x)
+    sweep.set = [*sweep.set, *args.overrides]
+    axes = dict(parse_axis(a) for a in args.grid)
+    world = distributed.init_from_env()
+    try:
+        summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run)
+        if args.report and not args.dry_run and world.main:
+            from analysis.paper import write_report
+
+            print(f"report: {write_report([summary['out_dir']])}")
+    finally:
+        distributed.shutdown()
+    return 1 if any(p["status"] == "failed" for p in summary["points"]) else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.paper import write_report
+
+    print(f"report: {write_report(args.paths, out=args.out, title=args.title)}")
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from analysis.zoo import run_zoo, zoo_config
+
+    cfg = zoo_config()
+    if args.config:
+        config_mod.apply(cfg, config_mod.read_file(args.config))
+    run_zoo(config_mod.validate(config_mod.apply_overrides(cfg, args.overrides)), test_samples=args.test_samples)
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from analysis import analyze
+
+    if args.run and not Path(args.run, "config.json").is_file():
+        raise PipelineError(f"{args.run} is not a run directory (no config.json); use --out DIR for a plain folder")
+    out = Path(args.run, "analysis") if args.run else (Path(args.out) if args.out else None)
+    res = analyze.write(out) if out else analyze.analyze()
+    print(res["markdown"])
+    if out:
+        print(f"written: {out / 'analysis.md'}, {out / 'analysis.json'}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config, "analyze": cmd_analyze, "sweep": cmd_sweep, "report": cmd_report,
+            "zoo": cmd_zoo}
 
 
 def main(argv: list[str] | None = None) -> int:

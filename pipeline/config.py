@@ -26,6 +26,8 @@ class DataConfig:
     subset: int = 0  # keep only this many training examples (0 = all); for smoke runs
     batch_size: int = 128
     eval_batch_size: int = 2048
+    seq_len: int = 128  # text data sets: tokens per training sequence (the model's context length)
+    augment: Literal["none", "flip_crop"] = "none"  # images: random 4-pixel-padded crop + horizontal flip (CIFAR recipe)
 
 
 @dataclass
@@ -34,6 +36,17 @@ class ModelConfig:
     hidden: list[int] = field(default_factory=lambda: [256, 256, 256, 256])  # MLP widths
     channels: list[int] = field(default_factory=lambda: [16, 32, 32])  # CNN conv widths
     cnn_hidden: int = 128  # CNN fully connected width
+    # Linked activations double a layer's outputs. none: widths as given; sqrt2 / inv_sqrt2: every hidden
+    # width times √2 / 1/√2; params: widths scaled so the parameter count equals the single/linked counterpart's
+    width_match: Literal["none", "sqrt2", "inv_sqrt2", "params"] = "none"
+    resnet_width: int = 64  # resnet18_cifar: channels of the first stage (64, 128, 256, 512 in the paper's model)
+    # Transformers (deit_tiny, gpt): DeiT-Tiny is 192 wide, 12 deep, 3 heads; GPT-2 small 768/12/12
+    dim: int = 192
+    depth: int = 12
+    heads: int = 3
+    mlp_ratio: float = 4.0  # FFN width = mlp_ratio * dim; the FFN holds the block's one activation
+    patch_size: int = 8  # deit_tiny: square patches (64x64 TinyImageNet / 8 = 8x8 = 64 tokens)
+    dropout: float = 0.0
 
 
 @dataclass
@@ -83,7 +96,8 @@ class ExportConfig:
     """fp32 ONNX export (quantize/export.py)."""
 
     opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
-    atol: float = 1e-5  # onnxruntime vs PyTorch, max |Δlogit| on the check batch
+    atol: float = 1e-5  # onnxruntime vs PyTorch: max |Δlogit| ≤ atol + rtol·max|logit| on the check batch
+    rtol: float = 1e-6  # float32 rounding grows with the logits' scale (|logit| ~ 50 on Fashion-MNIST)
     check_samples: int = 1024  # validation inputs in the check batch
     simplify: bool = True  # run onnxsim
 
@@ -100,7 +114,8 @@ class QuantizeConfig:
     quantize_bias: bool = False  # False: biases stay fp32 in the file, onnxruntime makes them int32 when it fuses (same outputs, smaller file)
     fold_normalization: bool = True  # fold an MLP's input Normalize into its first Linear before quantizing
     threads: int = 1  # onnxruntime intra-op threads for evaluation and timing
-    repeats: int = 100  # timed runs at the throughput batch (batch 1 uses 4x as many); the median is reported
+    repeats: int = 200  # timed runs at the throughput batch (batch 1 uses 4x as many)
+    timing_blocks: int = 10  # the runs are cut into this many blocks; the smallest block median is reported
     throughput_batch: int = 256
     sqnr_samples: int = 256  # validation inputs for the per-tensor SQNR
 
@@ -112,6 +127,22 @@ class SparsityConfig:
     prune: bool = True  # remove dead units, check and export the pruned model
     atol: float = 1e-6  # pruned vs original logits on the validation set (float64)
     bins: int = 20  # histogram bins over 0..100%
+
+
+@dataclass
+class VerifyConfig:
+    """L∞ robustness of the swapped float ReLU models with a complete verifier (analysis/verify.py)."""
+
+    samples: int = 5  # the first N validation examples, the same for every variant
+    epsilons: list[float] = field(default_factory=lambda: [0.005])  # L∞ radii in the data's units; boxes clipped to its range
+    timeout_s: float = 10.0  # per property and verifier
+    # keys of analysis.verifiers.VERIFIERS (marabou, milp, pgd, ibp) or chains "a+b" (run in order, the first
+    # decisive answer wins, the timeout covers the chain); "auto" = pgd+marabou when maraboupy imports, else milp
+    verifiers: list[str] = field(default_factory=lambda: ["auto"])
+    # timeout_s counts CPU seconds (Marabou: RLIMIT_CPU on its child), so a shared machine's load does not
+    # turn proofs into timeouts; false: wall seconds. HiGHS (milp) limits are wall time either way.
+    cpu_time: bool = True
+    probe_smooth: bool = True  # try the verifiers' ONNX readers on the smooth models of the export stage
 
 
 @dataclass
@@ -134,6 +165,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -308,13 +340,29 @@ def validate(cfg: Config) -> Config:
          "set harden.epsilon > 0 or harden.lambda_target > 0")
     need(cfg.harden.lambda_target == 0 or cfg.harden.lambda_target >= 1, "harden.lambda_target must be >= 1 (or 0 to derive it)")
     need(all(h > 0 for h in cfg.model.hidden) and cfg.model.hidden, "model.hidden must be a non-empty list of positive widths")
+    need(cfg.model.width_match == "none" or cfg.model.name in models.WIDTH_FIELDS,
+         f"model.width_match={cfg.model.width_match} needs one of the models {', '.join(models.WIDTH_FIELDS)}")
+    need(cfg.data.seq_len >= 1, f"data.seq_len must be >= 1, got {cfg.data.seq_len}")
+    need(min(cfg.model.resnet_width, cfg.model.dim, cfg.model.depth, cfg.model.heads, cfg.model.patch_size) >= 1
+         and cfg.model.mlp_ratio > 0, "model.resnet_width, dim, depth, heads, patch_size and mlp_ratio must be positive")
+    need(cfg.model.dim % cfg.model.heads == 0, f"model.dim={cfg.model.dim} must be divisible by model.heads={cfg.model.heads}")
+    need(0 <= cfg.model.dropout < 1, f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     need(13 <= cfg.export.opset <= 20, f"export.opset must be in 13..20 (the TorchScript exporter's range), got {cfg.export.opset}")
-    need(cfg.export.atol > 0 and cfg.export.check_samples > 0, "export.atol and export.check_samples must be > 0")
+    need(cfg.export.atol > 0 and cfg.export.rtol >= 0 and cfg.export.check_samples > 0,
+         "export.atol and export.check_samples must be > 0, export.rtol >= 0")
     need(cfg.quantize.calibration_samples > 0, "quantize.calibration_samples must be > 0")
     need(cfg.quantize.threads > 0 and cfg.quantize.repeats > 0 and cfg.quantize.throughput_batch > 0,
          "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
     need(cfg.quantize.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
+    need(1 <= cfg.quantize.timing_blocks <= cfg.quantize.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
+    need(cfg.verify.samples >= 1 and cfg.verify.timeout_s > 0, "verify.samples must be >= 1 and verify.timeout_s > 0")
+    need(bool(cfg.verify.epsilons) and all(e > 0 for e in cfg.verify.epsilons), "verify.epsilons must be a non-empty list of radii > 0")
+    from analysis.verifiers import VERIFIERS
+
+    for v in cfg.verify.verifiers or ["(none)"]:
+        need(v == "auto" or all(p in VERIFIERS for p in v.split("+")),
+             f"verify.verifiers: {v!r} is unknown; choose from auto, {', '.join(VERIFIERS)} or a chain like pgd+marabou")
     return cfg
 
 

@@ -236,10 +236,237 @@ def load_digits(cfg: DataConfig) -> Dataset:
     return Dataset(info, train, val, test)
 
 
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10 / CIFAR-100 (torchvision's python-pickle folders)
+
+# name -> (folder, training files, test files, label key, classes, archive URL)
+CIFAR = {
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10,
+                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", 100,
+                 "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+}
+
+
+def _fetch_archive(url: str, dest: Path) -> None:
+    """Download a .tar.gz or .zip into dest and unpack it there (data.download=true only)."""
+    import tarfile
+    import zipfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    fname = url.rsplit("/", 1)[-1]
+    _download({fname: url}, dest)
+    archive = dest / fname
+    try:
+        if fname.endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(dest)
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(dest, filter="data")
+    except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+        raise DataError(f"cannot unpack {archive} ({exc}); delete it and retry, or unpack it by hand into {dest}") from None
+
+
+def _locate_folder(cfg: DataConfig, name: str, files: list[str], url: str, hint: str) -> Path:
+    """Like `_locate`, for data sets shipped as one archive holding a folder of files."""
+    dirs = list(dict.fromkeys(_search_dirs(cfg.root, name)))
+    found = _find(files, dirs)
+    if found is None and cfg.download:
+        dest = Path(cfg.root).expanduser()
+        _fetch_archive(url, dest)
+        found = _find(files, dirs)
+    if found is None:
+        looked = ", ".join(str(d) for d in dirs)
+        raise DataError(f"{name}: {files[0].split('/')[0]}/ with {', '.join(f.split('/')[-1] for f in files)} not found "
+                        f"(looked in {looked}); {hint}, or rerun with data.download=true")
+    return found
+
+
+def _channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of [N, C, H, W] images, in chunks (no float64 copy of the set)."""
+    n, c = x.shape[0], x.shape[1]
+    s = torch.zeros(c, dtype=torch.float64)
+    s2 = torch.zeros(c, dtype=torch.float64)
+    for i in range(0, n, 4096):
+        chunk = x[i : i + 4096].double()
+        s += chunk.sum(dim=(0, 2, 3))
+        s2 += (chunk * chunk).sum(dim=(0, 2, 3))
+    count = n * x.shape[2] * x.shape[3]
+    mean = s / count
+    std = (s2 / count - mean * mean).clamp_min(1e-12).sqrt()
+    return mean.tolist(), std.tolist()
+
+
+def _u8_images(a: np.ndarray) -> torch.Tensor:
+    """uint8 [N, C, H, W] -> float32 in [0, 1]."""
+    return torch.from_numpy(a).float().div_(255.0)
+
+
+def _image_dataset(name: str, x: torch.Tensor, y: torch.Tensor, test: Split, classes: int, cfg: DataConfig,
+                   source: str) -> Dataset:
+    train, val = _split_val(x, y, cfg.val_fraction, cfg.subset)
+    mean, std = _channel_stats(train.x)
+    info = DataInfo(name, tuple(x.shape[1:]), classes, mean, std, 0.0, 1.0, source=source)
+    return Dataset(info, train, val, test)
+
+
+def _load_cifar(cfg: DataConfig, name: str) -> Dataset:
+    import pickle
+
+    folder, train_files, test_files, key, classes, url = CIFAR[name]
+    files = [f"{folder}/{f}" for f in train_files + test_files]
+    d = _locate_folder(cfg, name, files, url,
+                       hint=f"unpack {url.rsplit('/', 1)[-1]} there (torchvision's CIFAR layout)") / folder
+
+    def read(fnames: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = [], []
+        for f in fnames:
+            try:
+                with open(d / f, "rb") as fh:
+                    batch = pickle.load(fh, encoding="bytes")
+                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+                ys.append(np.asarray(batch[key], dtype=np.int64))
+            except (OSError, pickle.UnpicklingError, EOFError, KeyError, ValueError) as exc:
+                raise DataError(f"{d / f} is not a CIFAR python batch ({type(exc).__name__}: {exc}); fetch it again") from None
+        return _u8_images(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+    x, y = read(train_files)
+    tx, ty = read(test_files)
+    return _image_dataset(name, x, y, Split(tx, ty), classes, cfg, str(d))
+
+
+def load_cifar10(cfg: DataConfig) -> Dataset:
+    return _load_cifar(cfg, "cifar10")
+
+
+def load_cifar100(cfg: DataConfig) -> Dataset:
+    return _load_cifar(cfg, "cifar100")
+
+
+# ---------------------------------------------------------------------------------------------
+# TinyImageNet (the Stanford CS231n folder layout); the official val split is our test split
+
+TINYIMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+
+def _read_jpegs(paths: list[Path]) -> np.ndarray:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise DataError("tinyimagenet needs Pillow to decode its JPEG files: pip install pillow") from None
+    out = None
+    for i, p in enumerate(paths):
+        try:
+            with Image.open(p) as im:
+                a = np.asarray(im.convert("RGB"), dtype=np.uint8)  # a few images are greyscale
+        except OSError as exc:
+            raise DataError(f"{p} is not a readable image ({exc}); fetch the data set again") from None
+        if out is None:
+            out = np.empty((len(paths), 3, *a.shape[:2]), dtype=np.uint8)
+        if a.shape[:2] != out.shape[2:]:
+            raise DataError(f"{p} is {a.shape[1]}x{a.shape[0]}, the other images are {out.shape[3]}x{out.shape[2]}")
+        out[i] = a.transpose(2, 0, 1)
+    if out is None:
+        raise DataError("tinyimagenet: no images found under train/<wnid>/images/")
+    return out
+
+
+def load_tinyimagenet(cfg: DataConfig) -> Dataset:
+    folder = "tiny-imagenet-200"
+    d = _locate_folder(cfg, "tinyimagenet", [f"{folder}/wnids.txt", f"{folder}/val/val_annotations.txt"],
+                       TINYIMAGENET_URL, hint="unzip tiny-imagenet-200.zip there") / folder
+    wnids = sorted(w.strip() for w in (d / "wnids.txt").read_text().split() if w.strip())
+    index = {w: i for i, w in enumerate(wnids)}
+    train_paths, train_y = [], []
+    for w in wnids:
+        imgs = sorted((d / "train" / w / "images").glob("*.JPEG"))
+        if not imgs:
+            raise DataError(f"tinyimagenet: {d / 'train' / w / 'images'} holds no .JPEG files")
+        train_paths += imgs
+        train_y += [index[w]] * len(imgs)
+    val_paths, val_y = [], []
+    for line in (d / "val" / "val_annotations.txt").read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) < 2:
+            continue
+        if parts[1] not in index:
+            raise DataError(f"tinyimagenet: val_annotations.txt names class {parts[1]!r}, which wnids.txt lacks")
+        val_paths.append(d / "val" / "images" / parts[0])
+        val_y.append(index[parts[1]])
+    x = _u8_images(_read_jpegs(train_paths))
+    test = Split(_u8_images(_read_jpegs(val_paths)), torch.tensor(val_y, dtype=torch.int64))
+    return _image_dataset("tinyimagenet", x, torch.tensor(train_y, dtype=torch.int64), test, len(wnids), cfg, str(d))
+
+
+# ---------------------------------------------------------------------------------------------
+# Language modelling: x is [N, T] token ids, y the same sequences shifted by one ([N, T]).
+# No input normalization (the spec's mean/std are empty, so the model has no Normalize layer).
+
+
+def _sequences(tokens: torch.Tensor, seq_len: int) -> Split:
+    """Non-overlapping windows: x = tokens[i:i+T], y = tokens[i+1:i+T+1]."""
+    n = (len(tokens) - 1) // seq_len
+    if n < 1:
+        raise DataError(f"text of {len(tokens)} tokens is too short for data.seq_len={seq_len}")
+    return Split(tokens[: n * seq_len].view(n, seq_len), tokens[1 : n * seq_len + 1].view(n, seq_len))
+
+
+def _keep(split: Split, subset: int) -> Split:
+    if not subset or subset >= len(split):
+        return split
+    perm = torch.randperm(len(split), generator=torch.Generator().manual_seed(SPLIT_SEED))[:subset]
+    return Split(split.x[perm], split.y[perm])
+
+
+def _lm_info(name: str, cfg: DataConfig, vocab: int, source: str, symbols: list[str]) -> DataInfo:
+    return DataInfo(name, (cfg.seq_len,), vocab, [], [], 0, vocab - 1, metric="perplexity",
+                    higher_is_better=False, source=source, feature_names=symbols)
+
+
+def load_shakespeare(cfg: DataConfig) -> Dataset:
+    """Character level; the text's own sorted characters are the vocabulary. Contiguous splits:
+    test = the last `val_fraction` of the text, val = the `val_fraction` before it, train = the rest."""
+    d = _locate(cfg, "shakespeare", ["works.txt"], {}, hint="put the plain-text works.txt there")
+    try:
+        text = (d / "works.txt").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{d / 'works.txt'} is not readable UTF-8 text ({exc})") from None
+    vocab = sorted(set(text))
+    lut = {ch: i for i, ch in enumerate(vocab)}
+    tokens = torch.tensor([lut[ch] for ch in text], dtype=torch.int64)
+    n_hold = max(cfg.seq_len + 1, int(len(tokens) * cfg.val_fraction))
+    a, b = len(tokens) - 2 * n_hold, len(tokens) - n_hold
+    train = _keep(_sequences(tokens[:a], cfg.seq_len), cfg.subset)
+    val, test = _sequences(tokens[a:b], cfg.seq_len), _sequences(tokens[b:], cfg.seq_len)
+    return Dataset(_lm_info("shakespeare", cfg, len(vocab), str(d), vocab), train, val, test)
+
+
+WIKITEXT2_FILES = ["wikitext-2-raw/wiki.train.raw", "wikitext-2-raw/wiki.valid.raw", "wikitext-2-raw/wiki.test.raw"]
+WIKITEXT2_URL = "https://wikitext.smerity.com/wikitext-2-raw-v1.zip"
+
+
+def load_wikitext2(cfg: DataConfig) -> Dataset:
+    """WikiText-2 raw, byte level (vocabulary = the 256 byte values; no hub tokenizer).
+    The official valid/test files are our val/test splits."""
+    d = _locate_folder(cfg, "wikitext2", WIKITEXT2_FILES, WIKITEXT2_URL, hint="unzip wikitext-2-raw-v1.zip there")
+
+    def tokens(rel: str) -> torch.Tensor:
+        return torch.from_numpy(np.frombuffer((d / rel).read_bytes(), dtype=np.uint8).astype(np.int64))
+
+    train, val, test = (_sequences(tokens(f), cfg.seq_len) for f in WIKITEXT2_FILES)
+    return Dataset(_lm_info("wikitext2", cfg, 256, str(d / "wikitext-2-raw"), []), _keep(train, cfg.subset), val, test)
+
+
 DATASETS: dict[str, Callable[[DataConfig], Dataset]] = {
     "fashion_mnist": load_fashion_mnist,
     "adult": load_adult,
     "digits": load_digits,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "tinyimagenet": load_tinyimagenet,
+    "shakespeare": load_shakespeare,
+    "wikitext2": load_wikitext2,
 }
 
 
@@ -254,3 +481,26 @@ def batches(split: Split, batch_size: int, generator: torch.Generator | None = N
     for i in range(0, n, batch_size):
         idx = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
         yield split.x[idx], split.y[idx]
+
+
+def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """Training-time augmentation of one batch of [N, C, H, W] images (deterministic per generator).
+
+    flip_crop: zero-pad 4 pixels, take a random crop of the original size, flip half the images
+    horizontally (the standard CIFAR recipe).
+    """
+    if kind == "none":
+        return x
+    if kind != "flip_crop" or x.dim() != 4:
+        raise DataError(f"data.augment={kind} needs image batches [N, C, H, W], got shape {tuple(x.shape)}")
+    n, c, h, w = x.shape
+    pad = 4
+    xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    rows = (oy[:, None] + torch.arange(h))[:, :, None]  # [N, H, 1]
+    cols = ox[:, None] + torch.arange(w)  # [N, W]
+    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # [N, 1, W]
+    out = xp[torch.arange(n)[:, None, None], :, rows, cols]  # [N, H, W, C]
+    return out.permute(0, 3, 1, 2).contiguous()

@@ -38,8 +38,13 @@ STAGES: dict[str, Stage] = {
     "export": Stage("quantize.export:run_export", "export", "fp32 ONNX (opset 20, onnxsim, dynamic batch) of the smooth and the swapped models, checked against PyTorch"),
     "int8": Stage("quantize.int8:run_int8", "quantize", "onnxruntime static int8 (QDQ, per-channel): accuracy, size, latency, op counts, SQNR"),
     "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported"),
+    "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped float ReLU models (VNN-COMP layout, Marabou/MILP, unstable ReLUs)"),
     "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above"),
 }
+
+
+# Stages every torchrun rank runs together (data-parallel training); the others run on rank 0 only.
+DISTRIBUTED = {"train", "harden"}
 
 
 def selected(cfg: Config) -> list[str]:
@@ -60,37 +65,50 @@ def expand_redo(names: list[str]) -> list[str]:
 
 
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from . import distributed
     from .train import resolve_device
 
+    # Under torchrun every rank runs the DISTRIBUTED stages together; rank 0 alone writes the
+    # manifest and runs the other stages (the rest return after the last distributed stage).
+    world = distributed.world()
+    mark = run.mark_stage if world.main else (lambda *a, **k: None)
+    log = log if world.main else (lambda msg: None)
     device = str(resolve_device(cfg.device))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     results: dict[str, Any] = {}
     redo = expand_redo(redo or [])
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in redo:  # old outputs move to superseded/ so nothing stale is resumed and nothing is lost
+    for name in redo if world.main else []:  # old outputs move to superseded/ so nothing stale is resumed and nothing is lost
         d = run.file(STAGES[name].directory)
         if d.is_dir():
             d.rename(run.dir("superseded") / f"{d.name}-{stamp}")
         if run.stage_status(name) is not None:
             run.mark_stage(name, status="pending")
+    status = distributed.broadcast({s: run.stage_status(s) for s in STAGES} if world.main else None)
     for name in selected(cfg):
         stage = STAGES[name]
-        if run.stage_status(name) == "done":
+        if status[name] == "done":
             log(f"[{name}] done already, skipped")
             continue
+        if world.distributed:
+            if name not in DISTRIBUTED:
+                if not world.main:
+                    continue
+            else:
+                distributed.barrier()  # rank 0 has written everything earlier stages left
         log(f"[{name}] {stage.help}")
         started = time.time()
-        run.mark_stage(name, status="running", started=_now(), device=device, seed=cfg.seed)
+        mark(name, status="running", started=_now(), device=device, seed=cfg.seed)
         try:
             metrics = stage.fn()(cfg, run)
         except BaseException as exc:
             msg = str(exc) if isinstance(exc, PipelineError) else "".join(traceback.format_exception_only(exc)).strip()
-            run.mark_stage(name, status="failed" if not isinstance(exc, KeyboardInterrupt) else "interrupted",
-                           ended=_now(), seconds=round(time.time() - started, 3), error=msg)
+            mark(name, status="failed" if not isinstance(exc, KeyboardInterrupt) else "interrupted",
+                 ended=_now(), seconds=round(time.time() - started, 3), error=msg)
             raise
-        run.mark_stage(name, status="done", ended=_now(), seconds=round(time.time() - started, 3),
-                       outputs=run.record_outputs(name, stage.directory), metrics=metrics, error=None)
+        mark(name, status="done", ended=_now(), seconds=round(time.time() - started, 3),
+             outputs=run.record_outputs(name, stage.directory) if world.main else {}, metrics=metrics, error=None)
         log(f"[{name}] done in {time.time() - started:.1f}s")
         results[name] = metrics
     return results

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .activations import ACTIVATIONS, hardenable_gates, layer_lambdas
 from .config import Config, DataConfig
-from .data import Dataset, Split, batches, load_dataset
+from .data import Dataset, Split, augment, batches, load_dataset
 from .errors import TrainingError
 from .hardness import annealed_lambda, lambda_target, lr_at, param_groups, switch_epoch
 from .models import build_model, make_spec
@@ -37,9 +37,12 @@ OPTIMIZERS = {
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
+    w = distributed.world()
+    if name == "cuda" and w.distributed:  # one GPU per torchrun process
+        name = f"cuda:{w.local_rank}"
     return torch.device(name)
 
 
@@ -52,8 +55,9 @@ def dataset_for(cfg: Config) -> Dataset:
     return _cached_dataset(astuple(cfg.data))
 
 
-def target_for(cfg: Config) -> float:
-    return lambda_target(cfg.harden.epsilon, cfg.harden.criterion, cfg.harden.lambda_target)
+def target_for(cfg: Config, gate: str | None = "phi") -> float:
+    """λ_target for the gate g of x·g(λx) (Φ for λ-GELU, σ for λ-Swish, ...)."""
+    return lambda_target(cfg.harden.epsilon, cfg.harden.criterion, cfg.harden.lambda_target, gate or "phi")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,11 +97,29 @@ def improved(new: float, best: float, metric: str) -> bool:
 # One variant
 
 
-def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device) -> dict[str, float]:
+def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
+                 world: distributed.World = distributed.World()) -> dict[str, float]:
     model.train()
     g = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)  # data order depends only on (seed, epoch)
+    aug = torch.Generator().manual_seed(2**40 + cfg.seed * 100_003 + epoch) if cfg.data.augment != "none" else None
     total, correct, n = 0.0, 0, 0
     for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
+        if aug is not None:
+            x = augment(x, cfg.data.augment, aug)  # the global batch: the same images for any number of ranks
+        if world.distributed:
+            loss, stats = _ddp_step(model, x, y, world, device)
+            if not torch.isfinite(stats[0]):
+                raise TrainingError(f"loss is {float(stats[0])} at epoch {epoch}, batch {b} (on some rank); "
+                                    f"lower train.lr or set train.grad_clip, then resume")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.train.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            total += float(stats[0])
+            correct += int(stats[1])
+            n += int(stats[2])
+            continue
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
         loss = _loss(logits, y)
@@ -117,13 +139,30 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device) -> d
     return {"train_loss": total / n, "train_top1": correct / (n * (y[0].numel() if len(y) else 1))}
 
 
+def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World, device):
+    """Forward this rank's share of a global batch. The loss is the share's summed cross-entropy
+    times world_size / (elements in the global batch): DDP averages gradients over ranks, so the
+    update equals the single-process one on the whole batch, however unevenly the batch splits.
+    Returns (loss, [loss·examples, correct, examples] summed over ranks)."""
+    n_global, per_example = len(y), y[0].numel()
+    x, y = distributed.shard(x, y, world)
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    logits = model(x)
+    loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+    loss = loss_sum * (world.size / (n_global * per_example))
+    stats = torch.stack([loss_sum.detach().double() / per_example, (logits.argmax(-1) == y).sum().double(),
+                         torch.tensor(float(len(y)), dtype=torch.float64, device=loss_sum.device)])
+    return loss, distributed.all_sum(stats).cpu()
+
+
 def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: int, last: int,
                   histories: dict[str, list[dict]], device: torch.device) -> dict[str, Any]:
-    vdir = run.dir("train", variant)
+    world = distributed.world()
+    vdir = run.dir("train", variant) if world.main else run.file("train", variant)  # only rank 0 writes
     T = cfg.train.epochs
     e_s = switch_epoch(T, cfg.train.switch_fraction)
     hardenable = ACTIVATIONS[variant].hardenable
-    target = target_for(cfg)
+    target = target_for(cfg, ACTIVATIONS[variant].gate)
     spec = make_spec(cfg.model, variant, cfg.gate, ds.info)
 
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
@@ -138,9 +177,11 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
         opt.load_state_dict(payload["optimizer"])
         state = payload["state"]
     histories[variant] = state["history"]
+    # The model itself in one process. Annealing freezes λ, so s then leaves the graph (unused in DDP).
+    net = distributed.wrap(model, device, find_unused=hardenable and first > e_s)
 
     epochs = range(max(first, state["epoch"] + 1), last + 1)
-    bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None, leave=True)
+    bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None if world.main else True, leave=True)
     for epoch in bar:
         t0 = time.time()
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
@@ -155,7 +196,10 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
                     state["lambda_switch"] = [g.lam.detach().cpu().clone() for g in gates]
                 for g, lam_s in zip(gates, state["lambda_switch"]):
                     g.freeze(annealed_lambda(lam_s, epoch, e_s, T, target).to(device))
-        stats = _train_epoch(model, opt, ds.train, cfg, epoch, device)
+        stats = _train_epoch(net, opt, ds.train, cfg, epoch, device, world)
+        if not world.main:  # rank 0 evaluates, selects and writes; the others only train
+            state["epoch"] = epoch
+            continue
         val = score(predict(model, ds.val, cfg.data.eval_batch_size, device), ds.val.y, metric)
         lams = layer_lambdas(model)
         row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr, **stats,
@@ -173,7 +217,8 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
         bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}",
                         lam=f"{(sum(lams) / len(lams)) if lams else float('nan'):.3g}")
     return {"epoch": state["epoch"], "best_epoch": state["best_epoch"], "best_val": state["best_metric"],
-            "lambdas": layer_lambdas(model)}
+            "lambdas": layer_lambdas(model),
+            **({"lambda_target": target} if hardenable else {})}
 
 
 def _fault_injection(variant: str, epoch: int) -> None:
@@ -200,9 +245,12 @@ def _run_phase(cfg: Config, run: RunDir, phase: str) -> dict[str, Any]:
         p = run.file("train", v, "last.pt")
         histories[v] = checkpoint.load_payload(p)["state"]["history"] if p.is_file() else []
     out = {"epochs": [first, last], "switch_epoch": e_s, "lambda_target": target_for(cfg), "device": str(device)}
+    world = distributed.world()
+    if world.distributed:
+        out["world_size"] = world.size
     for v in cfg.variants:
         out[v] = train_variant(cfg, run, ds, v, first, last, histories, device)
-        if phase == "train" and run.file("train", v, "last.pt").is_file():
+        if phase == "train" and world.main and run.file("train", v, "last.pt").is_file():
             # Algorithm 1, line 2: keep the state at e_s (λ(e_s) and the weights) beside the run.
             atomic_write_bytes(run.file("train", v, "switch.pt"), run.file("train", v, "last.pt").read_bytes())
     return out

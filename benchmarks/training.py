@@ -1,0 +1,98 @@
+"""Training epoch time with λ-GELU vs GELU vs ReLU, through the pipeline's own `_train_epoch`.
+
+Variants (same model, same seed, same data order):
+  gelu, relu                plain activations
+  lambda_gelu               λ learned (the train stage), default kernel ("auto": the fused CPU kernel on CPU)
+  lambda_gelu[frozen]       λ frozen as a buffer (the harden stage, 75% of the default epochs)
+  lambda_gelu[eager]        λ learned, fastgate's eager kernel (what runs without a C++ compiler)
+  lambda_gelu[s_in_op]      λ learned, λ = 1 + softplus(s/t) computed inside the fused op
+                            (`activations.lambda_gelu_s`) instead of by four autograd nodes per layer
+Epochs are interleaved: repetition r trains one epoch of every variant, in an order rotated by r.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any
+
+import torch
+
+from pipeline import fastgate
+from pipeline.activations import hardenable_gates, lambda_gelu, lambda_gelu_s
+from pipeline.config import Config
+from pipeline.hardness import param_groups
+from pipeline.models import build_model, make_spec
+from pipeline.train import OPTIMIZERS, _train_epoch, dataset_for
+
+from .common import paired_ratio, summary
+
+VARIANTS = {  # name -> (activation, fastgate kernel, frozen λ)
+    "gelu": ("gelu", None, False),
+    "relu": ("relu", None, False),
+    "lambda_gelu": ("lambda_gelu", "auto", False),
+    "lambda_gelu[frozen]": ("lambda_gelu", "auto", True),
+    "lambda_gelu[eager]": ("lambda_gelu", "eager", False),
+    "lambda_gelu[s_in_op]": ("lambda_gelu", "auto", False),
+}
+FROZEN_LAMBDA = 20.0  # a λ mid-way through annealing
+
+
+def _forward_s_in_op(gate, x: torch.Tensor) -> torch.Tensor:
+    """LambdaGELU.forward with λ(s) inside the fused op while s is learned (frozen: λ from the buffer)."""
+    if bool(gate.frozen):
+        return lambda_gelu(x, gate._lam_for(x))
+    return lambda_gelu_s(x, gate.s, gate.temperature)
+
+
+def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
+                 variants: list[str] | None = None) -> dict[str, Any]:
+    import time
+
+    device = torch.device(device)
+    ds = dataset_for(cfg)
+    names = variants or list(VARIANTS)
+    runs = {}
+    for name in names:
+        act, kernel, frozen = VARIANTS[name]
+        torch.manual_seed(cfg.seed)
+        model = build_model(make_spec(cfg.model, act, cfg.gate, ds.info)).to(device)
+        if frozen:
+            for gate in hardenable_gates(model):
+                gate.freeze(torch.tensor(FROZEN_LAMBDA))
+        if name.endswith("[s_in_op]"):
+            for gate in hardenable_gates(model):
+                gate.forward = types.MethodType(_forward_s_in_op, gate)
+        opt = OPTIMIZERS[cfg.train.optimizer](
+            param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
+        runs[name] = (model, opt, kernel)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    first: dict[str, float] = {}
+    for r in range(reps + 1):  # repetition 0 warms up (kernel build/load, allocator, caches) and is dropped
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            model, opt, kernel = runs[name]
+            ctx = fastgate.use_kernel(kernel) if kernel else contextlib.nullcontext()
+            with ctx:
+                t0 = time.perf_counter()
+                _train_epoch(model, opt, ds.train, cfg, r + 1, device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+            if r == 0:
+                first[name] = round(dt, 3)
+            else:
+                times[name].append(dt)
+    steps = -(-len(ds.train) // cfg.data.batch_size)
+    base = "gelu" if "gelu" in times else names[0]
+    return {
+        "model": cfg.model.name, "data": cfg.data.name, "train_examples": len(ds.train), "batch_size": cfg.data.batch_size,
+        "steps_per_epoch": steps, "device": str(device), "reps": reps,
+        "hidden": cfg.model.hidden if cfg.model.name == "mlp" else None,
+        "channels": cfg.model.channels if cfg.model.name == "cnn" else None,
+        "epoch_s": {n: summary(t) for n, t in times.items()},
+        "step_ms": {n: summary([v / steps for v in t], 1e3) for n, t in times.items()},
+        f"ratio_vs_{base}": {n: paired_ratio(t, times[base]) for n, t in times.items()},
+        "warmup_epoch_s": first,
+        "kernel_status": fastgate.status(),
+    }
