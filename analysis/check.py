@@ -204,7 +204,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
         out["variants"][variant] = {"epoch": payload.get("epoch"), "layers": layers, "pass": all(l["pass"] for l in layers)}
         try:
             out["variants"][variant]["certificate"] = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.info.input_shape)
-        except (TypeError, NotImplementedError) as exc:  # an architecture certificate.py has no rule for
+        except (TypeError, NotImplementedError, RuntimeError) as exc:  # an architecture certificate.py has no rule for (e.g. token embeddings)
             out["variants"][variant]["certificate_unavailable"] = str(exc)
     if per_layer:
         plot_layers(per_layer, eps, run.file("check", "gate_error.png"))
