@@ -44,8 +44,9 @@ def _train(sec: dict[str, Any]) -> list[str]:
         key = next(k for k in res if k.startswith("ratio_vs_"))
         arch = f"hidden {res['hidden']}" if res["hidden"] else f"channels {res['channels']}"
         lines += ["", f"**{res['model']} ({arch}) on {res['data']}**, {res['train_examples']} examples, batch "
-                  f"{res['batch_size']} ({res['steps_per_epoch']} steps), {res['device']}, {res['reps']} interleaved "
-                  f"epochs per variant after one warm-up epoch", ""]
+                  f"{res['batch_size']} ({res['steps_per_epoch']} steps), {res['device']}, {res['reps']} epochs per variant "
+                  f"after one warm-up epoch, variants taking turns "
+                  + (f"every {res['block_steps']} steps" if res.get("block_steps") else "epoch by epoch"), ""]
         rows = [[f"`{n}`", _r(t, " s"), _r(res["step_ms"][n], " ms"), _r(res[key][n], "×", 3)] for n, t in res["epoch_s"].items()]
         lines += _table(["variant", "epoch, median (min–max)", "per step", key.replace("ratio_vs_", "÷ ")], rows)
     return lines
@@ -120,6 +121,8 @@ def markdown(results: dict[str, Any]) -> str:
         met = {True: "**met**", False: "**missed**", None: "not measured"}[g["met"]]
         rows.append([g["goal"], g["target"], _r(g.get("measured"), g.get("unit", ""), g.get("digits", 2)), met, g.get("note", "")])
     lines += _table(["goal", "target", "measured: median (min–max)", "", "note"], rows)
+    if results.get("notes"):
+        lines += ["", "Notes:", "", *[f"- {n}" for n in results["notes"]]]
     for key, (title, fn) in SECTIONS.items():
         sec = results["sections"].get(key)
         if sec is None:

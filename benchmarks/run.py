@@ -46,7 +46,7 @@ def _cfg(**over: Any) -> Config:
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {
         "op": [((4096, 4096), 15, 1), ((128, 256), 15, 100)],  # (shape, reps, calls per rep)
-        "train": [(lambda: _cfg(), 5, None),
+        "train": [(lambda: _cfg(), 7, None),
                   (lambda: _cfg(model__name="cnn", data__subset=10000, train__grad_clip=1.0), 3, ["gelu", "relu", "lambda_gelu", "lambda_gelu[frozen]"])],
         "inference": (lambda: _cfg(), 200),
         "e2e": [],
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(json_path.read_text())
         if old.get("profile") == profile:
             results["sections"] = {k: v for k, v in old.get("sections", {}).items() if k not in only}
+            results["notes"] = old.get("notes", [])  # hand-written remarks about earlier sections
     results.update({"profile": profile, "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
                     "machine": common.machine(), "versions": common.versions(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     compile_ok = None if prof["compile"] else False

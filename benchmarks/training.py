@@ -7,12 +7,17 @@ Variants (same model, same seed, same data order):
   lambda_gelu[eager]        λ learned, fastgate's eager kernel (what runs without a C++ compiler)
   lambda_gelu[s_in_op]      λ learned, λ = 1 + softplus(s/t) computed inside the fused op
                             (`activations.lambda_gelu_s`) instead of by four autograd nodes per layer
-Epochs are interleaved: repetition r trains one epoch of every variant, in an order rotated by r.
+Interleaving: repetition r trains one epoch of every variant, and each epoch is cut into blocks of
+`block_steps` steps (whole batches, the pipeline's own `_train_epoch` on each block): the variants take
+turns block by block, in an order rotated by block and repetition, so load that comes and goes within an
+epoch falls on every variant alike. A variant's epoch time is the sum of its blocks. block_steps=0 runs
+whole epochs in turn instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import types
 from typing import Any
 
@@ -23,6 +28,7 @@ from pipeline.activations import hardenable_gates, lambda_gelu, lambda_gelu_s
 from pipeline.config import Config
 from pipeline.hardness import param_groups
 from pipeline.models import build_model, make_spec
+from pipeline.data import Split
 from pipeline.train import OPTIMIZERS, _train_epoch, dataset_for
 
 from .common import paired_ratio, summary
@@ -45,12 +51,17 @@ def _forward_s_in_op(gate, x: torch.Tensor) -> torch.Tensor:
     return lambda_gelu_s(x, gate.s, gate.temperature)
 
 
-def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
-                 variants: list[str] | None = None) -> dict[str, Any]:
-    import time
+def _blocks(split: Split, rows: int) -> list[Split]:
+    if rows <= 0:
+        return [split]
+    return [Split(split.x[i:i + rows], split.y[i:i + rows]) for i in range(0, len(split), rows)]
 
+
+def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
+                 variants: list[str] | None = None, block_steps: int = 20) -> dict[str, Any]:
     device = torch.device(device)
     ds = dataset_for(cfg)
+    blocks = _blocks(ds.train, block_steps * cfg.data.batch_size)
     names = variants or list(VARIANTS)
     runs = {}
     for name in names:
@@ -69,25 +80,28 @@ def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
     times: dict[str, list[float]] = {n: [] for n in names}
     first: dict[str, float] = {}
     for r in range(reps + 1):  # repetition 0 warms up (kernel build/load, allocator, caches) and is dropped
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            model, opt, kernel = runs[name]
-            ctx = fastgate.use_kernel(kernel) if kernel else contextlib.nullcontext()
-            with ctx:
-                t0 = time.perf_counter()
-                _train_epoch(model, opt, ds.train, cfg, r + 1, device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
+        epoch = {n: 0.0 for n in names}
+        for b, block in enumerate(blocks):
+            k = (r + b) % len(names)
+            for name in names[k:] + names[:k]:
+                model, opt, kernel = runs[name]
+                ctx = fastgate.use_kernel(kernel) if kernel else contextlib.nullcontext()
+                with ctx:
+                    t0 = time.perf_counter()
+                    _train_epoch(model, opt, block, cfg, r * len(blocks) + b + 1, device)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    epoch[name] += time.perf_counter() - t0
+        for name in names:
             if r == 0:
-                first[name] = round(dt, 3)
+                first[name] = round(epoch[name], 3)
             else:
-                times[name].append(dt)
+                times[name].append(epoch[name])
     steps = -(-len(ds.train) // cfg.data.batch_size)
     base = "gelu" if "gelu" in times else names[0]
     return {
         "model": cfg.model.name, "data": cfg.data.name, "train_examples": len(ds.train), "batch_size": cfg.data.batch_size,
-        "steps_per_epoch": steps, "device": str(device), "reps": reps,
+        "steps_per_epoch": steps, "device": str(device), "reps": reps, "block_steps": block_steps,
         "hidden": cfg.model.hidden if cfg.model.name == "mlp" else None,
         "channels": cfg.model.channels if cfg.model.name == "cnn" else None,
         "epoch_s": {n: summary(t) for n, t in times.items()},
