@@ -13,7 +13,7 @@ from pipeline.activations import ACTIVATIONS, GateContext
 from pipeline.config import GateConfig
 from pipeline.rundir import atomic_write_text
 
-from . import claims, properties
+from .theory import claims, properties
 
 
 def registry_functions() -> dict[str, Any]:

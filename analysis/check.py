@@ -18,36 +18,28 @@ The GELU baseline is checked as λ-GELU at λ = 1: that is how far a direct swap
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline import checkpoint
-from pipeline.activations import Gate, HardenableGate
+from pipeline import checkpoint, gates, render
+from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
-from pipeline.data import batches
-from pipeline.rundir import RunDir, atomic_path, atomic_write_json
-from pipeline.train import dataset_for, resolve_device
+from pipeline.data import batches, dataset_for
+from pipeline.distributed import resolve_device
+from pipeline.rundir import RunDir, atomic_write_json
 
-from . import symbolic
-
-
-def gate_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every gate that has a bound (a GATE attribute), in forward order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, Gate) and getattr(m, "GATE", None)]
-
-
-def _lam_of(m: nn.Module) -> torch.Tensor:
-    return m.lam.detach().double().cpu() if isinstance(m, HardenableGate) else torch.ones(1, dtype=torch.float64)
+from .theory import certificate, symbolic
 
 
 class _LayerStats:
     """Running sums for one gate layer (float64)."""
 
     def __init__(self, gate: str, lam: torch.Tensor, delta: float, band: float):
-        self.g = symbolic.GATES[gate].torch_fn
+        self.g = gates.family(gate).g
         self.lam, self.delta, self.band = lam, delta, band
         self.n = 0
         self.sum_gap = self.sum_gate = self.max_gap = self.max_gap_scaled = 0.0
@@ -105,9 +97,9 @@ def layer_report(st: _LayerStats, summary: dict[str, Any], eps: float, sup_rtol:
 @torch.no_grad()
 def empirical_check(model: nn.Module, split, batch_size: int, device, eps: float, delta: float, band: float,
                     sup_rtol: float) -> list[dict[str, Any]]:
-    sites = gate_sites(model)
-    stats = [_LayerStats(m.GATE, _lam_of(m), delta, band) for _, m in sites]
-    hooks = [m.register_forward_hook(lambda mod, inp, out, st=st: st.update(inp[0])) for (_, m), st in zip(sites, stats)]
+    sites = [(n, m, *gate_of(m)) for n, m in gate_sites(model)]  # (name, module, family, λ)
+    stats = [_LayerStats(fam, lam, delta, band) for _, _, fam, lam in sites]
+    hooks = [m.register_forward_hook(lambda mod, inp, out, st=st: st.update(inp[0])) for (_, m, _, _), st in zip(sites, stats)]
     try:
         model.eval()
         for x, _ in batches(split, batch_size):
@@ -116,19 +108,15 @@ def empirical_check(model: nn.Module, split, batch_size: int, device, eps: float
         for h in hooks:
             h.remove()
     out = []
-    for i, ((name, m), st) in enumerate(zip(sites, stats)):
-        rep = layer_report(st, symbolic.gate_summary(m.GATE), eps, sup_rtol)
-        out.append({"layer": i, "module": name, "gate": m.GATE, **rep})
+    for i, ((name, _, fam, _), st) in enumerate(zip(sites, stats)):
+        rep = layer_report(st, symbolic.gate_summary(fam), eps, sup_rtol)
+        out.append({"layer": i, "module": name, "gate": fam, **rep})
     return out
 
 
 def plot_layers(per_variant: dict[str, list[dict]], eps: float, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = render.figure(11, 4)
+    axes = fig.subplots(1, 2)
     width = 0.8 / max(1, len(per_variant))
     for k, (variant, layers) in enumerate(per_variant.items()):
         idx = [l["layer"] + k * width for l in layers]
@@ -143,10 +131,7 @@ def plot_layers(per_variant: dict[str, list[dict]], eps: float, path) -> None:
     for ax in axes:
         ax.set_xticks([i + width * (len(per_variant) - 1) / 2 for i in range(n_layers)], [str(i) for i in range(n_layers)])
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    render.save(fig, path)
 
 
 @torch.no_grad()
@@ -159,8 +144,6 @@ def swap_certificate(model: nn.Module, split, batch_size: int, input_shape: tupl
     import copy
 
     from pipeline.swap import to_relu
-
-    from . import certificate
 
     model = model.cpu().eval()
     relu = to_relu(copy.deepcopy(model))
@@ -212,3 +195,33 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     return {v: {"pass": r.get("pass"), "max_gate_error": max((l["gate_error"] for l in r["layers"]), default=math.nan),
                 "certified_fraction": r.get("certificate", {}).get("certified_fraction_per_sample")}
             for v, r in out["variants"].items()}
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The check stage's section of report.md (None when it has not run)."""
+    path = run.file("check", "bounds.json")
+    if not path.is_file():
+        return None
+    b = json.loads(path.read_text())
+    out = ["## Bounds (check stage)"]
+    for gate, s in b["symbolic"]["gates"].items():
+        out.append(f"- gate `{gate}` ({s['label']}): E∞(λ) = `{s['gate_l1']['expr']}`, ∫|ReLU − f_λ| = `{s['act_l1']['expr']}`, "
+                   f"sup|ReLU − f_λ| = {s['sup']['c']:.6f}/λ at x = ±{s['sup']['u']:.6f}/λ, Lipschitz {s['lipschitz']['value']:.6f}; "
+                   f"λ_target at ε = {b['symbolic']['eps']:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in s["lambda_target"].items()))
+    for v, r in b["variants"].items():
+        if not r["layers"]:
+            out.append(f"`{v}`: {r.get('note', 'no gates')}.")
+            continue
+        rows = [[l["layer"], l["lambda_mean"], l["max_gap"], l["sup_bound"], l["mean_gap"], l["mean_gap_predicted"], l["gate_error"],
+                 l["gate_error_predicted"], l["soft_fraction"], "pass" if l["pass"] else "FAIL"] for l in r["layers"]]
+        out.append(f"### `{v}` (best epoch {r.get('epoch')})\n\n" + render.table(
+            ["layer", "λ", "max gap", "c/λ", "mean gap", "p̂(0)/(2λ²)", "E_p|H − g|", "p̂(0)·E∞(λ)", "soft fraction", "verdict"], rows))
+        cert = r.get("certificate")
+        if cert:
+            out.append(f"Swap certificate: any logit moves by at most **{cert['bound_max']:.4g}** (global) when every gate becomes ReLU; "
+                       f"measured max change {cert['measured_max_logit_change']:.4g}. "
+                       f"{100 * cert['certified_fraction']:.2f}% of validation samples have a top-1 margin above twice the bound "
+                       f"(prediction provably unchanged by the swap)" + (
+                           f"; per-sample bound: {100 * cert['certified_fraction_per_sample']:.2f}%." if "certified_fraction_per_sample" in cert else "."))
+    out.append("![gate error per layer](../check/gate_error.png)")
+    return "\n\n".join(out)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from pipeline import render
+
 LambdaTable = Sequence[Sequence[float]] | np.ndarray
 
 
@@ -81,15 +83,11 @@ def plot_lambda(
     `switch_epoch` marks where annealing starts (Algorithm 1's e_s), `target` draws λ_target.
     Epochs are numbered from 1 on the x axis.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     a = as_table(lams)
     names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(a.shape[1])]
     if len(names) != a.shape[1]:
         raise ValueError(f"{len(names)} layer names for {a.shape[1]} layers")
-    fig = Figure(figsize=(6.4, 4.0), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = render.figure(6.4, 4.0)
     ax = fig.add_subplot(1, 1, 1)
     epochs = np.arange(1, a.shape[0] + 1)
     for i, name in enumerate(names):
@@ -105,8 +103,4 @@ def plot_lambda(
     ax.set_title(title or "λ per layer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if len(names) > 6 else 1)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return render.save(fig, path)

@@ -14,7 +14,6 @@ parameter count of linked g (the paper's √2 is exact only for square hidden-to
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -77,34 +76,6 @@ def dead_units(model: nn.Module, split: Split, batch_size: int = 2048, device: t
             c, units = dead.numel(), dead
         out[name] = {"units": c, "outputs": dead.numel(), "dead_outputs": int(dead.sum()), "dead_units": int(units.sum())}
     return out
-
-
-def _mirrored(layer: nn.Module) -> nn.Module:
-    """The affine layer with its outputs followed by their negatives: [W; −W], [b; −b]."""
-    new = copy.deepcopy(layer)
-    w = layer.weight.detach()
-    new.weight = nn.Parameter(torch.cat([w, -w], dim=0))
-    if layer.bias is not None:
-        new.bias = nn.Parameter(torch.cat([layer.bias.detach(), -layer.bias.detach()]))
-    if isinstance(new, nn.Linear):
-        new.out_features *= 2
-    else:
-        new.out_channels *= 2
-    return new
-
-
-def unfold_linked_relu(model: nn.Module) -> nn.Module:
-    """A copy in which every affine layer → CReLU pair of an nn.Sequential becomes affine(2C) → ReLU:
-    CReLU(Wx + b) = ReLU([W; −W]x + [b; −b]), exactly (up to the summation order of a wider GEMM). For
-    readers that know Gemm/Conv/Relu but no Neg/Concat (verifiers, interval bounds)."""
-    net = copy.deepcopy(model)
-    for seq in [m for m in net.modules() if isinstance(m, nn.Sequential)]:
-        names = list(seq._modules)
-        for prev, name in zip(names, names[1:]):
-            m, p = seq._modules[name], seq._modules[prev]
-            if isinstance(m, Linked) and isinstance(m.inner, nn.ReLU) and isinstance(p, (nn.Linear, nn.Conv2d)):
-                seq._modules[prev], seq._modules[name] = _mirrored(p), nn.ReLU()
-    return net
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from pipeline import render
 from pipeline.errors import PipelineError
+from pipeline.evaluate import METRICS
 from pipeline.hardness import switch_epoch
-from pipeline.rundir import atomic_path, atomic_write_text
-from pipeline.train import METRICS
+from pipeline.rundir import atomic_write_text
 
 from . import hardness
 
@@ -348,12 +349,6 @@ def _pm(ms: tuple[float, float] | None, digits: int = 4) -> str:
     return _num(ms[0], digits) if math.isnan(ms[1]) else f"{_num(ms[0], digits)} ± {ms[1]:.1e}"
 
 
-def _md(header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(map(esc, r)) + " |" for r in rows])
-
-
 def _digits(metric: str) -> int:
     return 2 if metric == "perplexity" else 4
 
@@ -417,28 +412,12 @@ def side_by_side(t1: list[dict[str, Any]], t2: list[dict[str, Any]]) -> tuple[li
 
 
 # ---------------------------------------------------------------------------------------------
-# Figures (Agg canvas, no global backend switch)
-
-
-def _figure(w: float, h: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), dpi=120)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path, tight: bool = False) -> Path:
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
-    return path
+# Figures
 
 
 def plot_table(header: list[str], cells: list[list[str]], path: Path, title: str) -> Path:
     chars = sum(max(len(str(r[j])) for r in [header, *cells]) for j in range(len(header)))
-    fig = _figure(min(0.5 + 0.075 * chars, 30), 0.6 + 0.25 * (len(cells) + 1))
+    fig = render.figure(min(0.5 + 0.075 * chars, 30), 0.6 + 0.25 * (len(cells) + 1))
     ax = fig.add_subplot(1, 1, 1)
     ax.axis("off")
     tab = ax.table(cellText=cells or [["-"] * len(header)], colLabels=header, loc="center", cellLoc="center")
@@ -446,11 +425,11 @@ def plot_table(header: list[str], cells: list[list[str]], path: Path, title: str
     tab.set_fontsize(7)
     tab.auto_set_column_width(list(range(len(header))))
     ax.set_title(title, fontsize=9)
-    return _save(fig, path, tight=True)
+    return render.save(fig, path, tight=True)
 
 
 def plot_tc_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
-    fig = _figure(1.6 + 1.2 * len(grid["c"]), 1.4 + 0.9 * len(grid["t"]))
+    fig = render.figure(1.6 + 1.2 * len(grid["c"]), 1.4 + 0.9 * len(grid["t"]))
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(grid["drift"], cmap="viridis", aspect="auto")
     cb = fig.colorbar(im, ax=ax)
@@ -469,11 +448,11 @@ def plot_tc_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
             ax.text(j, i, f"{v:+.4f}" if not math.isnan(grid["gelu_bvs"]) else f"{v:.4f}", ha="center", va="center",
                     fontsize=8, color="white" if dark else "black")
     ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    return render.save(fig, path)
 
 
 def plot_figure3(recs: list[Record], tc: tuple[float, float], path: Path, title: str) -> Path:
-    fig = _figure(11, 4)
+    fig = render.figure(11, 4)
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     curves: dict[str, list[Record]] = defaultdict(list)
     for r in recs:
@@ -504,7 +483,7 @@ def plot_figure3(recs: list[Record], tc: tuple[float, float], path: Path, title:
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return render.save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,8 +521,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
            "Ep. the mean epoch it was reached; λ̄ the mean over layers of λ at the last epoch; Δλ̄ the drift "
            "V_λ = (1/L) Σ_ℓ Σ_e |λ_ℓ(e+1) − λ_ℓ(e)|; both mean ± std over seeds.", ""]
     cells1 = table1_cells(t1)
-    md.append(_md(TABLE1_HEADER, cells1) if cells1 else "_no finished runs with λ learned all along or baselines_")
-    atomic_write_text(out / "table1.md", _md(TABLE1_HEADER, cells1) + "\n")
+    md.append(render.table(TABLE1_HEADER, cells1) if cells1 else "_no finished runs with λ learned all along or baselines_")
+    atomic_write_text(out / "table1.md", render.table(TABLE1_HEADER, cells1) + "\n")
     plot_table(TABLE1_HEADER, cells1, out / "table1.png", "Table I")
     md += ["", "![Table I](table1.png)", ""]
 
@@ -553,8 +532,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
            "`switch_fraction` of the epochs, then annealed to λ_target); the not-annealed row swaps a λ-GELU that only "
            "learned λ.", ""]
     cells2 = table2_cells(t2)
-    md.append(_md(TABLE2_HEADER, cells2) if cells2 else "_no finished runs with a swap stage_")
-    atomic_write_text(out / "table2.md", _md(TABLE2_HEADER, cells2) + "\n")
+    md.append(render.table(TABLE2_HEADER, cells2) if cells2 else "_no finished runs with a swap stage_")
+    atomic_write_text(out / "table2.md", render.table(TABLE2_HEADER, cells2) + "\n")
     plot_table(TABLE2_HEADER, cells2, out / "table2.png", "Table II")
     md += ["", "![Table II](table2.png)", ""]
 
@@ -571,8 +550,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
             n_rows = [[f"{t:g}"] + [str(v) for v in grid["runs"][i]] for i, t in enumerate(grid["t"])]
             md += [f"## Figure 1: (t, c) grid on {bench}", "",
                    f"Cell means over seeds and s-init modes; GELU BVS = {_num(grid['gelu_bvs'])} over {grid['gelu_seeds']} seeds.",
-                   "", "Δλ(t, c):", "", _md(head, drift_rows), "", "ΔBVS(t, c) = BVS(λ-GELU) − BVS(GELU):", "",
-                   _md(head, dbvs_rows), "", "runs per cell:", "", _md(head, n_rows), "", f"![Figure 1]({name})", ""]
+                   "", "Δλ(t, c):", "", render.table(head, drift_rows), "", "ΔBVS(t, c) = BVS(λ-GELU) − BVS(GELU):", "",
+                   render.table(head, dbvs_rows), "", "runs per cell:", "", render.table(head, n_rows), "", f"![Figure 1]({name})", ""]
         tc = _main_tc(recs)
         if tc is not None:
             name = f"fig3-{_slug(bench)}.png"
@@ -583,7 +562,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
             if sp:
                 T = len(next(iter(sp.values()))["mean"])
                 picks = sorted({1, max(1, T // 4), max(1, T // 2), T})
-                md += [_md(["pair", "seeds"] + [f"ρ_S(e={e})" for e in picks],
+                md += [render.table(["pair", "seeds"] + [f"ρ_S(e={e})" for e in picks],
                            [[k, str(v["n"])] + [_num(float(v["mean"][e - 1]), 2) for e in picks] for k, v in sp.items()]), ""]
             md += [f"![Figure 3]({name})", ""]
             md += _lambda_profiles(recs, tc, bench, out)
@@ -593,10 +572,10 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
            "The paper's numbers are its Tables I and II (3 seeds, full training on GPUs); ours are the rows above. "
            "A stand-in benchmark (marked in the first column) is compared on trends only.", ""]
     if s1:
-        md += [_md(["ours", "paper row", "Act./mode", "BVS ours", "BVS paper", "Ep. ours/T", "Ep. paper", "λ̄ ours",
+        md += [render.table(["ours", "paper row", "Act./mode", "BVS ours", "BVS paper", "Ep. ours/T", "Ep. paper", "λ̄ ours",
                     "λ̄ paper", "Δλ̄ ours", "Δλ̄ paper"], s1), ""]
     if s2:
-        md += [_md(["ours", "paper row", "Mode", "orig. ours", "subst. ours", "change ours", "orig. paper", "subst. paper",
+        md += [render.table(["ours", "paper row", "Mode", "orig. ours", "subst. ours", "change ours", "orig. paper", "subst. paper",
                     "change paper"], s2), ""]
     if not s1 and not s2:
         md += ["_none of these benchmarks maps to a row of the paper's tables_", ""]
@@ -620,7 +599,7 @@ def _lambda_profiles(recs: list[Record], tc: tuple[float, float], bench: str, ou
     rows = [[MODES.get(m, m), str(len(rs))] + [_num(float(np.mean([r.lambdas[-1, j] for r in rs])), 2) for j in range(L)]
             for m, rs in sorted(by_mode.items(), key=lambda kv: list(MODES).index(kv[0]) if kv[0] in MODES else 9)]
     md = [f"Layerwise λ at the last epoch, {bench} (mean over seeds; layer 0 is the input side):", "",
-          _md(["mode", "seeds"] + [f"λ_{j}" for j in range(L)], rows), ""]
+          render.table(["mode", "seeds"] + [f"λ_{j}" for j in range(L)], rows), ""]
     ref = by_mode.get("uniform") or next(iter(by_mode.values()))
     n = min(r.lambdas.shape[0] for r in ref)
     name = f"lambda-{_slug(bench)}.png"

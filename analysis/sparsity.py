@@ -19,6 +19,7 @@ results), and per variant `sparsity/<variant>/apoz_hist.png`, `pruned.pt` and `p
 from __future__ import annotations
 
 import copy
+import json
 from collections import OrderedDict
 from typing import Any
 
@@ -26,13 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import checkpoint
-from pipeline.activations import RELU_FORMS, Gate, Linked
+from pipeline import checkpoint, render
+from pipeline.activations import Linked, activation_sites
 from pipeline.config import Config
-from pipeline.data import Split, batches
+from pipeline.data import Split, batches, dataset_for
+from pipeline.distributed import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
-from pipeline.train import dataset_for, resolve_device
 
 PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
 AFFINE = (nn.Linear, nn.Conv2d)
@@ -40,17 +41,6 @@ AFFINE = (nn.Linear, nn.Conv2d)
 
 class PruneError(PipelineError):
     pass
-
-
-def activation_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The activation modules (ReLU, a gate, or a linked pair of either), by name, in forward order.
-
-    A linked pair (g(z), g(−z)) counts as one site with 2C units; its inner module is not a site.
-    """
-    inner = {id(m.inner) for m in model.modules() if isinstance(m, Linked)}
-    return [(n, m) for n, m in model.named_modules()
-            if (isinstance(m, Linked) and isinstance(m.inner, (nn.ReLU, Gate)))
-            or (isinstance(m, (nn.ReLU, Gate)) and id(m) not in inner)]
 
 
 def unit_axis(t: torch.Tensor) -> int:
@@ -204,13 +194,9 @@ def max_logit_diff(a: nn.Module, b: nn.Module, split: Split, batch_size: int, dt
 
 
 def _histogram(path, variant: str, relu_apoz: dict[str, np.ndarray], smooth_nonpos: dict[str, np.ndarray] | None, bins: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(relu_apoz)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), squeeze=False, sharey=False)
+    fig = render.figure(3.2 * len(names), 2.8)
+    axes = fig.subplots(1, len(names), squeeze=False, sharey=False)
     edges = np.linspace(0, 100, bins + 1)
     for ax, n in zip(axes[0], names):
         ax.hist(100 * relu_apoz[n], bins=edges, color="tab:blue", alpha=0.8, label="APoZ (swapped ReLU)")
@@ -225,8 +211,7 @@ def _histogram(path, variant: str, relu_apoz: dict[str, np.ndarray], smooth_nonp
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+        fig.savefig(tmp, format="png")
 
 
 def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
@@ -240,13 +225,14 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for variant in cfg.variants:
         relu, payload = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
-        if payload["spec"]["activation"] not in RELU_FORMS:  # not a gate: the swap left it, no ReLU to count
-            summary[variant] = {"note": f"no swap ({payload['spec']['activation']} is not a gate): no APoZ", "layers": {}}
+        facts = run.variant(variant)
+        if facts["swapped_to"] is None:  # not a gate: the swap left it, no ReLU to count
+            summary[variant] = {"note": f"no swap ({facts['activation']} is not a gate): no APoZ", "layers": {}}
             continue
         relu_apoz = apoz(unit_stats(relu, ds.val, bs, device))
-        smooth, smooth_payload = checkpoint.load_model(run.file("train", variant, "best.pt"))
         smooth_nonpos = None
-        if smooth_payload["spec"]["activation"] not in RELU_FORMS:
+        if facts["smooth"]:
+            smooth, _ = checkpoint.load_model(run.file("train", variant, "best.pt"))
             smooth_nonpos = nonpositive_fraction(unit_stats(smooth, ds.val, bs, device))
         layers = {}
         for layer, a in relu_apoz.items():
@@ -313,3 +299,27 @@ def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequenti
             "val_max_logit_diff_fp64": val64, "val_max_logit_diff_fp32": val32, "val_argmax_agreement": agree_val,
             "test_max_logit_diff_fp64": test64, "test_argmax_agreement": agree_test, "atol": scfg.atol,
             "onnx": str(onnx_path.relative_to(run.path)), "onnx_max_abs_diff": check["max_abs_diff"]}
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The sparsity stage's section of report.md: APoZ per variant and what pruning the dead units removed."""
+    path = run.file("sparsity", "sparsity.json")
+    if not path.is_file():
+        return None
+    sp = json.loads(path.read_text())
+    rows, notes = [], []
+    for v, e in sp["variants"].items():
+        if not e.get("layers"):
+            notes.append(f"`{v}`: {e.get('note', 'no ReLU layers')}.")
+            continue
+        pr = e.get("pruning") or {}
+        rows.append([v, e["units"], e["apoz_mean"], e["dead"], e["always_active"], pr.get("removed_total", pr.get("note", "—")),
+                     pr.get("params_before"), pr.get("params_after"), pr.get("test_argmax_agreement")])
+    return "\n\n".join([
+        "## Sparsity (APoZ of the swapped ReLU models)",
+        f"Counted on the {sp['split']} split ({sp['samples']} samples): a dead unit is zero on every one of them, so pruning "
+        "it is lossless on that split only (the test-set agreement is measured, not assumed).",
+        render.table(["variant", "units", "mean APoZ", "dead", "always active", "pruned units", "params before", "params after",
+                      "argmax agreement after pruning (test)"], rows),
+        *notes,
+    ])

@@ -3,7 +3,7 @@
 Models: the default model built with λ-GELU and swapped to ReLU ("swapped_relu"), and the same model
 with GELU ("gelu", whose Gelu nodes stay float in the int8 graph); λ-GELU unswapped ("lambda_gelu",
 Mul → Gelu → Div) for completeness. The graphs are made exactly as the pipeline's export and int8
-stages make them (`quantize.export.to_onnx`, `quantize.int8.fold_normalization` and `quantize_file`:
+stages make them (`quantize.export.to_onnx`, `quantize.export.fold_normalization` and `quantize_file`:
 QDQ, per-channel int8 weights, MinMax calibration on training images). Weights are the seeded
 initialization: speed does not depend on what was learned, and no training run is needed.
 All sessions are timed interleaved, one `session.run` of each per repetition.
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from pipeline.config import Config
+from pipeline.data import dataset_for
 from pipeline.models import build_model, make_spec
 from pipeline.swap import to_relu
-from pipeline.train import dataset_for
 from quantize import export as export_mod
 from quantize import int8 as int8_mod
 from quantize import ort as ort_util
@@ -45,7 +45,7 @@ def _export_pair(model, name: str, ds, cfg: Config, work: Path) -> dict[str, Pat
     proto, _ = export_mod.to_onnx(model, example, cfg.export.opset, cfg.export.simplify)
     export_mod.save(proto, fp32)
     src = fp32
-    folded = int8_mod.fold_normalization(model, tuple(ds.info.input_shape)) if cfg.quantize.fold_normalization else None
+    folded = export_mod.fold_normalization(model, tuple(ds.info.input_shape)) if cfg.quantize.fold_normalization else None
     if folded is not None:  # as the int8 stage does for an MLP
         src = work / f"{name}.folded.onnx"
         proto, _ = export_mod.to_onnx(folded, example, cfg.export.opset, cfg.export.simplify)

@@ -7,7 +7,7 @@ Candidates:
   reference_erf_autograd   x·0.5·(1 + erf(λx/√2)) differentiated by autograd
   expression_autograd      GELU(λx)/λ differentiated by autograd
   compiled_expression      torch.compile of GELU(λx)/λ (what a whole-model compile would run)
-  lambda_gelu[K]           pipeline.activations.lambda_gelu with fastgate kernel K (eager, cpp, inductor);
+  lambda_gelu[K]           pipeline.activations.lambda_gelu with kernel K (eager, cpp, inductor);
                            the kernel training uses by default ("auto") is named in `training_path`
   lambda_gelu[K,frozen]    the same without ∂/∂λ (the annealing phase: λ is a buffer)
 """
@@ -20,8 +20,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from pipeline import fastgate
+from pipeline import kernels
 from pipeline.activations import lambda_gelu, lambda_gelu_reference
+from pipeline.kernels import cpu as cpu_kernel
+from pipeline.kernels import inductor
 
 from .common import interleaved, paired_ratio, summary
 
@@ -45,7 +47,7 @@ def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
 
 
 def _candidates(device: torch.device, compile_ok: bool) -> dict[str, tuple[Callable, str | None, bool]]:
-    """name -> (f(x, lam) or f(x), fastgate kernel or None, uses λ)."""
+    """name -> (f(x, lam) or f(x), kernel or None, uses λ)."""
     c: dict[str, tuple[Callable, str | None, bool]] = {
         "gelu": (lambda x, lam: F.gelu(x), None, False),
         "relu": (lambda x, lam: F.relu(x), None, False),
@@ -54,14 +56,14 @@ def _candidates(device: torch.device, compile_ok: bool) -> dict[str, tuple[Calla
     }
     if compile_ok:
         c["compiled_expression"] = (torch.compile(_expression, dynamic=False), None, True)
-    kernels = ["eager"]
-    if device.type == "cpu" and fastgate.build_cpp():
-        kernels.append("cpp")
+    names = ["eager"]
+    if device.type == "cpu" and cpu_kernel.build():
+        names.append("cpp")
     if compile_ok:
-        kernels.append("inductor")
-    for k in kernels:
+        names.append("inductor")
+    for k in names:
         c[f"lambda_gelu[{k}]"] = (lambda_gelu, k, True)
-    path = fastgate.backend_for(torch.ones(8, device=device), torch.tensor(1.5, device=device))[0]
+    path = kernels.backend_for(torch.ones(8, device=device), torch.tensor(1.5, device=device))[0]
     c[f"lambda_gelu[{path},frozen]"] = (lambda_gelu, path, False)
     return c
 
@@ -70,7 +72,7 @@ def bench_op(shape: tuple[int, ...], reps: int, device: torch.device | str = "cp
              dtype: torch.dtype = torch.float32, compile_ok: bool | None = None) -> dict[str, Any]:
     device = torch.device(device)
     if compile_ok is None:
-        compile_ok = fastgate.compiler_unavailable(device) is None
+        compile_ok = inductor.unavailable(device) is None
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen, dtype=dtype).to(device).requires_grad_()
     g = torch.randn(shape, generator=gen, dtype=dtype).to(device)
@@ -86,7 +88,7 @@ def bench_op(shape: tuple[int, ...], reps: int, device: torch.device | str = "cp
                 y = f(x, lam_used)
                 y.backward(g)
             else:
-                with fastgate.use_kernel(kernel):
+                with kernels.use_kernel(kernel):
                     y = f(x, lam_used)
                     y.backward(g)
             x.grad = None
@@ -104,7 +106,7 @@ def bench_op(shape: tuple[int, ...], reps: int, device: torch.device | str = "cp
     saved = {}
     for name, (f, k, u) in cands.items():
         lam_used = lam_frozen if "frozen" in name else lam
-        with fastgate.use_kernel(k or fastgate.get_kernel()):
+        with kernels.use_kernel(k or kernels.get_kernel()):
             saved[name] = saved_bytes(lambda: f(x, lam_used))
     peak: dict[str, int] = {}
     if device.type == "cuda":  # peak memory of one forward+backward above what was allocated before it
@@ -115,7 +117,7 @@ def bench_op(shape: tuple[int, ...], reps: int, device: torch.device | str = "cp
             fn()
             torch.cuda.synchronize()
             peak[name] = torch.cuda.max_memory_allocated() - base
-    path = fastgate.backend_for(x, lam)[0]
+    path = kernels.backend_for(x, lam)[0]
     return {
         "shape": list(shape), "dtype": str(dtype).replace("torch.", ""), "device": str(device), "reps": reps, "inner": inner,
         "training_path": f"lambda_gelu[{path}]",
@@ -125,5 +127,5 @@ def bench_op(shape: tuple[int, ...], reps: int, device: torch.device | str = "cp
         "extra_saved_bytes_vs_gelu": {n: b - saved["gelu"] for n, b in saved.items()},
         "first_call_s": first_call,
         **({"cuda_peak_extra_bytes": peak} if peak else {}),
-        "kernel_status": fastgate.status(),
+        "kernel_status": kernels.status(),
     }

@@ -22,8 +22,9 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline import fastgate
+from pipeline import kernels
 from pipeline.config import Config
+from pipeline.kernels import inductor
 
 from . import common, report
 
@@ -117,7 +118,7 @@ def _gpu_section(prof: dict[str, Any]) -> dict[str, Any]:
     if not torch.cuda.is_available():
         why = "no CUDA device" + ("" if torch.version.cuda else f" (torch {torch.__version__} is a CPU-only build)")
         return {"skipped": f"{why}; run `python -m benchmarks.run --only gpu` on a machine with a GPU"}
-    compile_ok = fastgate.compiler_unavailable("cuda") is None
+    compile_ok = inductor.unavailable("cuda") is None
     return {"device": torch.cuda.get_device_name(0), "compile_ok": compile_ok,
             "op": _op_section(prof["op"], "cuda", compile_ok)["results"],
             "train": _train_section(prof["train"], "cuda")["results"] if prof["train"] else []}
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[{name}] failed: {sec['error']}")
             sec["meta"] = s.meta()
         results["sections"][name] = sec
-    results["fastgate"] = fastgate.status()
+    results["fastgate"] = kernels.status()
     results["goals"] = goals(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=1, ensure_ascii=False, default=str) + "\n")

@@ -4,7 +4,7 @@ Variants (same model, same seed, same data order):
   gelu, relu                plain activations
   lambda_gelu               λ learned (the train stage), default kernel ("auto": the fused CPU kernel on CPU)
   lambda_gelu[frozen]       λ frozen as a buffer (the harden stage, 75% of the default epochs)
-  lambda_gelu[eager]        λ learned, fastgate's eager kernel (what runs without a C++ compiler)
+  lambda_gelu[eager]        λ learned, the eager kernel (what runs without a C++ compiler)
   lambda_gelu[s_in_op]      λ learned, λ = 1 + softplus(s/t) computed inside the fused op
                             (`activations.lambda_gelu_s`) instead of by four autograd nodes per layer
 Interleaving: repetition r trains one epoch of every variant, and each epoch is cut into blocks of
@@ -23,17 +23,17 @@ from typing import Any
 
 import torch
 
-from pipeline import fastgate
+from pipeline import kernels
 from pipeline.activations import hardenable_gates, lambda_gelu, lambda_gelu_s
 from pipeline.config import Config
+from pipeline.data import Split, dataset_for
 from pipeline.hardness import param_groups
 from pipeline.models import build_model, make_spec
-from pipeline.data import Split
-from pipeline.train import OPTIMIZERS, _train_epoch, dataset_for
+from pipeline.train import OPTIMIZERS, _train_epoch
 
 from .common import paired_ratio, summary
 
-VARIANTS = {  # name -> (activation, fastgate kernel, frozen λ)
+VARIANTS = {  # name -> (activation, kernel, frozen λ)
     "gelu": ("gelu", None, False),
     "relu": ("relu", None, False),
     "lambda_gelu": ("lambda_gelu", "auto", False),
@@ -85,7 +85,7 @@ def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
             k = (r + b) % len(names)
             for name in names[k:] + names[:k]:
                 model, opt, kernel = runs[name]
-                ctx = fastgate.use_kernel(kernel) if kernel else contextlib.nullcontext()
+                ctx = kernels.use_kernel(kernel) if kernel else contextlib.nullcontext()
                 with ctx:
                     t0 = time.perf_counter()
                     _train_epoch(model, opt, block, cfg, r * len(blocks) + b + 1, device)
@@ -108,5 +108,5 @@ def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
         "step_ms": {n: summary([v / steps for v in t], 1e3) for n, t in times.items()},
         f"ratio_vs_{base}": {n: paired_ratio(t, times[base]) for n, t in times.items()},
         "warmup_epoch_s": first,
-        "kernel_status": fastgate.status(),
+        "kernel_status": kernels.status(),
     }

@@ -6,6 +6,7 @@ gate has the form x·g(λx) with λ = 1 + softplus(s/t) ≥ 1, and anneals towar
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -13,46 +14,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from . import fastgate
-from .config import GateConfig
+from . import kernels
+from .config import GateConfig, HardenConfig, check_choice
+from .gates import GATES, lambda_target
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-# Beyond |z| = 40 the float32 normal pdf is exactly 0; clamping keeps z·φ(z) finite (no inf·0).
-_PDF_CLAMP = 40.0
-
-
-def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Reduce a broadcast gradient back to `shape` (the λ tensor's shape)."""
-    if t.shape == shape:
-        return t
-    lead = t.dim() - len(shape)
-    t = t.sum(dim=tuple(range(lead))) if lead > 0 else t
-    dims = tuple(i for i, n in enumerate(shape) if n == 1 and t.shape[i] != 1)
-    return t.sum(dim=dims, keepdim=True) if dims else t
-
-
-class _LambdaGELUFunction(torch.autograd.Function):
-    """x·Φ(λx) with the fused kernels of `pipeline.fastgate` (our CPU kernel, torch.compile, or native ops,
-    one pass each way); saves only x and λ for backward, as GELU saves x.
-
-    ∂f/∂x = Φ(z) + z·φ(z) and ∂f/∂λ = x²·φ(z) = x·(z·φ(z))/λ, with z = λx. The second form never
-    multiplies an overflowing x² by an underflowing φ.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:  # lam broadcasts to x
-        ctx.backend = fastgate.backend_for(x, lam)
-        ctx.save_for_backward(x, lam)
-        return fastgate.forward(x, lam, ctx.backend)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        x, lam = ctx.saved_tensors
-        return fastgate.backward(grad, x, lam, ctx.backend, *ctx.needs_input_grad[:2])
 
 
 def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
@@ -63,8 +30,8 @@ def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
         return F.gelu(x * lam) / lam
     if torch.compiler.is_compiling():  # a compiled graph fuses and differentiates the product form itself
         return F.gelu(x * lam) / lam if torch.onnx.is_in_onnx_export() else lambda_gelu_reference(x, lam)
-    y = fastgate.fused(x, lam)  # the fused CPU kernel, autograd in C++
-    return y if y is not None else _LambdaGELUFunction.apply(x, lam)
+    # training: the chosen kernel (pipeline.kernels), one autograd node per layer
+    return kernels.apply(x, lam)
 
 
 def lambda_gelu_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor:
@@ -72,7 +39,7 @@ def lambda_gelu_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor:
     dim 1 of x). Training on CPU computes λ inside the fused kernel; otherwise `lambda_gelu(x, λ(s))`."""
     s = s.reshape(()) if s.numel() == 1 else s.view(1, -1, *([1] * (x.dim() - 2)))
     if torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
-        y = fastgate.fused_s(x, s.to(x.dtype), t)
+        y = kernels.apply_s(x, s.to(x.dtype), t)
         if y is not None:
             return y
     return lambda_gelu(x, lambda_from_s(s, t))
@@ -266,12 +233,21 @@ class GateContext:
 @dataclass(frozen=True)
 class ActivationSpec:
     build: Callable[[GateContext], nn.Module]
-    hardenable: bool = False  # has a λ that Algorithm 1 anneals
-    gate: str | None = None  # the gate g in x·g(λx), for the bound registry in analysis/
+    module: type[nn.Module]  # the class `build` returns (for a linked pair: the class of its inner g)
     expansion: int = 1  # outputs per input unit (2 for a linked pair (g(z), g(−z)))
     # Registry name of the activation after the swap stage ("relu" for a gate, "linked_relu" for a linked
     # gate pair); None: not a gate, the swap leaves it as it is.
     swap_to: str | None = None
+
+    @property
+    def hardenable(self) -> bool:
+        """Has a λ that Algorithm 1 anneals."""
+        return issubclass(self.module, HardenableGate)
+
+    @property
+    def gate(self) -> str | None:
+        """The family of its gate g in x·g(λx) (`pipeline.gates`), declared by the module class."""
+        return getattr(self.module, "GATE", None)
 
 
 def _init_lambda(ctx: GateContext) -> float:
@@ -294,58 +270,63 @@ def _hardness_param(ctx: GateContext) -> nn.Parameter:
     return nn.Parameter(torch.full((n,), s0))
 
 
-ACTIVATIONS: dict[str, ActivationSpec] = {
-    "relu": ActivationSpec(build=lambda ctx: nn.ReLU()),
-    "gelu": ActivationSpec(build=lambda ctx: GELU(), swap_to="relu"),
-    "lambda_gelu": ActivationSpec(
-        build=lambda ctx: LambdaGELU(_hardness_param(ctx), ctx.cfg.temperature), hardenable=True, gate="phi", swap_to="relu"
-    ),
-}
+def _gate_spec(cls: type[Gate]) -> ActivationSpec:
+    """A gate: built plainly, or with a hardness parameter when it is hardenable; swaps to ReLU."""
+    if issubclass(cls, HardenableGate):
+        return ActivationSpec(build=lambda ctx: cls(_hardness_param(ctx), ctx.cfg.temperature), module=cls, swap_to="relu")
+    return ActivationSpec(build=lambda ctx: cls(), module=cls, swap_to="relu")
 
-# Self-gated activations and their λ forms (see `lambda_swish`, `lambda_serf`).
-ACTIVATIONS.update({
-    "silu": ActivationSpec(build=lambda ctx: SiLU(), gate="sigmoid", swap_to="relu"),
-    "serf": ActivationSpec(build=lambda ctx: SERF(), gate="serf", swap_to="relu"),
-    "mish": ActivationSpec(build=lambda ctx: Mish(), gate="mish", swap_to="relu"),
-    "lambda_swish": ActivationSpec(build=lambda ctx: LambdaSwish(_hardness_param(ctx), ctx.cfg.temperature),
-                                   hardenable=True, gate="sigmoid", swap_to="relu"),
-    "lambda_serf": ActivationSpec(build=lambda ctx: LambdaSERF(_hardness_param(ctx), ctx.cfg.temperature),
-                                  hardenable=True, gate="serf", swap_to="relu"),
-})
+
+ACTIVATIONS: dict[str, ActivationSpec] = {
+    "relu": ActivationSpec(build=lambda ctx: nn.ReLU(), module=nn.ReLU),
+    "gelu": _gate_spec(GELU),
+    "lambda_gelu": _gate_spec(LambdaGELU),
+    # Self-gated activations and their λ forms (see `lambda_swish`, `lambda_serf`).
+    "silu": _gate_spec(SiLU),
+    "serf": _gate_spec(SERF),
+    "mish": _gate_spec(Mish),
+    "lambda_swish": _gate_spec(LambdaSwish),
+    "lambda_serf": _gate_spec(LambdaSERF),
+}
 
 # The GELU analysis paper's zoo (torch defaults). Not gates: the swap leaves them unchanged. PReLU has
 # one slope per unit (He et al.); RReLU samples slopes in training and uses their mean in eval.
-ACTIVATIONS.update({name: ActivationSpec(build=build) for name, build in {
-    "elu": lambda ctx: nn.ELU(),
-    "hardshrink": lambda ctx: nn.Hardshrink(),
-    "hardsigmoid": lambda ctx: nn.Hardsigmoid(),
-    "hardtanh": lambda ctx: nn.Hardtanh(),
-    "hardswish": lambda ctx: nn.Hardswish(),
-    "leaky_relu": lambda ctx: nn.LeakyReLU(),
-    "logsigmoid": lambda ctx: LogSigmoid(),
-    "prelu": lambda ctx: nn.PReLU(num_parameters=ctx.channels),
-    "relu6": lambda ctx: nn.ReLU6(),
-    "rrelu": lambda ctx: nn.RReLU(),
-    "selu": lambda ctx: nn.SELU(),
-    "celu": lambda ctx: nn.CELU(),
-    "sigmoid": lambda ctx: nn.Sigmoid(),
-    "softplus": lambda ctx: nn.Softplus(),
-    "softshrink": lambda ctx: nn.Softshrink(),
-    "softsign": lambda ctx: nn.Softsign(),
-    "tanh": lambda ctx: nn.Tanh(),
-    "tanhshrink": lambda ctx: nn.Tanhshrink(),
+ACTIVATIONS.update({name: ActivationSpec(build=lambda ctx, cls=cls, kw=kw: cls(**kw(ctx)), module=cls) for name, (cls, kw) in {
+    "elu": (nn.ELU, lambda ctx: {}),
+    "hardshrink": (nn.Hardshrink, lambda ctx: {}),
+    "hardsigmoid": (nn.Hardsigmoid, lambda ctx: {}),
+    "hardtanh": (nn.Hardtanh, lambda ctx: {}),
+    "hardswish": (nn.Hardswish, lambda ctx: {}),
+    "leaky_relu": (nn.LeakyReLU, lambda ctx: {}),
+    "logsigmoid": (LogSigmoid, lambda ctx: {}),
+    "prelu": (nn.PReLU, lambda ctx: {"num_parameters": ctx.channels}),
+    "relu6": (nn.ReLU6, lambda ctx: {}),
+    "rrelu": (nn.RReLU, lambda ctx: {}),
+    "selu": (nn.SELU, lambda ctx: {}),
+    "celu": (nn.CELU, lambda ctx: {}),
+    "sigmoid": (nn.Sigmoid, lambda ctx: {}),
+    "softplus": (nn.Softplus, lambda ctx: {}),
+    "softshrink": (nn.Softshrink, lambda ctx: {}),
+    "softsign": (nn.Softsign, lambda ctx: {}),
+    "tanh": (nn.Tanh, lambda ctx: {}),
+    "tanhshrink": (nn.Tanhshrink, lambda ctx: {}),
 }.items()})
 
-RELU_FORMS = ("relu", "linked_relu")  # what a swapped model's activation is
+RELU_FORMS = ("relu", "linked_relu")  # what a swapped model's activation is: the one notion of "already ReLU"
 
 
 def _linked(base: ActivationSpec) -> ActivationSpec:
-    return ActivationSpec(build=lambda ctx: Linked(base.build(ctx)), hardenable=base.hardenable, gate=base.gate,
-                          expansion=2 * base.expansion, swap_to="linked_relu" if base.swap_to else None)
+    return ActivationSpec(build=lambda ctx: Linked(base.build(ctx)), module=base.module, expansion=2 * base.expansion,
+                          swap_to="linked_relu" if base.swap_to else None)
 
 
 # Linked neurons for every activation above: linked_<name> = (g(z), g(−z)); linked_relu is CReLU.
 ACTIVATIONS.update({f"linked_{name}": _linked(spec) for name, spec in list(ACTIVATIONS.items())})
+
+
+def check_names(variants: list[str]) -> None:
+    for v in variants:
+        check_choice("variants", v, ACTIVATIONS)
 
 
 def swapped_activation(name: str) -> str | None:
@@ -355,6 +336,70 @@ def swapped_activation(name: str) -> str | None:
 
 def build_activation(name: str, ctx: GateContext) -> nn.Module:
     return ACTIVATIONS[name].build(ctx)
+
+
+def variant_facts(name: str, harden: HardenConfig) -> dict:
+    """What every stage needs to know about one variant, decided once (the train stage records it in the
+    manifest and later stages read it there): its activation, whether Algorithm 1 hardens it, its gate
+    family, its λ_target, what the swap turns it into, and whether it has a smooth form at all."""
+    spec = ACTIVATIONS[name]
+    return {
+        "activation": name,
+        "hardenable": spec.hardenable,
+        "gate": spec.gate,
+        "lambda_target": lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, spec.gate)
+        if spec.hardenable else None,
+        "swapped_to": swapped_activation(name),  # None: not a gate, the swap leaves it as it is
+        "smooth": name not in RELU_FORMS,  # has a form other than ReLU (export writes it as "smooth")
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Walking a model: which modules are gates, and where the activation sites are
+
+# torch's own modules that are gates of a family here: λ = 1 (nn.GELU only in its exact erf form).
+NATIVE_GATES: dict[type[nn.Module], str] = {nn.GELU: "phi", nn.SiLU: "sigmoid", nn.Mish: "mish"}
+
+
+def gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
+    """(gate family, λ as a flat float64 tensor) when `m` is a gate the swap turns into ReLU, else None.
+
+    A gate is a module whose class declares its family in `GATE` (the project's gates, or a user's module
+    computing x·g(λx) with its λ in `.lam`, λ = 1 without one), or one of torch's `NATIVE_GATES`."""
+    fam = getattr(type(m), "GATE", None)
+    if fam is not None:
+        if fam not in GATES:
+            raise ValueError(f"{type(m).__name__}.GATE = {fam!r} names no gate family; known: {', '.join(GATES)}")
+        lam = getattr(m, "lam", None)
+        return fam, (torch.ones(1, dtype=torch.float64) if lam is None
+                     else torch.as_tensor(lam).detach().to(torch.float64).reshape(-1).cpu())
+    fam = NATIVE_GATES.get(type(m))
+    if fam is not None and getattr(m, "approximate", "none") == "none":
+        return fam, torch.ones(1, dtype=torch.float64)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def activation_types() -> tuple[type[nn.Module], ...]:
+    """Module classes that are activations: every class the registry builds, torch's native gates, ReLU."""
+    return tuple({spec.module for spec in ACTIVATIONS.values()} | set(NATIVE_GATES) | {nn.ReLU, Linked})
+
+
+def activation_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every activation site in forward order: the outermost activation modules, so a
+    linked pair (g(z), g(−z)) is one site with 2C units and its inner g is not a site."""
+    types = activation_types()
+    sites: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, types) and not any(name.startswith(n + ".") for n, _ in sites):
+            sites.append((name, m))
+    return sites
+
+
+def gate_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every gate (`gate_of` is not None), in forward order; the inner g of a linked pair
+    is one (its forward hooks see both z and −z)."""
+    return [(n, m) for n, m in model.named_modules() if gate_of(m) is not None]
 
 
 def hardenable_gates(model: nn.Module) -> list[HardenableGate]:

@@ -8,6 +8,17 @@ import sys
 
 from . import config as config_mod
 from .errors import PipelineError
+from .stages import resolve, validate
+
+# Commands whose logic lives above pipeline/ (analysis, quantize), named like the stage registry's
+# targets: pipeline's own modules never import those packages, the CLI resolves these on use.
+TARGETS = {
+    "report": "analysis.paper:write_report",
+    "analyze": "analysis.analyze:analyze",
+    "analyze_write": "analysis.analyze:write",
+    "zoo": "analysis.zoo:run_zoo",
+    "zoo_config": "analysis.zoo:zoo_config",
+}
 
 EPILOG = """examples:
   pipeline run                                   # default: Fashion-MNIST, MLP 4x256, λ-GELU + GELU baseline
@@ -62,32 +73,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import distributed
-    from .rundir import RunDir, atomic_write_json
-    from .stages import run_pipeline
+    from . import distributed, runner
 
     world = distributed.init_from_env()  # torchrun: join the process group; otherwise one process
     try:
         if args.resume:
             if args.config:
                 raise PipelineError("--resume uses the run's own config.json; drop -c/--config (overrides are allowed)")
-            run = RunDir.open(args.resume)
-            if args.overrides:  # e.g. a lower lr after a NaN: recorded in config.json and the manifest
-                config_mod.validate(config_mod.apply_overrides(run.cfg, args.overrides))
-                if world.main:
-                    atomic_write_json(run.file("config.json"), run.cfg.to_dict())
-                    m = run.manifest()
-                    m.setdefault("resumed_with", []).append(args.overrides)
-                    run._write_manifest(m)
+            run = runner.resume(args.resume, args.overrides)
         else:
-            cfg = config_mod.load(args.config, args.overrides)
-            if world.distributed:  # rank 0 creates the directory, the others open the one it named
-                run = RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=sys.argv).path))
-            else:
-                run = RunDir.create(cfg, argv=sys.argv)
+            run = runner.create(config_mod.load(args.config, args.overrides), argv=sys.argv)
         if world.main:
             print(f"run directory: {run.path}" + (f" ({world.size} processes)" if world.distributed else ""))
-        run_pipeline(run.cfg, run, redo=args.redo)
+        runner.run_pipeline(run.cfg, run, redo=args.redo)
         if world.main:
             print(f"finished: {run.path}")
     finally:
@@ -105,7 +103,7 @@ def cmd_stages(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    print(json.dumps(config_mod.load(args.config, args.overrides).to_dict(), indent=2))
+    print(json.dumps(validate(config_mod.load(args.config, args.overrides)).to_dict(), indent=2))
     return 0
 
 
@@ -129,40 +127,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run)
         if args.report and not args.dry_run and world.main:
-            from analysis.paper import write_report
-
-            print(f"report: {write_report([summary['out_dir']])}")
+            print(f"report: {resolve(TARGETS['report'])([summary['out_dir']])}")
     finally:
         distributed.shutdown()
     return 1 if any(p["status"] == "failed" for p in summary["points"]) else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from analysis.paper import write_report
-
-    print(f"report: {write_report(args.paths, out=args.out, title=args.title)}")
+    print(f"report: {resolve(TARGETS['report'])(args.paths, out=args.out, title=args.title)}")
     return 0
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    from analysis.zoo import run_zoo, zoo_config
-
-    cfg = zoo_config()
+    cfg = resolve(TARGETS["zoo_config"])()
     if args.config:
         config_mod.apply(cfg, config_mod.read_file(args.config))
-    run_zoo(config_mod.validate(config_mod.apply_overrides(cfg, args.overrides)), test_samples=args.test_samples)
+    resolve(TARGETS["zoo"])(validate(config_mod.apply_overrides(cfg, args.overrides)), test_samples=args.test_samples)
     return 0
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from analysis import analyze
-
     if args.run and not Path(args.run, "config.json").is_file():
         raise PipelineError(f"{args.run} is not a run directory (no config.json); use --out DIR for a plain folder")
     out = Path(args.run, "analysis") if args.run else (Path(args.out) if args.out else None)
-    res = analyze.write(out) if out else analyze.analyze()
+    res = resolve(TARGETS["analyze_write"])(out) if out else resolve(TARGETS["analyze"])()
     print(res["markdown"])
     if out:
         print(f"written: {out / 'analysis.md'}, {out / 'analysis.json'}")

@@ -309,22 +309,22 @@ def read_file(path: str | Path) -> dict[str, Any]:
     raise ConfigError(f"config file {path} must end in .toml, .yaml, .yml or .json")
 
 
+def need(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless cond: the one-line form of every config check."""
+    if not cond:
+        raise ConfigError(msg)
+
+
+def check_choice(key: str, value: str, choices: Any) -> None:
+    """`value` must be a key of the registry `choices` (the registries call this beside their dicts)."""
+    need(value in choices, f"{key}={value!r} is unknown; choose one of {', '.join(choices)}")
+
+
 def validate(cfg: Config) -> Config:
-    """Cross-field checks and registry names (kept here so every entry point gets them)."""
-    from . import activations, data, models, stages
-
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(msg)
-
-    need(cfg.data.name in data.DATASETS, f"data.name={cfg.data.name!r} is unknown; choose one of {', '.join(data.DATASETS)}")
-    need(cfg.model.name in models.MODELS, f"model.name={cfg.model.name!r} is unknown; choose one of {', '.join(models.MODELS)}")
+    """Field and cross-field checks. Names in the registries are checked beside them
+    (`pipeline.stages.validate` runs both; this module imports nothing else from the project)."""
     need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")
-    for v in cfg.variants:
-        need(v in activations.ACTIVATIONS, f"variants: {v!r} is unknown; choose from {', '.join(activations.ACTIVATIONS)}")
-    for s in cfg.stages:
-        need(s in stages.STAGES, f"stages: {s!r} is unknown; choose from {', '.join(stages.STAGES)}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
     need(cfg.data.batch_size > 0 and cfg.data.eval_batch_size > 0, "data.batch_size and data.eval_batch_size must be > 0")
     need(cfg.threads >= 0, "threads must be >= 0 (0 = torch's default)")
@@ -340,8 +340,6 @@ def validate(cfg: Config) -> Config:
          "set harden.epsilon > 0 or harden.lambda_target > 0")
     need(cfg.harden.lambda_target == 0 or cfg.harden.lambda_target >= 1, "harden.lambda_target must be >= 1 (or 0 to derive it)")
     need(all(h > 0 for h in cfg.model.hidden) and cfg.model.hidden, "model.hidden must be a non-empty list of positive widths")
-    need(cfg.model.width_match == "none" or cfg.model.name in models.WIDTH_FIELDS,
-         f"model.width_match={cfg.model.width_match} needs one of the models {', '.join(models.WIDTH_FIELDS)}")
     need(cfg.data.seq_len >= 1, f"data.seq_len must be >= 1, got {cfg.data.seq_len}")
     need(min(cfg.model.resnet_width, cfg.model.dim, cfg.model.depth, cfg.model.heads, cfg.model.patch_size) >= 1
          and cfg.model.mlp_ratio > 0, "model.resnet_width, dim, depth, heads, patch_size and mlp_ratio must be positive")
@@ -358,11 +356,6 @@ def validate(cfg: Config) -> Config:
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
     need(cfg.verify.samples >= 1 and cfg.verify.timeout_s > 0, "verify.samples must be >= 1 and verify.timeout_s > 0")
     need(bool(cfg.verify.epsilons) and all(e > 0 for e in cfg.verify.epsilons), "verify.epsilons must be a non-empty list of radii > 0")
-    from analysis.verifiers import VERIFIERS
-
-    for v in cfg.verify.verifiers or ["(none)"]:
-        need(v == "auto" or all(p in VERIFIERS for p in v.split("+")),
-             f"verify.verifiers: {v!r} is unknown; choose from auto, {', '.join(VERIFIERS)} or a chain like pgd+marabou")
     return cfg
 
 

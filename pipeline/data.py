@@ -6,18 +6,19 @@ graphs are self-contained for users and verifiers.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import struct
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from .config import DataConfig
+from .config import Config, DataConfig, check_choice
 from .errors import DataError
 
 SPLIT_SEED = 0  # the validation split is the same for every training seed
@@ -470,8 +471,22 @@ DATASETS: dict[str, Callable[[DataConfig], Dataset]] = {
 }
 
 
+def check_config(cfg: DataConfig) -> None:
+    check_choice("data.name", cfg.name, DATASETS)
+
+
 def load_dataset(cfg: DataConfig) -> Dataset:
     return DATASETS[cfg.name](cfg)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_dataset(key: tuple) -> Dataset:
+    return load_dataset(DataConfig(*key))
+
+
+def dataset_for(cfg: Config) -> Dataset:
+    """The run's data set, loaded once per process (every stage of a run asks for it)."""
+    return _cached_dataset(astuple(cfg.data))
 
 
 def batches(split: Split, batch_size: int, generator: torch.Generator | None = None):

@@ -24,6 +24,8 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from .errors import PipelineError, TrainingError
+
 T = TypeVar("T")
 
 BACKEND_ENV = "PIPELINE_DIST_BACKEND"  # force "gloo" or "nccl" (default: nccl when CUDA is there)
@@ -42,6 +44,18 @@ class World:
     @property
     def distributed(self) -> bool:
         return self.size > 1
+
+
+def resolve_device(name: str) -> torch.device:
+    """`device=auto|cpu|cuda|cuda:N` to a torch device; under torchrun `cuda` is this process's GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
+    w = world()
+    if name == "cuda" and w.distributed:  # one GPU per torchrun process
+        name = f"cuda:{w.local_rank}"
+    return torch.device(name)
 
 
 def world() -> World:
@@ -102,8 +116,6 @@ def on_main(fn: Callable[[], T]) -> T:
     if error is not None:
         raise error
     if shared[0] == "error":
-        from .errors import PipelineError
-
         raise PipelineError(f"rank 0 failed: {shared[1]}")
     return shared[1]
 

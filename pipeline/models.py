@@ -7,7 +7,6 @@ A checkpoint stores the `spec` dict that `build_model` takes, so it rebuilds its
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections import OrderedDict
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activations import ACTIVATIONS, GateContext, build_activation
-from .config import GateConfig, ModelConfig
+from .config import GateConfig, ModelConfig, check_choice, need
 
 MakeAct = Callable[[int], nn.Module]  # channels -> activation module; act.expansion: outputs per input unit
 
@@ -271,6 +270,12 @@ MODELS: dict[str, Callable[..., list[tuple[str, nn.Module]] | nn.Module]] = {"ml
 # Width matching for linked activations (model.width_match)
 
 WIDTH_FIELDS = {"mlp": ("hidden",), "cnn": ("channels", "cnn_hidden"), "preact_resnet": ("channels",)}
+
+
+def check_config(cfg: ModelConfig) -> None:
+    check_choice("model.name", cfg.name, MODELS)
+    need(cfg.width_match == "none" or cfg.name in WIDTH_FIELDS,
+         f"model.width_match={cfg.width_match} needs one of the models {', '.join(WIDTH_FIELDS)}")
 SQRT2 = math.sqrt(2.0)
 
 
@@ -363,7 +368,3 @@ def build_model(spec: dict[str, Any]) -> nn.Sequential:
     # Token inputs (language models) have no mean/std: nothing to normalize.
     norm = [("norm", Normalize(spec["mean"], spec["std"], shape))] if spec["mean"] else []
     return nn.Sequential(OrderedDict(norm + layers))
-
-
-def clone(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model)

@@ -116,7 +116,7 @@ class RunDir:
         path.mkdir(parents=True)
         run = cls(path, cfg)
         atomic_write_json(path / "config.json", cfg.to_dict())
-        run._write_manifest({"name": path.name, "argv": argv or [], "created": _now(), "seed": cfg.seed,
+        run._write_manifest({"name": path.name, "argv": argv or [], "created": now(), "seed": cfg.seed,
                              "versions": versions(), "stages": {}})
         return run
 
@@ -155,6 +155,19 @@ class RunDir:
     def _write_manifest(self, m: dict[str, Any]) -> None:
         atomic_write_json(self.manifest_path, m)
 
+    def update_manifest(self, **fields: Any) -> None:
+        """Set top-level manifest fields (read, update, atomic write)."""
+        m = self.manifest()
+        m.update(fields)
+        self._write_manifest(m)
+
+    def record_resume(self, overrides: list[str]) -> None:
+        """Apply accepted `--resume` overrides: the new config.json, and the overrides listed in the manifest."""
+        atomic_write_json(self.path / "config.json", self.cfg.to_dict())
+        m = self.manifest()
+        m.setdefault("resumed_with", []).append(overrides)
+        self._write_manifest(m)
+
     def stage_status(self, stage: str) -> str | None:
         return self.manifest()["stages"].get(stage, {}).get("status")
 
@@ -163,6 +176,18 @@ class RunDir:
         entry = m["stages"].setdefault(stage, {})
         entry.update(fields)
         self._write_manifest(m)
+
+    def record_variants(self, facts: dict[str, dict[str, Any]]) -> None:
+        """The per-variant facts of `pipeline.activations.variant_facts`, recorded by the train stage."""
+        self.update_manifest(variants=facts)
+
+    def variant(self, name: str) -> dict[str, Any]:
+        """What the train stage decided about one variant (hardenable, gate, λ_target, swapped_to, smooth)."""
+        facts = self.manifest().get("variants", {}).get(name)
+        if facts is None:
+            raise RunDirError(f"{self.path}: the train stage recorded no facts for variant {name!r}; "
+                              f"rerun it with `pipeline run --resume {self.path} --redo train`")
+        return facts
 
     def record_outputs(self, stage: str, directory: str) -> dict[str, str]:
         d = self.path / directory
@@ -179,5 +204,5 @@ class RunDir:
         return self.path.joinpath(*parts)
 
 
-def _now() -> str:
+def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")

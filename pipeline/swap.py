@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from . import checkpoint
-from .activations import RELU_FORMS, Gate, swapped_activation
+from .activations import Gate, Linked, gate_of, swapped_activation
 from .config import Config
+from .data import dataset_for
+from .distributed import resolve_device
+from .evaluate import predict, score
 from .rundir import RunDir, atomic_write_json
-from .train import dataset_for, predict, resolve_device, score
 
 
 def replace_modules(root: nn.Module, match: Callable[[nn.Module, str], bool],
@@ -36,8 +39,39 @@ def replace_modules(root: nn.Module, match: Callable[[nn.Module, str], bool],
 
 
 def to_relu(model: nn.Module) -> nn.Module:
-    """Swap every gate for its ReLU form, in place; callers pass a copy when they keep the original."""
-    return replace_modules(model, lambda m, _: isinstance(m, Gate), lambda m, _: m.to_relu())
+    """Swap every gate (`activations.gate_of`: the project's gates and torch's nn.GELU / nn.SiLU / nn.Mish)
+    for its ReLU form, in place; callers pass a copy when they keep the original. A linked pair keeps its
+    pairing: its inner gate becomes ReLU, so the pair is CReLU."""
+    return replace_modules(model, lambda m, _: gate_of(m) is not None,
+                           lambda m, _: m.to_relu() if isinstance(m, Gate) else nn.ReLU())
+
+
+def _mirrored(layer: nn.Module) -> nn.Module:
+    """The affine layer with its outputs followed by their negatives: [W; −W], [b; −b]."""
+    new = copy.deepcopy(layer)
+    w = layer.weight.detach()
+    new.weight = nn.Parameter(torch.cat([w, -w], dim=0))
+    if layer.bias is not None:
+        new.bias = nn.Parameter(torch.cat([layer.bias.detach(), -layer.bias.detach()]))
+    if isinstance(new, nn.Linear):
+        new.out_features *= 2
+    else:
+        new.out_channels *= 2
+    return new
+
+
+def unfold_linked_relu(model: nn.Module) -> nn.Module:
+    """A copy in which every affine layer → CReLU pair of an nn.Sequential becomes affine(2C) → ReLU:
+    CReLU(Wx + b) = ReLU([W; −W]x + [b; −b]), exactly (up to the summation order of a wider GEMM). For
+    readers that know Gemm/Conv/Relu but no Neg/Concat (verifiers, interval bounds)."""
+    net = copy.deepcopy(model)
+    for seq in [m for m in net.modules() if isinstance(m, nn.Sequential)]:
+        names = list(seq._modules)
+        for prev, name in zip(names, names[1:]):
+            m, p = seq._modules[name], seq._modules[prev]
+            if isinstance(m, Linked) and isinstance(m.inner, nn.ReLU) and isinstance(p, (nn.Linear, nn.Conv2d)):
+                seq._modules[prev], seq._modules[name] = _mirrored(p), nn.ReLU()
+    return net
 
 
 def relu_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -50,16 +84,19 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     ds = dataset_for(cfg)
     bs = cfg.data.eval_batch_size
+    m = ds.info.metric  # accuracy, or perplexity for language models
     result: dict[str, dict[str, float]] = {}  # swap.json: exactly the six numbers per variant
     swapped_to: dict[str, str] = {}  # what each variant's gates became ("no swap": not a gate, e.g. Tanh)
     for variant in cfg.variants:
-        model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
-        if not any(isinstance(m, Gate) for m in model.modules()):
-            # Nothing to swap (a ReLU baseline): its best checkpoint is already the ReLU model.
+        facts = run.variant(variant)
+        source = run.file("train", variant, "best.pt")
+        model, payload = checkpoint.load_model(source, device)
+        if facts["swapped_to"] in (None, facts["activation"]):
+            # Nothing to swap: a ReLU baseline's best checkpoint is already its ReLU model, and a non-gate
+            # (Tanh, ELU, ...) is left as it is (recorded with equal before/after numbers, said as "no swap").
             checkpoint.save(run.file("swap", variant, "relu.pt"), model, payload["spec"], source_epoch=payload.get("epoch"),
-                            source=str(run.file("train", variant, "best.pt")))
-            if payload["spec"]["activation"] not in RELU_FORMS:  # Tanh, ELU, ...: not a gate, so no swap; say so
-                m = ds.info.metric
+                            source=str(source))
+            if facts["swapped_to"] is None:
                 val, test = (score(predict(model, getattr(ds, s), bs, device), getattr(ds, s).y, m)["metric"] for s in ("val", "test"))
                 result[variant] = {"val_before": val, "val_after": val, "test_before": test, "test_after": test,
                                    "argmax_agreement": 1.0, "max_logit_change": 0.0}
@@ -69,7 +106,6 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         swapped = to_relu(model)  # the loaded copy is ours to change
         after = {s: predict(swapped, getattr(ds, s), bs, device) for s in ("val", "test")}
         # Agreement and logit change on the validation split: the split the checkpoint was chosen on.
-        m = ds.info.metric  # accuracy, or perplexity for language models
         result[variant] = {
             "val_before": score(before["val"], ds.val.y, m)["metric"],
             "val_after": score(after["val"], ds.val.y, m)["metric"],
@@ -78,8 +114,8 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
             "argmax_agreement": float((before["val"].argmax(-1) == after["val"].argmax(-1)).float().mean()),
             "max_logit_change": float((before["val"] - after["val"]).abs().max()),
         }
-        swapped_to[variant] = swapped_activation(payload["spec"]["activation"]) or "no swap"
+        swapped_to[variant] = facts["swapped_to"]
         checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),
-                        source_epoch=payload.get("epoch"), source=str(run.file("train", variant, "best.pt")))
+                        source_epoch=payload.get("epoch"), source=str(source))
     atomic_write_json(run.file("swap", "swap.json"), result)
     return {**result, "swapped_to": swapped_to}

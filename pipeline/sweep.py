@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import config as config_mod
-from . import distributed
+from . import distributed, runner
 from .errors import ConfigError, PipelineError
+from .rundir import RunDir, atomic_write_json
+from .stages import selected, validate
 
 DEFAULT_STAGES = ["train", "harden", "swap"]
 RESERVED = {"label", "set"}  # block keys that are not axes
@@ -162,13 +164,10 @@ def point_config(sweep: Sweep, point: Point, out_dir: str) -> config_mod.Config:
     cfg = config_mod.load(sweep.config, [*point.overrides, f"out_dir={out_dir}", f"name={point.name}"])
     if not cfg.stages:  # a point needs only what the paper tables read, unless the user asks for more
         cfg.stages = list(DEFAULT_STAGES)
-    return config_mod.validate(cfg)
+    return validate(cfg)
 
 
 def _finished(path: Path, cfg: config_mod.Config) -> bool:
-    from .rundir import RunDir
-    from .stages import selected
-
     if not (path / "manifest.json").is_file():
         return False
     run = RunDir.open(path)
@@ -180,8 +179,6 @@ def _finished(path: Path, cfg: config_mod.Config) -> bool:
 
 def _record(path: Path, summary: dict[str, Any]) -> None:
     """sweep.json indexes every point ever run into this folder (several sweeps may share one)."""
-    from .rundir import atomic_write_json
-
     old = json.loads(path.read_text()) if path.is_file() else {"points": []}
     points = {p["name"]: p for p in old.get("points", [])}
     points.update({p["name"]: p for p in summary["points"]})
@@ -195,9 +192,6 @@ def run_sweep(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None, out_
     A point that fails (e.g. a diverging (t, c) cell) is recorded and the sweep goes on; the
     caller decides what a failure means. Under torchrun every rank runs every point together.
     """
-    from .rundir import RunDir
-    from .stages import run_pipeline
-
     out = out_dir or sweep.out_dir
     points = expand(sweep, extra_axes)
     configs = [point_config(sweep, p, out) for p in points]  # every point validated before any trains
@@ -219,11 +213,8 @@ def run_sweep(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None, out_
         else:
             log(f"[{i}/{len(points)}] {p.name}")
             try:
-                if world.distributed:
-                    run = RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=["sweep", *p.overrides]).path))
-                else:
-                    run = RunDir.create(cfg, argv=["sweep", *p.overrides])
-                run_pipeline(run.cfg, run, log=lambda msg: log(f"    {msg}"))
+                run = runner.create(cfg, argv=["sweep", *p.overrides])
+                runner.run_pipeline(run.cfg, run, log=lambda msg: log(f"    {msg}"))
             except PipelineError as exc:
                 entry.update(status="failed", error=str(exc))
                 log(f"    failed: {exc}")

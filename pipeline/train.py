@@ -7,12 +7,9 @@ resumes at the next epoch with the same numbers; `best.pt` holds the best-valida
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import signal
 import time
-from dataclasses import astuple
 from typing import Any
 
 import torch
@@ -21,11 +18,13 @@ from torch import nn
 from tqdm import tqdm
 
 from . import checkpoint, distributed
-from .activations import ACTIVATIONS, hardenable_gates, layer_lambdas
-from .config import Config, DataConfig
-from .data import Dataset, Split, augment, batches, load_dataset
+from .activations import hardenable_gates, layer_lambdas, variant_facts
+from .config import Config
+from .data import Dataset, Split, augment, batches, dataset_for
 from .errors import TrainingError
-from .hardness import annealed_lambda, lambda_target, lr_at, param_groups, switch_epoch
+from .evaluate import evaluate, improved, worst
+from .evaluate import loss as cross_entropy
+from .hardness import annealed_lambda, lr_at, param_groups, switch_epoch
 from .models import build_model, make_spec
 from .rundir import RunDir, atomic_write_bytes, atomic_write_csv
 
@@ -33,64 +32,6 @@ OPTIMIZERS = {
     "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
     "adamw": lambda groups, cfg: torch.optim.AdamW(groups, lr=cfg.lr),
 }
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
-    w = distributed.world()
-    if name == "cuda" and w.distributed:  # one GPU per torchrun process
-        name = f"cuda:{w.local_rank}"
-    return torch.device(name)
-
-
-@functools.lru_cache(maxsize=2)
-def _cached_dataset(key: tuple) -> Dataset:
-    return load_dataset(DataConfig(*key))
-
-
-def dataset_for(cfg: Config) -> Dataset:
-    return _cached_dataset(astuple(cfg.data))
-
-
-def target_for(cfg: Config, gate: str | None = "phi") -> float:
-    """λ_target for the gate g of x·g(λx) (Φ for λ-GELU, σ for λ-Swish, ...)."""
-    return lambda_target(cfg.harden.epsilon, cfg.harden.criterion, cfg.harden.lambda_target, gate or "phi")
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation
-
-
-@torch.no_grad()
-def predict(model: nn.Module, split: Split, batch_size: int, device: torch.device) -> torch.Tensor:
-    """Logits for the whole split, on CPU, shape [N, K]."""
-    model.eval()
-    out = [model(x.to(device)).float().cpu() for x, _ in batches(split, batch_size)]
-    return torch.cat(out)
-
-
-def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dim: [N, K] classification or [N, T, V] next-token prediction."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
-# metric name -> (value from logits and labels, higher is better)
-METRICS = {
-    "accuracy": (lambda logits, y: float((logits.argmax(-1) == y).float().mean()), True),
-    "perplexity": (lambda logits, y: math.exp(float(_loss(logits, y))), False),
-}
-
-
-def score(logits: torch.Tensor, y: torch.Tensor, metric: str = "accuracy") -> dict[str, float]:
-    """{"loss", "metric"} for a whole split; `metric` names an entry of METRICS."""
-    return {"loss": float(_loss(logits, y)), "metric": METRICS[metric][0](logits, y)}
-
-
-def improved(new: float, best: float, metric: str) -> bool:
-    return new > best if METRICS[metric][1] else new < best
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +63,7 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
             continue
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = model(x)
-        loss = _loss(logits, y)
+        loss = cross_entropy(logits, y)
         if not torch.isfinite(loss):
             raise TrainingError(
                 f"loss is {float(loss.detach())} at epoch {epoch}, batch {b}; the last good checkpoint (epoch {epoch - 1}) is kept: "
@@ -161,16 +102,15 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
     vdir = run.dir("train", variant) if world.main else run.file("train", variant)  # only rank 0 writes
     T = cfg.train.epochs
     e_s = switch_epoch(T, cfg.train.switch_fraction)
-    hardenable = ACTIVATIONS[variant].hardenable
-    target = target_for(cfg, ACTIVATIONS[variant].gate)
+    facts = variant_facts(variant, cfg.harden)
+    hardenable, target = facts["hardenable"], facts["lambda_target"]
     spec = make_spec(cfg.model, variant, cfg.gate, ds.info)
 
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device)
     opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
     metric = ds.info.metric
-    worst = -math.inf if METRICS[metric][1] else math.inf
-    state: dict[str, Any] = {"epoch": 0, "best_metric": worst, "best_epoch": 0, "lambda_switch": None, "history": []}
+    state: dict[str, Any] = {"epoch": 0, "best_metric": worst(metric), "best_epoch": 0, "lambda_switch": None, "history": []}
     if (vdir / "last.pt").is_file():
         payload = checkpoint.load_payload(vdir / "last.pt", device)
         model.load_state_dict(payload["state_dict"])
@@ -200,7 +140,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: in
         if not world.main:  # rank 0 evaluates, selects and writes; the others only train
             state["epoch"] = epoch
             continue
-        val = score(predict(model, ds.val, cfg.data.eval_batch_size, device), ds.val.y, metric)
+        val = evaluate(model, ds.val, cfg.data.eval_batch_size, device, metric)
         lams = layer_lambdas(model)
         row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr, **stats,
                "val_loss": val["loss"], f"val_{metric}": val["metric"], "seconds": time.time() - t0}
@@ -235,7 +175,7 @@ def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
 
 
 def _run_phase(cfg: Config, run: RunDir, phase: str) -> dict[str, Any]:
-    device = resolve_device(cfg.device)
+    device = distributed.resolve_device(cfg.device)
     ds = dataset_for(cfg)
     T = cfg.train.epochs
     e_s = switch_epoch(T, cfg.train.switch_fraction)
@@ -244,10 +184,12 @@ def _run_phase(cfg: Config, run: RunDir, phase: str) -> dict[str, Any]:
     for v in cfg.variants:  # histories of every variant, so metrics.csv always holds them all
         p = run.file("train", v, "last.pt")
         histories[v] = checkpoint.load_payload(p)["state"]["history"] if p.is_file() else []
-    out = {"epochs": [first, last], "switch_epoch": e_s, "lambda_target": target_for(cfg), "device": str(device)}
+    out = {"epochs": [first, last], "switch_epoch": e_s, "device": str(device)}
     world = distributed.world()
     if world.distributed:
         out["world_size"] = world.size
+    if world.main:  # decided once, here; every later stage reads them from the manifest
+        run.record_variants({v: variant_facts(v, cfg.harden) for v in cfg.variants})
     for v in cfg.variants:
         out[v] = train_variant(cfg, run, ds, v, first, last, histories, device)
         if phase == "train" and world.main and run.file("train", v, "last.pt").is_file():

@@ -36,12 +36,11 @@ import onnx
 import torch
 from torch import nn
 
-from pipeline import checkpoint
-from pipeline.activations import RELU_FORMS, swapped_activation
+from pipeline import checkpoint, render
 from pipeline.config import Config
+from pipeline.data import dataset_for
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir, atomic_path, atomic_write_json
-from pipeline.train import dataset_for
 
 from . import ort as ort_util
 
@@ -58,18 +57,18 @@ def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
     """(variant, form, checkpoint) for every model the run exports, in a fixed order."""
     out = []
     for v in cfg.variants:
-        best = run.file("train", v, "best.pt")
-        act = checkpoint.load_payload(best)["spec"]["activation"]
-        if act not in RELU_FORMS:
-            out.append((v, "smooth", best))
-        if swapped_activation(act) is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
+        facts = run.variant(v)
+        if facts["smooth"]:
+            out.append((v, "smooth", run.file("train", v, "best.pt")))
+        if facts["swapped_to"] is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
             out.append((v, "relu", run.file("swap", v, "relu.pt")))
     return out
 
 
 def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool = True,
-            metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Trace `model` (eval mode, CPU) to an ONNX ModelProto with a dynamic batch axis; onnxsim; checks.
+            metadata: dict[str, str] | None = None, dynamic_batch: bool = True) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Trace `model` (eval mode, CPU) to an ONNX ModelProto; onnxsim; checks. The batch axis is symbolic
+    unless `dynamic_batch=False` (verifiers want a fixed batch of 1: pass a batch-1 example).
 
     Returns the model and facts about it (node counts before and after onnxsim).
     """
@@ -83,7 +82,7 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(model, (example.cpu(),), buf, dynamo=False, opset_version=opset,
                           input_names=[ort_util.INPUT], output_names=[ort_util.OUTPUT], do_constant_folding=True,
-                          dynamic_axes={ort_util.INPUT: {0: "batch"}, ort_util.OUTPUT: {0: "batch"}})
+                          dynamic_axes={ort_util.INPUT: {0: "batch"}, ort_util.OUTPUT: {0: "batch"}} if dynamic_batch else None)
     proto = onnx.load_from_string(buf.getvalue())
     facts: dict[str, Any] = {"nodes_traced": len(proto.graph.node)}
     if simplify:
@@ -97,17 +96,17 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
     for key, value in (metadata or {}).items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
-    proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add); output: logits"
-    check_graph(proto)
+    proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add or folded into its first Gemm); output: logits"
+    check_graph(proto, dynamic_batch)
     return proto, facts
 
 
-def check_graph(proto: onnx.ModelProto) -> None:
-    """Full ONNX check, single file, and a symbolic batch dimension on input and output."""
+def check_graph(proto: onnx.ModelProto, dynamic_batch: bool = True) -> None:
+    """Full ONNX check, single file, and (unless fixed on purpose) a symbolic batch dimension on input and output."""
     onnx.checker.check_model(proto, full_check=True)
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
         raise ExportError("exported graph refers to external data; it must be one self-contained file")
-    for vi in (proto.graph.input[0], proto.graph.output[0]):
+    for vi in (proto.graph.input[0], proto.graph.output[0]) if dynamic_batch else ():
         dim0 = vi.type.tensor_type.shape.dim[0]
         if not dim0.dim_param:
             raise ExportError(f"{vi.name}: batch axis is fixed at {dim0.dim_value}, expected a symbolic 'batch'")
@@ -126,7 +125,7 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
     Also records how far each is from a float64 run of the same model (the rounding reference).
     """
     model = model.eval().cpu()
-    ref = model(x).numpy()
+    ref = model(x).numpy()  # x may exceed a fixed-batch graph's batch: `infer` feeds it in slices
     ref64 = copy.deepcopy(model).double()(x.double() if x.is_floating_point() else x).numpy()
     got = ort_util.infer(ort_util.session(path, threads), x.numpy())
     diff = float(np.abs(got - ref).max())
@@ -138,6 +137,55 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
     return {"max_abs_diff": diff, "tolerance": tol, "max_abs_logit": scale,
             "ort_vs_fp64": float(np.abs(got - ref64).max()), "torch_vs_fp64": float(np.abs(ref - ref64).max()),
             "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()), "samples": len(x)}
+
+
+def fold_normalization(model: nn.Sequential, input_shape: tuple[int, ...]) -> nn.Sequential | None:
+    """An input normalization (a first module computing x·scale + shift, like `pipeline.models.Normalize`),
+    an optional Flatten and a Linear become [Flatten →] Linear' with W' = W·diag(scale), b' = b + W·shift
+    (float64 algebra); None if the model does not start that way. A Conv cannot take the fold (its zero
+    padding is not zero after the shift), so a CNN keeps its Mul/Add prologue."""
+    names = list(model._modules)
+    mods = list(model._modules.values())
+    flat = len(mods) > 1 and isinstance(mods[1], nn.Flatten)
+    k = 2 if flat else 1
+    if len(mods) <= k or not (hasattr(mods[0], "scale") and hasattr(mods[0], "shift") and isinstance(mods[k], nn.Linear)):
+        return None
+    norm, lin = mods[0], mods[k]
+    ones = torch.ones((1, *input_shape), dtype=torch.float64)
+    scale = (ones * torch.as_tensor(norm.scale).double()).flatten()  # per input feature after Flatten
+    shift = (ones * torch.as_tensor(norm.shift).double()).flatten()
+    w = lin.weight.double()
+    b = lin.bias.double() if lin.bias is not None else torch.zeros(lin.out_features, dtype=torch.float64)
+    folded = nn.Linear(lin.in_features, lin.out_features)
+    with torch.no_grad():
+        folded.weight.copy_(w * scale[None, :])
+        folded.bias.copy_(b + w @ shift)
+    out = copy.deepcopy(model)
+    del out._modules[names[0]]
+    out._modules[names[k]] = folded
+    return out.eval()
+
+
+def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
+    """The form of a swapped ReLU model that verifiers read: linked ReLU pairs unfolded into one wider
+    affine layer (Linear([W; −W]) → ReLU), the input normalization folded into the first Linear where it
+    can be. Same function as `model` (exact algebra, float64 folds)."""
+    from pipeline.swap import unfold_linked_relu
+
+    net = unfold_linked_relu(model).eval()
+    return (fold_normalization(net, tuple(input_shape)) if isinstance(net, nn.Sequential) else None) or net
+
+
+def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,
+                         opset: int = 20, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
+                         metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """`verifier_model(model)` to a batch-1 ONNX at `path` (Flatten/Gemm/Conv/Relu, a Mul/Add prologue
+    only where the fold is impossible), checked against `model` itself on the inputs `x` like every export."""
+    net = verifier_model(model, input_shape)
+    proto, facts = to_onnx(net, x[:1], opset, simplify=True, metadata=metadata, dynamic_batch=False)
+    save(proto, path)
+    check = compare(path, model, x, atol, rtol)
+    return {"path": str(path), **facts, "ops": ort_util.op_counts(proto), **check}
 
 
 def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict[str, str]:
@@ -167,3 +215,20 @@ def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
               "torch": torch.__version__, "onnx": onnx.__version__, "models": models}
     atomic_write_json(run.file("export", "export.json"), result)
     return result
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The export stage's section of report.md: every graph, its ops and its check against PyTorch."""
+    path = run.file("export", "export.json")
+    if not path.is_file():
+        return None
+    e = json.loads(path.read_text())
+    rows = [[v, form, ", ".join(f"{op}×{n}" for op, n in m["ops"].items()), m["bytes"], m["max_abs_diff"], m["tolerance"],
+             m["argmax_agreement"]] for v, forms in e["models"].items() for form, m in forms.items()]
+    return "\n\n".join([
+        "## ONNX export (fp32)",
+        f"Exporter {e['exporter']}, opset {e['opset']}, onnxsim {'on' if e['simplified'] else 'off'}; inputs in natural units "
+        f"(the normalization is inside each graph). Each graph is checked against PyTorch on validation inputs: "
+        f"max |Δlogit| ≤ atol + rtol·max|logit| (atol {e['atol']:g}, rtol {e['rtol']:g}).",
+        render.table(["variant", "form", "ops", "bytes", "max |Δlogit| vs PyTorch", "tolerance", "argmax agreement"], rows),
+    ])

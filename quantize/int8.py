@@ -31,7 +31,6 @@ graph), `quantize/sqnr.csv` (per-tensor SQNR fp32 vs int8, activations and weigh
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import math
@@ -43,13 +42,12 @@ import numpy as np
 import onnx
 import torch
 from onnxruntime import quantization as q
-from torch import nn
 
-from pipeline import checkpoint
+from pipeline import checkpoint, render
 from pipeline.config import Config
-from pipeline.models import Normalize
+from pipeline.data import dataset_for
+from pipeline.evaluate import score
 from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
-from pipeline.train import dataset_for, score
 
 from . import export as export_mod
 from . import ort as ort_util
@@ -83,30 +81,6 @@ def calibration_samples(cfg: Config, x: torch.Tensor) -> np.ndarray:
     n = min(cfg.quantize.calibration_samples, len(x))
     idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed))[:n]
     return x[idx].numpy()
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalization folding
-
-
-def fold_normalization(model: nn.Sequential, input_shape: tuple[int, ...]) -> nn.Sequential | None:
-    """Normalize → Flatten → Linear becomes Flatten → Linear' (exact algebra); None if the model has no such head."""
-    names = list(model._modules)
-    if len(names) < 3 or not (isinstance(model[0], Normalize) and isinstance(model[1], nn.Flatten) and isinstance(model[2], nn.Linear)):
-        return None
-    norm, lin = model[0], model[2]
-    ones = torch.ones((1, *input_shape), dtype=torch.float64)
-    scale = (ones * norm.scale.double()).flatten()  # per input feature after Flatten
-    shift = (ones * norm.shift.double()).flatten()
-    w, b = lin.weight.double(), lin.bias.double()
-    folded = nn.Linear(lin.in_features, lin.out_features)
-    with torch.no_grad():
-        folded.weight.copy_(w * scale[None, :])
-        folded.bias.copy_(b + w @ shift)
-    out = copy.deepcopy(model)
-    del out._modules[names[0]]
-    out._modules[names[2]] = folded
-    return out.eval()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +183,7 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
     fold_check: dict[str, float] = {}
     if qcfg.fold_normalization:
         model, payload = checkpoint.load_model(run.path / entry["source"])
-        folded = fold_normalization(model, tuple(payload["spec"]["input_shape"]))
+        folded = export_mod.fold_normalization(model, tuple(payload["spec"]["input_shape"]))
         if folded is not None:
             xval = ds.val.x[:cfg.export.check_samples]
             proto, _ = export_mod.to_onnx(folded, xval[:2], cfg.export.opset, cfg.export.simplify,
@@ -301,3 +275,26 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
     }
     atomic_write_json(run.file("quantize", "quantize.json"), result)
     return result
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The int8 stage's section of report.md: accuracy, size and speed of every model in both precisions."""
+    path = run.file("quantize", "quantize.json")
+    if not path.is_file():
+        return None
+    q = json.loads(path.read_text())
+    metric, st = q["metric"], q["settings"]
+    tb = f"throughput_b{st['timing']['throughput_batch']}"
+    rows = [[v, form, m["fp32"][f"test_{metric}"], m["int8"][f"test_{metric}"], m["test_argmax_agreement"], m["size_ratio"],
+             m["int8"].get("latency_b1_ms"), m.get("speedup_b1"), m["int8"].get(tb), m.get(f"speedup_b{st['timing']['throughput_batch']}"),
+             m["min_activation_sqnr_db"], "yes" if m["int8"]["integer_only"] else "no: " + ", ".join(m["int8"]["float_ops"])]
+            for v, forms in q["models"].items() for form, m in forms.items()]
+    return "\n\n".join([
+        "## int8 (onnxruntime static quantization)",
+        f"{st['format']}, weights {st['weights']}, activations {st['activations']}, calibration {st['calibration_method']} on "
+        f"{st['calibration_samples']} training examples; timed on {st['cpu']} with {st['timing']['intra_op_threads']} thread(s). "
+        "A certificate for the float model says nothing about these graphs (see the verify section).",
+        render.table(["variant", "form", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (test)", "size ratio",
+                      "int8 latency b1 (ms)", "speedup b1", f"int8 {tb} (/s)", "speedup", "min activation SQNR (dB)",
+                      "integer-only"], rows),
+    ])

@@ -1,5 +1,5 @@
-"""onnxruntime helpers shared by the export, int8 and sparsity stages: sessions, batched inference,
-accuracy, latency and the op types of onnxruntime's optimized graph.
+"""The one onnxruntime helper (export, int8, sparsity and verify stages): sessions, batched and flat
+inference, accuracy, latency and the op types of onnxruntime's optimized graph.
 
 Timing method: one intra-op and one inter-op thread, thread spinning off (a spinning pool burns a
 core between runs and flatters small batches), sequential execution, warm-up runs first, then
@@ -62,10 +62,34 @@ def as_input(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32 if np.issubdtype(x.dtype, np.floating) else np.int64)
 
 
+def io_names(sess: ort.InferenceSession) -> tuple[str, str]:
+    """The graph's first input and first output (ours are INPUT/OUTPUT; a VNN-COMP model names its own)."""
+    return sess.get_inputs()[0].name, sess.get_outputs()[0].name
+
+
 def infer(sess: ort.InferenceSession, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
     """Logits for all of x ([N, ...]), in batches; shape [N, K] (or [N, T, V] for a language model)."""
     x = as_input(x)
-    return np.concatenate([sess.run([OUTPUT], {INPUT: x[i:i + batch_size]})[0] for i in range(0, len(x), batch_size)])
+    inp, out = io_names(sess)
+    fixed = sess.get_inputs()[0].shape[0]
+    if isinstance(fixed, int) and fixed > 0:  # a fixed-batch graph (verifier exports take one input at a time)
+        batch_size = fixed
+    return np.concatenate([sess.run([out], {inp: x[i:i + batch_size]})[0] for i in range(0, len(x), batch_size)])
+
+
+def forward_flat(sess: ort.InferenceSession | Path | str, x: np.ndarray) -> np.ndarray:
+    """One flat input (C-order, as VNN-LIB numbers X_i) through a model; the flat float64 output.
+
+    The input is reshaped to the graph's declared input shape (a free dimension counts as 1) and cast to
+    its element type, so fixed-batch verifier graphs and our dynamic-batch ones both work.
+    """
+    if not isinstance(sess, ort.InferenceSession):
+        sess = session(sess)
+    meta = sess.get_inputs()[0]
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape]
+    dtype = np.float64 if meta.type == "tensor(double)" else np.float32
+    feed = np.asarray(x, dtype=np.float64).reshape(shape).astype(dtype)
+    return np.asarray(sess.run([io_names(sess)[1]], {meta.name: feed})[0], dtype=np.float64).reshape(-1)
 
 
 def accuracy(logits: np.ndarray, y: np.ndarray) -> float:

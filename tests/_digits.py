@@ -6,11 +6,13 @@ module-scoped fixtures.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.activations import hardenable_gates
+from pipeline.activations import hardenable_gates, variant_facts
 from pipeline.config import DataConfig, GateConfig, ModelConfig
 from pipeline.data import Dataset, batches, load_dataset
 from pipeline.models import build_model, make_spec
@@ -52,7 +54,6 @@ def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir
     train/harden/swap stages would leave it, so a later stage can be called directly."""
     from pipeline import checkpoint
     from pipeline.config import Config
-    from pipeline.models import clone
     from pipeline.rundir import RunDir
     from pipeline.swap import relu_spec, to_relu
 
@@ -62,7 +63,8 @@ def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir
     for k, v in quantize.items():
         setattr(cfg.quantize, k, v)
     run = RunDir.create(cfg)
+    run.record_variants({v: variant_facts(spec["activation"], cfg.harden) for v, (_, spec) in nets.items()})
     for variant, (net, spec) in nets.items():
         checkpoint.save(run.file("train", variant, "best.pt"), net, spec, epoch=1)
-        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(clone(net)), relu_spec(spec))
+        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(copy.deepcopy(net)), relu_spec(spec))
     return run

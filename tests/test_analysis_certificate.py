@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from analysis import certificate as cert
-from analysis import symbolic
+from analysis.theory import certificate as cert
+from analysis.theory import symbolic
 
 # Both networks run in float64; their rounding (∝ the logits' size) is all the slack allowed.
 SOUND_ATOL = 1e-10
@@ -23,7 +23,9 @@ U_PHI = float(symbolic.sup_constant("phi").u)
 
 
 class LamGelu(nn.Module):
-    """x·Φ(λx) with λ of shape [1] (per layer) or [C] (per channel, dim 1)."""
+    """x·Φ(λx) with λ of shape [1] (per layer) or [C] (per channel, dim 1); a user's gate declares its family."""
+
+    GATE = "phi"
 
     def __init__(self, lam):
         super().__init__()

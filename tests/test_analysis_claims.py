@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import claims as C
+from analysis.theory import claims as C
 
 EXPECTED = {
     "gelu_min_value": C.CONFIRMED,

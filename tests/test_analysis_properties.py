@@ -9,8 +9,8 @@ import pytest
 import sympy as sp
 import torch
 
-from analysis import properties as P
-from analysis import symbolic as S
+from analysis.theory import properties as P
+from analysis.theory import symbolic as S
 
 VALUE_TOL = 1e-10  # sympy-polished minima and Lipschitz constants
 NUMERIC_TOL = 1e-7  # grid + Brent refinement only

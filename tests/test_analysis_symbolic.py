@@ -14,7 +14,8 @@ from scipy.integrate import quad
 from scipy.optimize import minimize_scalar
 from scipy.special import erfc, expit, lambertw
 
-from analysis import symbolic as S
+from analysis.theory import symbolic as S
+from pipeline import gates
 
 LAM = S.LAM
 SUP_TOL = 1e-12  # sampled sup may exceed c/λ by float64 rounding only
@@ -142,8 +143,10 @@ def test_bad_arguments():
 
 def test_register_gate_derives_a_new_gate():
     # g(y) = σ(2y) = (1 + tanh y)/2: the sigmoid results at twice the hardness.
-    spec = S.GateSpec("tanh_step", "x·(1+tanh(λx))/2", lambda y: (1 + sp.tanh(y)) / 2, lambda y: 0.5 * (1 + torch.tanh(y)),
-                      tail_series=lambda k: ((-1) ** (k + 1), 2 * k))
+    sig = gates.gate_bounds("sigmoid")
+    spec = gates.GateFamily("tanh_step", "x·(1+tanh(λx))/2", lambda y: 0.5 * (1 + torch.tanh(y)), lambda y: (1 + sp.tanh(y)) / 2,
+                            lambda: gates.GateBounds(sig.gate_l1 / 2, sig.act_l1 / 4, sig.sup / 2),
+                            tail_series=lambda k: ((-1) ** (k + 1), 2 * k))
     S.register_gate(spec)
     try:
         assert sp.simplify(S.gate_l1_bound("tanh_step") - sp.log(2) / LAM) == 0

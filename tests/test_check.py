@@ -6,10 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.check import empirical_check, gate_sites
+from analysis.check import empirical_check
+from pipeline.activations import gate_sites
 from pipeline.activations import GELU, LambdaGELU
 from pipeline.data import Split
-from pipeline.hardness import SUP_GAP_C
+from pipeline.gates import gate_bounds
+
+SUP_GAP_C = gate_bounds("phi").sup
 
 STREAM_RTOL = 1e-10  # streamed float64 sums vs one-shot sums over the same values
 PRED_RTOL = 0.05  # p̂(0)·closed form vs empirical mean, for smooth N(0, 1) pre-activations at λ = 160

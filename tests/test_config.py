@@ -4,6 +4,7 @@ import pytest
 
 from pipeline import config
 from pipeline.errors import ConfigError
+from pipeline.stages import validate
 
 
 def test_defaults_are_the_paper_fashion_mnist_setup():
@@ -33,14 +34,14 @@ def test_booleans(text, value):
     ("train.optimizer=adam", "choose one of sgd, adamw"),
     ("data.download=maybe", "expects a boolean (true/false/1/0)"),
     ("data.name=mnist", "choose one of fashion_mnist, adult, digits"),
-    ("variants=lambda_gelu,swish", "choose from relu, gelu, lambda_gelu"),
+    ("variants=lambda_gelu,swish", "choose one of relu, gelu, lambda_gelu"),
     ("train.epochs", "must look like key.sub=value"),
     ("train=3", "train is a section"),
     ("gate.temperature=0", "gate.temperature must be > 0"),
 ])
 def test_errors_are_one_line_and_name_the_fix(override, needle):
     with pytest.raises(ConfigError) as e:
-        config.load(overrides=[override])
+        validate(config.load(overrides=[override]))  # fields, then registry names, as every entry point does
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 

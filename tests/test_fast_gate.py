@@ -1,4 +1,4 @@
-"""The fast λ-GELU kernels (pipeline/fastgate.py) against the float64 erf reference: values, ∂/∂x and ∂/∂λ,
+"""The λ-GELU kernels (pipeline/kernels/) against the float64 erf reference: values, ∂/∂x and ∂/∂λ,
 per-layer and per-channel λ, gradcheck, extremes, saved memory, and the kernel switch.
 
 `cpp` needs a C++ compiler (the first run on a machine builds it, ~20 s; later runs load the cached library);
@@ -10,9 +10,12 @@ import math
 import pytest
 import torch
 
-from pipeline import fastgate
+from pipeline import kernels as fastgate
+from pipeline.kernels import cpu, inductor
+from pipeline.kernels.common import layout
+from pipeline.kernels.status import Status
 from pipeline.activations import (
-    _LambdaGELUFunction, lambda_from_s, lambda_gelu, lambda_gelu_reference, lambda_gelu_s,
+    lambda_from_s, lambda_gelu, lambda_gelu_reference, lambda_gelu_s,
 )
 
 VALUE_ATOL = 2e-6  # float32 value vs float64: A&S erf (|Δerf| ≤ 1.5e-7) times |x| ≤ ~12, plus rounding
@@ -30,7 +33,7 @@ def cpp_available() -> bool:
     global _cpp_ok
     if _cpp_ok is None:
         with fastgate.use_kernel("cpp"):
-            _cpp_ok = fastgate.build_cpp()
+            _cpp_ok = cpu.build()
     return _cpp_ok
 
 
@@ -179,7 +182,7 @@ def test_frozen_lambda_and_noncontiguous_input(kernel):
 def test_unsupported_layout_falls_back_to_eager():
     x = torch.randn(6, 4)
     lam = _lam((6, 4))  # one λ per element: not a per-layer or per-channel layout
-    assert fastgate.layout(x, lam) is None
+    assert layout(x, lam) is None
     assert fastgate.backend_for(x, lam)[0] == "eager"
     g = torch.randn(6, 4)
     y, gx, gl = _run(x, lam, g, "auto")
@@ -227,11 +230,11 @@ def test_plain_expression_when_no_grad():
 
 @pytest.mark.parametrize("kernel", BACKENDS)
 def test_training_path_is_one_autograd_node(kernel):
-    """cpp: the C++-registered autograd Function; the others: `_LambdaGELUFunction`."""
+    """cpp: the C++-registered autograd Function; the others: `kernels.LambdaGELUFunction`."""
     x = torch.randn(4, 3, requires_grad=True)
     with fastgate.use_kernel(kernel):
         y = lambda_gelu(x, torch.tensor(1.5, requires_grad=True))
-    expected = "CppFunction" if kernel == "cpp" else _LambdaGELUFunction.__name__ + "Backward"
+    expected = "CppFunction" if kernel == "cpp" else fastgate.LambdaGELUFunction.__name__ + "Backward"
     assert type(y.grad_fn).__name__ == expected
     assert y.grad_fn.next_functions[0][0] is not None  # x's AccumulateGrad: one node between y and x
 
@@ -296,18 +299,9 @@ def test_lambda_from_s_saves_x_and_s(kernel):
     y.sum().backward()
 
 
-def test_maybe_compile_off_or_without_a_compiler_returns_the_model_as_is(monkeypatch):
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
-    assert fastgate.maybe_compile(model, False) is model
-    monkeypatch.setitem(fastgate._probe, "cpu", "RuntimeError: no C++ compiler")
-    with pytest.warns(RuntimeWarning, match="training eagerly"):
-        assert fastgate.maybe_compile(model, True) is model
-    assert model._compiled_call_impl is None  # not compiled
-
-
 def test_no_compiler_falls_back_to_eager_with_the_reason(monkeypatch):
-    monkeypatch.setattr(fastgate, "_cpp", fastgate._Status())  # as in a fresh process
-    monkeypatch.setattr(fastgate, "_compiler", lambda: None)
+    monkeypatch.setattr(cpu, "status", Status())  # as in a fresh process
+    monkeypatch.setattr(cpu, "_compiler", lambda: None)
     x, lam = torch.randn(16, 8), torch.tensor(1.5)
     with pytest.warns(RuntimeWarning, match="falling back to eager"):
         assert fastgate.backend_for(x, lam)[0] == "eager"
@@ -321,8 +315,8 @@ def test_failing_torch_compile_falls_back_to_eager(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no working compiler")
 
-    monkeypatch.setattr(fastgate, "_inductor", fastgate._Status())
-    monkeypatch.setattr(fastgate, "_compiled", {})
+    monkeypatch.setattr(inductor, "status", Status())
+    monkeypatch.setattr(inductor, "_compiled", {})
     monkeypatch.setattr(torch, "compile", broken)
     x, lam, g = torch.randn(16, 8), torch.tensor(1.5), torch.randn(16, 8)
     with fastgate.use_kernel("inductor"), pytest.warns(RuntimeWarning, match="falling back to eager"):

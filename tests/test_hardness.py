@@ -10,7 +10,10 @@ from torch import nn
 
 from pipeline.activations import GELU, Gate, LambdaGELU, hardenable_gates
 from pipeline.config import Config
-from pipeline.hardness import SUP_GAP_C, annealed_lambda, lambda_target, param_groups, switch_epoch
+from pipeline.gates import gate_bounds, lambda_target
+from pipeline.hardness import annealed_lambda, param_groups, switch_epoch
+
+SUP_GAP_C = gate_bounds("phi").sup
 from pipeline.models import Normalize, build_model, make_spec
 from pipeline.swap import replace_modules, to_relu
 from pipeline.data import DataInfo

@@ -43,7 +43,7 @@ def nets():
 def _quantize(net, spec, d, name, cfg: Config):
     """fp32 ONNX (normalization folded when possible) and its int8 QDQ file; returns (fp32, int8, pre)."""
     ds = digits()
-    folded = q8.fold_normalization(net, tuple(spec["input_shape"])) if cfg.quantize.fold_normalization else None
+    folded = ex.fold_normalization(net, tuple(spec["input_shape"])) if cfg.quantize.fold_normalization else None
     proto, _ = ex.to_onnx(folded if folded is not None else net, ds.val.x[:2], cfg.export.opset)
     fp32 = d / f"{name}.fp32.onnx"
     ex.save(proto, fp32)
@@ -85,7 +85,7 @@ def test_relu_mlp_int8_is_integer_only_after_optimization(quantized, tmp_path):
 
 def test_relu_cnn_int8_runs_qlinearconv_with_a_float_prologue(nets, quantized):
     net, spec = nets[("relu", "cnn")]
-    assert q8.fold_normalization(net, tuple(spec["input_shape"])) is None  # padding: no exact fold
+    assert ex.fold_normalization(net, tuple(spec["input_shape"])) is None  # padding: no exact fold
     counts = ort_util.optimized_op_counts(quantized[("relu", "cnn")][1])
     assert counts["QLinearConv"] == 2 and counts["QGemm"] == 2
     assert ort_util.float_ops(counts) == {"Mul": 1, "Add": 1}  # the input's normalization, nothing else
@@ -109,7 +109,7 @@ def test_gelu_stays_float_between_dequantize_and_quantize(act, float_ops, quanti
 
 def test_fold_normalization_is_exact(nets):
     net, spec = nets[("relu", "mlp")]
-    folded = q8.fold_normalization(net, tuple(spec["input_shape"]))
+    folded = ex.fold_normalization(net, tuple(spec["input_shape"]))
     assert "norm" not in dict(folded.named_children()) and "norm" in dict(net.named_children())
     x = digits().val.x
     with torch.no_grad():

@@ -5,6 +5,8 @@ configs/ runs train → harden → swap end to end on synthetic data of its real
 
 from __future__ import annotations
 
+import copy
+
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -19,7 +21,7 @@ from pipeline.activations import Gate, hardenable_gates, layer_lambdas
 from pipeline.cli import main
 from pipeline.config import GateConfig, ModelConfig
 from pipeline.hardness import param_groups
-from pipeline.models import build_model, clone
+from pipeline.models import build_model
 from pipeline.swap import to_relu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +90,7 @@ def test_swap_reaches_every_gate_in_the_module_tree(name):
     x, _ = _batch(name)
     with torch.no_grad():
         smooth = model(x)
-        swapped = to_relu(clone(model))
+        swapped = to_relu(copy.deepcopy(model))
         hard = swapped(x)
     assert not any(isinstance(m, Gate) for m in swapped.modules())
     assert sum(isinstance(m, nn.ReLU) for m in swapped.modules()) == TINY[name][3]
@@ -170,13 +172,13 @@ def test_gpu_config_runs_train_harden_swap_at_tiny_size(cfg_name, tmp_path, monk
     overrides, (shape, classes, mean, std) = GPU_CONFIGS[cfg_name]
     cfg = config_mod.load(ROOT / "configs" / cfg_name)
     monkeypatch.setitem(data.DATASETS, cfg.data.name, _synthetic(cfg.data.name, shape, classes, mean, std))
-    train._cached_dataset.cache_clear()
+    data._cached_dataset.cache_clear()
     try:
         code = main(["run", "-c", str(ROOT / "configs" / cfg_name), *overrides, f"out_dir={tmp_path}", "name=tiny",
                      "train.epochs=4", "data.batch_size=8", "data.eval_batch_size=8", "stages=train,harden,swap",
                      "device=cpu", "threads=1"])
     finally:
-        train._cached_dataset.cache_clear()
+        data._cached_dataset.cache_clear()
     assert code == 0
     run = tmp_path / "tiny"
     swap = json.loads((run / "swap" / "swap.json").read_text())

@@ -15,7 +15,7 @@ import torch
 
 from pipeline import checkpoint
 from pipeline.cli import main
-from pipeline.hardness import lambda_target
+from pipeline.gates import lambda_target
 from pipeline.rundir import sha256
 from pipeline.stages import STAGES
 

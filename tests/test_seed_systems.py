@@ -13,18 +13,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis import symbolic as S
-from analysis.linked import activation_sites, dead_units, unfold_linked_relu
+from analysis.linked import dead_units
+from analysis.theory import symbolic as S
 from analysis.zoo import PAPER_TABLE1, ZOO, render_markdown
 from pipeline.activations import (
+    activation_sites,
     ACTIVATIONS, RELU_FORMS, GateContext, LambdaSwish, Linked, hardenable_gates, lambda_serf, lambda_swish, serf,
     swapped_activation,
 )
 from pipeline.config import GateConfig, ModelConfig
 from pipeline.data import DataInfo, Split
-from pipeline.hardness import CRITERIA, GATE_BOUNDS, gate_bounds, lambda_target
+from pipeline.gates import CRITERIA, GATES, gate_bounds, lambda_target
 from pipeline.models import build_model, make_spec, parameter_count
-from pipeline.swap import relu_spec, to_relu
+from pipeline.swap import relu_spec, to_relu, unfold_linked_relu
 
 # Tolerances
 SERF64_RTOL, SERF64_ATOL = 1e-13, 1e-300  # float64 SERF vs 50-digit mpmath
@@ -262,7 +263,7 @@ def test_dead_units_match_brute_force():
 
 
 def test_hardness_constants_equal_symbolic():
-    for gate in GATE_BOUNDS:
+    for gate in GATES:
         b = gate_bounds(gate)
         rel = EXACT_REL if gate in ("phi", "sigmoid") else NUMERIC_REL
         assert b.gate_l1 == pytest.approx(float(S.gate_l1_bound(gate) * S.LAM), rel=rel), gate
@@ -274,12 +275,12 @@ def test_hardness_constants_equal_symbolic():
     assert lambda_target(5e-3, gate="sigmoid") == pytest.approx(2 * math.log(2) / 5e-3, rel=EXACT_REL)
     assert lambda_target(5e-3, gate="serf") == pytest.approx(215.7209, abs=1e-4)
     assert S.sup_constant("serf").side == -1 and float(S.sup_constant("serf").c) == pytest.approx(0.348437, abs=1e-6)
-    with pytest.raises(ValueError, match="no bounds"):
+    with pytest.raises(ValueError, match="unknown gate"):
         lambda_target(5e-3, gate="nope")
 
 
 def _gate64(gate: str):
-    return S.GATES[gate].torch_fn
+    return S.GATES[gate].g
 
 
 @pytest.mark.parametrize("gate", ["sigmoid", "serf", "mish"])

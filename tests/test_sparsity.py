@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import csv
 import json
 
@@ -14,7 +16,7 @@ from analysis import sparsity as sp
 from pipeline.activations import Gate, Linked
 from pipeline.data import Split
 from pipeline.config import GateConfig, ModelConfig
-from pipeline.models import build_model, clone, make_spec
+from pipeline.models import build_model, make_spec
 from quantize import export as ex
 from quantize import ort as ort_util
 
@@ -88,7 +90,7 @@ def test_unit_stats_equal_a_brute_force_count(case, nets):
 
 
 def test_pruning_an_mlp_is_exact_and_drops_rows_and_columns(nets):
-    model = clone(nets[("relu", "mlp")][0])
+    model = copy.deepcopy(nets[("relu", "mlp")][0])
     _kill(model.fc0, [3, 10, 17])
     _kill(model.fc1, [0, 5])
     a = sp.apoz(sp.unit_stats(model, digits().val, STREAM_BATCH))
@@ -106,7 +108,7 @@ def test_pruning_an_mlp_is_exact_and_drops_rows_and_columns(nets):
 
 
 def test_pruning_a_cnn_drops_channels_and_flattened_columns(nets):
-    model = clone(nets[("relu", "cnn")][0])
+    model = copy.deepcopy(nets[("relu", "cnn")][0])
     _kill(model.conv0, [2])
     _kill(model.conv1, [5, 9])  # the last conv: its channels own 4x4 columns each of fc after Flatten
     _kill(model.fc, [4])
@@ -125,7 +127,7 @@ def test_pruning_a_cnn_drops_channels_and_flattened_columns(nets):
 
 
 def test_a_layer_with_every_unit_dead_keeps_one(nets):
-    model = clone(nets[("relu", "mlp")][0])
+    model = copy.deepcopy(nets[("relu", "mlp")][0])
     _kill(model.fc1, list(range(32)))
     pruned, removed = sp.prune_dead(model, {"act1": np.ones(32, bool)})
     assert removed == {"act1": 31} and pruned.fc1.out_features == 1 and pruned.head.in_features == 1
@@ -135,7 +137,7 @@ def test_a_layer_with_every_unit_dead_keeps_one(nets):
 
 def test_sparsity_stage(nets, tmp_path):
     lam, lam_spec = nets[("lambda_gelu", "mlp")]
-    lam = clone(lam)
+    lam = copy.deepcopy(lam)
     _kill(lam.fc1, [1, 2])  # dead in the smooth model too, so the swapped model has dead units for sure
     run = make_run(tmp_path, {"lambda_gelu": (lam, lam_spec), "relu": nets[("relu", "cnn")]})
     result = sp.run_sparsity(run.cfg, run)

@@ -17,7 +17,6 @@ Criteria for λ_target (the smallest λ whose bound is ≤ ε):
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,6 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import sympy as sp
 import torch
+
+from pipeline import gates
 
 from . import gate_numeric
 
@@ -62,52 +63,13 @@ def _timed(key: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# Gate registry
+# Gates: the families of `pipeline.gates` (name, sympy form g(y), torch g, tail series, numeric flag).
+# `tail_series`, if given, expands the tail 1 − g(u) for u > 0 as Σ_{k≥1} a(k)·e^{−b(k)u}: it is used
+# when sympy cannot integrate a moment of the tail directly (termwise integration is justified by
+# dominated convergence; the partial sums are bounded by the first term). A `numeric` family has no
+# closed forms: every constant comes from `gate_numeric.derive` (mpmath, error estimates stated there).
 
-
-@dataclass(frozen=True)
-class GateSpec:
-    """One gate g of the family x·g(λx).
-
-    `sym` builds g(y) as a sympy expression; `torch_fn` evaluates it on tensors (float64 in the
-    checks). `tail_series`, if given, expands the tail 1 − g(u) for u > 0 as Σ_{k≥1} a(k)·e^{−b(k)u}:
-    it is used when sympy cannot integrate a moment of the tail directly (termwise integration
-    is justified by dominated convergence; the partial sums are bounded by the first term).
-    """
-
-    name: str
-    label: str
-    sym: Callable[[sp.Expr], sp.Expr]
-    torch_fn: Callable[[torch.Tensor], torch.Tensor]
-    tail_series: Callable[[sp.Symbol], tuple[sp.Expr, sp.Expr]] | None = None
-    # No closed forms (and not symmetric): every constant comes from `gate_numeric.derive` (mpmath
-    # quadrature and root finding, error estimates stated there) and is returned as a Float.
-    numeric: bool = False
-
-
-def _phi_sym(y: sp.Expr) -> sp.Expr:
-    return (1 + sp.erf(y / sp.sqrt(2))) / 2
-
-
-def _phi_torch(y: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.erfc(-y / math.sqrt(2.0))  # erfc keeps the left tail accurate
-
-
-GATES: dict[str, GateSpec] = {
-    "phi": GateSpec("phi", "λ-GELU  x·Φ(λx)", _phi_sym, _phi_torch),
-    "sigmoid": GateSpec(
-        "sigmoid",
-        "λ-Swish  x·σ(λx)",
-        lambda y: 1 / (1 + sp.exp(-y)),
-        torch.sigmoid,
-        # 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku} for u > 0
-        tail_series=lambda k: ((-1) ** (k + 1), k),
-    ),
-    "serf": GateSpec("serf", "λ-SERF  x·erf(softplus(λx))", gate_numeric.serf_gate,
-                     lambda y: torch.erf(torch.nn.functional.softplus(y)), numeric=True),
-    "mish": GateSpec("mish", "λ-Mish  x·tanh(softplus(λx))", gate_numeric.mish_gate,
-                     lambda y: torch.tanh(torch.nn.functional.softplus(y)), numeric=True),
-}
+GATES = gates.GATES
 
 
 def _numeric(gate: str) -> gate_numeric.NumericGate | None:
@@ -119,25 +81,22 @@ def _float(v) -> sp.Float:
     return sp.Float(v, NSOLVE_PREC) if abs(v) != float("inf") else (sp.oo if v > 0 else -sp.oo)
 
 
-def register_gate(spec: GateSpec) -> None:
-    """Add a gate to the registry. Replacing an existing name clears the derivation caches."""
-    replacing = spec.name in GATES
-    GATES[spec.name] = spec
+def register_gate(fam: gates.GateFamily) -> None:
+    """Add a gate family (to `pipeline.gates`); replacing an existing name clears the derivation caches."""
+    replacing = fam.name in GATES
+    gates.register(fam)
     if replacing:
         for fn in _CACHED:
             fn.cache_clear()
 
 
-def _gate(name: str) -> GateSpec:
-    try:
-        return GATES[name]
-    except KeyError:
-        raise ValueError(f"unknown gate {name!r}; registered gates: {sorted(GATES)}") from None
+def _gate(name: str) -> gates.GateFamily:
+    return gates.family(name)
 
 
 def smooth_activation(x: torch.Tensor, lam: float | torch.Tensor, gate: str = "phi") -> torch.Tensor:
     """x·g(λx) evaluated with the registry's torch gate (the numeric reference for checks)."""
-    return x * _gate(gate).torch_fn(lam * x)
+    return _gate(gate).f(x, lam)
 
 
 # ---------------------------------------------------------------------------------------------

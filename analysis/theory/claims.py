@@ -19,6 +19,8 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
+from pipeline import render
+
 from . import properties, symbolic
 
 CONFIRMED, APPROX, WRONG = "confirmed", "approximately true", "wrong"
@@ -554,17 +556,8 @@ def claims_table() -> list[dict[str, Any]]:
 
 
 def render_markdown(rows: list[dict[str, Any]]) -> str:
-    def esc(s: Any) -> str:
-        return "" if s is None else str(s).replace("|", "\\|").replace("\n", " ")
-
-    lines = [
-        "| paper | where | statement | stated | derived | verdict | correct value / note |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        tail = "; ".join(s for s in (r["correct"], r["note"]) if s)
-        verdict = f"**{r['verdict']}**" if r["verdict"] == WRONG else r["verdict"]
-        lines.append(
-            "| " + " | ".join(esc(v) for v in (r["source"], r["where"], r["statement"], r["stated"], r["derived"], verdict, tail)) + " |"
-        )
-    return "\n".join(lines) + "\n"
+    cells = [[r["source"], r["where"], r["statement"], r["stated"], r["derived"],
+              f"**{r['verdict']}**" if r["verdict"] == WRONG else r["verdict"],
+              "; ".join(s for s in (r["correct"], r["note"]) if s)] for r in rows]
+    return render.table(["paper", "where", "statement", "stated", "derived", "verdict", "correct value / note"],
+                        [[c if isinstance(c, str) else ("" if c is None else str(c)) for c in row] for row in cells]) + "\n"

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
+from pipeline import render
+
 ActivationFn = Callable[[torch.Tensor], torch.Tensor]
 SympyForm = Callable[[sp.Symbol], sp.Expr]
 
@@ -397,24 +399,21 @@ COLUMNS = (
 
 
 def render_markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| " + " | ".join(t for _, t in COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    lines = [head, sep]
+    cells = []
     for r in rows:
-        cells = []
+        line = []
         for key, _ in COLUMNS:
             v = r.get(key)
             if key == "argmin" and v is None:
-                v = r.get("argmin_set") or "not attained"
-                cells.append(str(v))
+                line.append(str(r.get("argmin_set") or "not attained"))
             elif key == "monotone":
-                cells.append("yes" if v else "no")
+                line.append("yes" if v else "no")
             elif isinstance(v, float) or v is None:
-                cells.append(_fmt_float(v))
+                line.append(_fmt_float(v))
             else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+                line.append(str(v))
+        cells.append(line)
+    return render.table([t for _, t in COLUMNS], cells) + "\n"
 
 
 def jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

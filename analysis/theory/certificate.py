@@ -1,7 +1,7 @@
 """A sound bound on how far any logit moves when every λ-GELU gate of a feed-forward network is
 replaced by ReLU (the swap stage), and the fraction of samples whose prediction provably survives.
 
-Per unit, |ReLU(z) − z·Φ(λz)| ≤ c/λ for every z (c = max_u u·Φ(−u), `symbolic.sup_constant`), and
+Per unit, |ReLU(z) − z·Φ(λz)| ≤ c/λ for every z (c = max_u u·Φ(−u), `pipeline.gates`), and
 ReLU is 1-Lipschitz. If the swapped network's gate input is z + Δ with |Δ| ≤ δ elementwise, then
 
     |ReLU(z + Δ) − f_λ(z)| ≤ |ReLU(z + Δ) − ReLU(z)| + |ReLU(z) − f_λ(z)| ≤ δ + c/λ      (global)
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import symbolic
-
-# Gate name for a module with a `.lam`, by class name; anything not listed is the Φ gate (λ-GELU).
-GATE_OF_CLASS: dict[str, str] = {"LambdaGELU": "phi", "LambdaSwish": "sigmoid"}
+from pipeline import gates
+from pipeline.activations import gate_of
 
 SUPPORTED = (
     "nn.Linear, nn.Conv2d, nn.Flatten, nn.ReLU, nn.Identity, nn.Dropout (eval), nn.BatchNorm1d/2d (eval), "
@@ -42,8 +40,8 @@ SUPPORTED = (
 
 
 def gate_constant(gate: str = "phi") -> float:
-    """c with sup_z |ReLU(z) − z·g(λz)| = c/λ, rounded up to the next float (the bound stays sound)."""
-    return math.nextafter(float(symbolic.sup_constant(gate).c), math.inf)
+    """c with sup_z |ReLU(z) − z·g(λz)| ≤ c/λ (`pipeline.gates`, nudged up so the bound stays sound)."""
+    return gates.sup_constant(gate)
 
 
 def _leaves(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -57,19 +55,11 @@ def _leaves(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 
 def _gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
-    """(gate name, λ as a flat float64 tensor) for a swappable gate, else None."""
-    if hasattr(m, "lam"):
-        lam = torch.as_tensor(m.lam).detach().to(torch.float64).reshape(-1)
-        return getattr(m, "GATE", None) or GATE_OF_CLASS.get(type(m).__name__, "phi"), lam
-    if getattr(m, "GATE", None) in symbolic.GATES and hasattr(m, "to_relu"):  # a pipeline gate at λ = 1 (SiLU, SERF, Mish)
-        return m.GATE, torch.ones(1, dtype=torch.float64)
-    if isinstance(m, nn.GELU):
-        if m.approximate != "none":
-            raise TypeError("nn.GELU(approximate='tanh') is not x·Φ(x); no bound for it here")
-        return "phi", torch.ones(1, dtype=torch.float64)
-    if type(m).__name__ == "GELU":  # the pipeline's exact GELU gate
-        return "phi", torch.ones(1, dtype=torch.float64)
-    return None
+    """(gate family, λ as a flat float64 tensor) for a swappable gate, else None (`activations.gate_of`);
+    nn.GELU(approximate='tanh') is a gate of no family here, so no bound can be given for it."""
+    if isinstance(m, nn.GELU) and m.approximate != "none":
+        raise TypeError("nn.GELU(approximate='tanh') is not x·Φ(x); no bound for it here")
+    return gate_of(m)
 
 
 def _per_unit(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -225,17 +215,8 @@ def certified_fraction(logits: torch.Tensor, bound: torch.Tensor | float) -> flo
     return float(certified_mask(logits, bound).to(torch.float64).mean())
 
 
-def relu_swapped(model: nn.Module, make_relu: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
-    """A copy of `model` with every gate replaced by ReLU (for checks; the pipeline has its own swap)."""
-    make = make_relu or (lambda m: nn.ReLU())
-    net = copy.deepcopy(model)
+def relu_swapped(model: nn.Module) -> nn.Module:
+    """A copy of `model` with every gate replaced by ReLU (`pipeline.swap.to_relu`, the swap stage's walker)."""
+    from pipeline.swap import to_relu
 
-    def walk(mod: nn.Module) -> None:
-        for name, child in mod.named_children():
-            if _gate_of(child) is not None:
-                setattr(mod, name, make(child))
-            else:
-                walk(child)
-
-    walk(net)
-    return net
+    return to_relu(copy.deepcopy(model))

@@ -89,7 +89,7 @@ def _stationary(dfn: Callable, lo: float, hi: float) -> list[mpmath.mpf]:
 
 @functools.lru_cache(maxsize=None)
 def derive(name: str, sym: Callable[[sp.Expr], sp.Expr]) -> NumericGate:
-    """All constants of the gate g = sym(y) (a sympy builder, as in `symbolic.GateSpec.sym`)."""
+    """All constants of the gate g = sym(y) (a sympy builder, as in `pipeline.gates.GateFamily.sym`)."""
     t0 = time.perf_counter()
     u = _U
     g = sym(u)
@@ -128,13 +128,3 @@ def derive(name: str, sym: Callable[[sp.Expr], sp.Expr]) -> NumericGate:
             min_u=min_u, min_value=min_value, lipschitz=lip, u_star=u_star, min_slope=min(v for v, _ in cands),
             seconds=time.perf_counter() - t0,
         )
-
-
-def serf_gate(y: sp.Expr) -> sp.Expr:
-    """SERF's gate erf(ln(1 + e^y))."""
-    return sp.erf(sp.log(1 + sp.exp(y)))
-
-
-def mish_gate(y: sp.Expr) -> sp.Expr:
-    """Mish's gate tanh(ln(1 + e^y))."""
-    return sp.tanh(sp.log(1 + sp.exp(y)))

@@ -1,0 +1,149 @@
+"""λ-GELU kernels: x·Φ(λx) forward and backward, each in one pass over memory, saving only x and λ.
+
+One registry of backends (`KERNELS`) and one process-wide choice (`use_kernel` sets it for a block and
+restores it; the LAMBDA_GELU_KERNEL environment variable sets the default):
+
+  cpp       our fused CPU kernel (`lambda_gelu.cpp`, float32/float64; `cpu.py` builds and loads it)
+  inductor  `torch.compile`d forward/backward bodies (`inductor.py`)
+  eager     native ATen ops (`eager.py`): the fused `gelu_backward` for ∂/∂x, in-place passes for ∂/∂λ
+  auto      cpp on CPU, inductor on CUDA, eager for everything else (default)
+
+A kernel that cannot be built or compiled is recorded with its reason (`status()`), warned about once, and
+the call falls back to eager: training never fails for want of a compiler. `pipeline.activations` calls
+`apply` / `apply_s` here on the training path only; exports and no-grad evaluation use plain expressions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Iterator
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import cpu, eager, inductor
+from .common import layout
+
+KERNELS = {
+    "auto": "cpp on CPU, inductor on CUDA, eager otherwise",
+    "cpp": "fused CPU kernel (lambda_gelu.cpp), float32/float64, autograd in C++",
+    "inductor": "torch.compile'd forward and backward bodies",
+    "eager": "native ATen ops",
+}
+ENV_KERNEL = "LAMBDA_GELU_KERNEL"
+
+
+def _env_kernel() -> str:
+    name = os.environ.get(ENV_KERNEL, "auto").strip().lower() or "auto"
+    if name not in KERNELS:
+        warnings.warn(f"{ENV_KERNEL}={name!r} is not one of {', '.join(KERNELS)}; using auto", stacklevel=2)
+        return "auto"
+    return name
+
+
+_kernel = _env_kernel()
+
+
+def get_kernel() -> str:
+    return _kernel
+
+
+def set_kernel(name: str) -> None:
+    """Process-wide kernel choice; prefer `use_kernel`, which restores the previous one."""
+    global _kernel
+    if name not in KERNELS:
+        raise ValueError(f"λ-GELU kernel {name!r} is unknown; choose one of {', '.join(KERNELS)}")
+    _kernel = name
+
+
+@contextlib.contextmanager
+def use_kernel(name: str) -> Iterator[None]:
+    previous = _kernel
+    set_kernel(name)
+    try:
+        yield
+    finally:
+        set_kernel(previous)
+
+
+def backend_for(x: torch.Tensor, lam: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
+    """The kernel that will run for these tensors now, and its layout."""
+    mode = _kernel
+    if mode == "eager":
+        return "eager", None
+    lay = layout(x, lam)
+    if lay is None:
+        return "eager", None
+    cpp_ok = cpu.supports(x, lam)
+    if mode == "cpp" or (mode == "auto" and cpp_ok):
+        if cpp_ok and cpu.build():
+            return "cpp", lay
+        return "eager", None
+    if mode == "inductor" or (mode == "auto" and x.device.type == "cuda"):
+        return ("inductor", lay) if inductor.status.ready is not False else ("eager", None)
+    return "eager", None
+
+
+def forward(x: torch.Tensor, lam: torch.Tensor, backend: tuple[str, Any]) -> torch.Tensor:
+    name, lay = backend
+    if name == "cpp":
+        return cpu.forward(x, lam, lay)
+    if name == "inductor":
+        out = inductor.forward(x, lam)
+        if out is not None:
+            return out
+    return eager.forward(x, lam)
+
+
+def backward(grad, x, lam, backend: tuple[str, Any], need_x: bool, need_lam: bool):
+    name, lay = backend
+    if name == "cpp":
+        return cpu.backward(grad, x, lam, lay, need_x, need_lam)
+    if name == "inductor":
+        out = inductor.backward(grad, x, lam, need_lam)
+        if out is not None:
+            return (out[0] if need_x else None), out[1]
+    return eager.backward(grad, x, lam, need_x, need_lam)
+
+
+class LambdaGELUFunction(torch.autograd.Function):
+    """x·Φ(λx) through the chosen backend, one pass each way; saves only x and λ for backward, as GELU
+    saves x. (The cpp backend skips this class: its autograd is registered in C++.)"""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:  # lam broadcasts to x
+        ctx.backend = backend_for(x, lam)
+        ctx.save_for_backward(x, lam)
+        return forward(x, lam, ctx.backend)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, lam = ctx.saved_tensors
+        return backward(grad, x, lam, ctx.backend, *ctx.needs_input_grad[:2])
+
+
+def apply(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """λ-GELU with autograd through the current kernel choice (λ broadcasts to x)."""
+    name, lay = backend_for(x, lam)
+    if name == "cpp":
+        return cpu.fused(x, lam, lay)
+    return LambdaGELUFunction.apply(x, lam)
+
+
+def apply_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor | None:
+    """λ-GELU with λ = 1 + softplus(s/t) computed inside the op (s shaped to broadcast like λ), so the
+    gradient flows to s directly; None when no backend for these tensors does that (the caller then
+    computes λ and calls `apply`)."""
+    name, lay = backend_for(x, s)
+    if name != "cpp":
+        return None
+    return cpu.fused_s(x, s, t, lay)
+
+
+def status() -> dict[str, Any]:
+    """The kernel choice and what each backend did in this process (record it next to timings)."""
+    return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "inductor": inductor.status.as_dict(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
