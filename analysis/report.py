@@ -80,6 +80,10 @@ def section_training(cfg: Config, run: RunDir) -> str | None:
                 learned = table_[:e_s]
                 body.append(f"`{v}`: drift of the learned phase V_λ = {hardness.drift(learned):.4f} over epochs 1..{e_s}; "
                             f"λ(e_s) per layer = {', '.join(f'{x:.3f}' for x in learned[-1])}.")
+    harden = run.manifest()["stages"].get("harden", {}).get("metrics") or {}
+    for v in cfg.variants:
+        if isinstance(harden.get(v), dict) and harden[v].get("warning"):
+            body.append(f"**Warning** ({v}): {harden[v]['warning']}.")
     _plot_curves(rows, cfg.variants, metric_col, figs / "validation.png")
     return "\n\n".join(["## Training (Algorithm 1)",
                         table(["variant", "best epoch", f"best {metric_col}", f"last {metric_col}", "mean λ at best"], summary),

@@ -285,7 +285,7 @@ def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequenti
     test64, agree_test = max_logit_diff(relu, pruned, ds.test, bs, torch.float64)
     spec = pruned_spec(payload["spec"], pruned)
     checkpoint.save(run.file("sparsity", variant, "pruned.pt"), pruned, spec,
-                    source=str(run.file("swap", variant, "relu.pt")), removed=removed)
+                    source=f"swap/{variant}/relu.pt", removed=removed)  # relative: identical runs, identical bytes
     rebuilt, _ = checkpoint.load_model(run.file("sparsity", variant, "pruned.pt"))  # the spec really rebuilds it
     xval = ds.val.x[:cfg.export.check_samples]
     proto, _ = export_mod.to_onnx(rebuilt, xval[:2], cfg.export.opset, cfg.export.simplify,

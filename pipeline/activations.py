@@ -22,32 +22,68 @@ from .gates import GATES, lambda_target
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
+def with_limits(x: torch.Tensor, lam: torch.Tensor, g: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """x·g(λx) for a step-like gate g, equal to its limits where λx = ±∞ (x there, 0 at −∞; never inf·0 = NaN),
+    with the limits' gradients there too (∂f/∂x = 1 or 0, ∂f/∂λ = 0). Elsewhere exactly x·g(λx)."""
+    z = lam * x
+    inf = torch.isinf(z)
+    xs = torch.where(inf, torch.zeros((), dtype=x.dtype, device=x.device), x)
+    return torch.where(inf & (z > 0), x, xs * g(lam * xs))
+
+
+def _phi(z: torch.Tensor) -> torch.Tensor:
+    return 0.5 * torch.erfc(-z * INV_SQRT2)  # erfc: float32 relative accuracy in the far left tail, where 1 + erf cancels
+
+
 def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
-    """λ-GELU(x) = x·Φ(λx). Exports to ONNX as Mul → Gelu/Erf → Div (plain expression path)."""
+    """λ-GELU(x) = x·Φ(λx). Exports to ONNX as Mul → Gelu → Div (GELU(λx)/λ, the exporter's path)."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
-    # The TorchScript ONNX exporter traces (is_tracing); the dynamo one compiles (is_compiling).
-    if not torch.is_grad_enabled() or torch.jit.is_tracing():
+    # The TorchScript ONNX exporter traces (is_tracing); the dynamo one compiles (is_compiling). ONNX has no
+    # Erfc: the graph keeps GELU(λx)/λ and its runtime's Gelu decides the far tail.
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return F.gelu(x * lam) / lam
+    if not torch.is_grad_enabled():
+        return with_limits(x, lam, _phi)
     if torch.compiler.is_compiling():  # a compiled graph fuses and differentiates the product form itself
-        return F.gelu(x * lam) / lam if torch.onnx.is_in_onnx_export() else lambda_gelu_reference(x, lam)
+        return lambda_gelu_reference(x, lam)
     # training: the chosen kernel (pipeline.kernels), one autograd node per layer
     return kernels.apply(x, lam)
 
 
+def channel_axis(x: torch.Tensor) -> int:
+    """Where a per-channel λ varies: dim 1 of [N, C] features and [N, C, H, W] images, the last dim of token
+    sequences [B, T, C] (a transformer's features)."""
+    return x.dim() - 1 if x.dim() == 3 else 1
+
+
+def per_channel(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A [1] or [C] parameter viewed to broadcast against x along `channel_axis`."""
+    if p.numel() == 1:
+        return p.reshape(())
+    shape = [1] * x.dim()
+    shape[channel_axis(x)] = -1
+    return p.view(shape)
+
+
+def _kernel_path(x: torch.Tensor) -> bool:
+    """Training (autograd on, not tracing for export, not inside torch.compile): the fused kernels serve."""
+    return torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+
+
 def lambda_gelu_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor:
-    """λ-GELU with λ = 1 + softplus(s/t) from the hardness parameter s ([1] per layer, [C] per channel on
-    dim 1 of x). Training on CPU computes λ inside the fused kernel; otherwise `lambda_gelu(x, λ(s))`."""
-    s = s.reshape(()) if s.numel() == 1 else s.view(1, -1, *([1] * (x.dim() - 2)))
-    if torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
-        y = kernels.apply_s(x, s.to(x.dtype), t)
+    """λ-GELU with λ = 1 + softplus(s/t) from the hardness parameter s ([1] per layer, [C] per channel along
+    `channel_axis`). Training computes λ inside the fused kernel where one runs; otherwise `lambda_gelu(x, λ(s))`."""
+    s = per_channel(s, x)
+    if _kernel_path(x):
+        y = kernels.apply_s(x, s, t, "phi")
         if y is not None:
             return y
     return lambda_gelu(x, lambda_from_s(s, t))
 
 
 def lambda_gelu_reference(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
-    """Plain erf-based autograd form; the float64 reference in tests."""
-    return x * 0.5 * (1.0 + torch.erf(lam * x * INV_SQRT2))
+    """Plain autograd form x·Φ(λx) with its limits at ±∞ (erfc-based); the float64 reference in tests."""
+    return with_limits(x, torch.as_tensor(lam, dtype=x.dtype, device=x.device), _phi)
 
 
 def lambda_from_s(s: torch.Tensor, t: float) -> torch.Tensor:
@@ -96,11 +132,16 @@ class HardenableGate(Gate):
         self.temperature = float(temperature)
         self.register_buffer("lam_fixed", torch.ones_like(s.detach()))
         self.register_buffer("frozen", torch.tensor(False))
+        self._frozen = False  # the buffer's value on the host: forward must not read a GPU buffer every step
+        self.register_load_state_dict_post_hook(lambda module, _: module._sync_frozen())
+
+    def _sync_frozen(self) -> None:
+        self._frozen = bool(self.frozen)
 
     @property
     def lam(self) -> torch.Tensor:
         """Current λ, shape like s."""
-        if bool(self.frozen):
+        if self._frozen:
             return self.lam_fixed
         return lambda_from_s(self.s, self.temperature)
 
@@ -108,12 +149,25 @@ class HardenableGate(Gate):
         """Stop learning s and use the given λ (annealing step of Algorithm 1)."""
         self.lam_fixed.copy_(torch.as_tensor(lam, dtype=self.lam_fixed.dtype).expand_as(self.lam_fixed))
         self.frozen.fill_(True)
+        self._frozen = True
 
     def _lam_for(self, x: torch.Tensor) -> torch.Tensor:
-        lam = self.lam
-        if lam.numel() == 1:
-            return lam.reshape(())
-        return lam.view(1, -1, *([1] * (x.dim() - 2)))  # per channel: dim 1 of [N, C, ...]
+        return per_channel(self.lam, x)
+
+    @staticmethod
+    def expression(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """x·g(λx) as a differentiable expression (each gate defines it)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Training goes through a fused kernel where one serves this gate: λ from s inside the op while s is
+        # learned, the frozen λ buffer while annealing; otherwise the gate's own expression.
+        if _kernel_path(x):
+            y = (kernels.apply_frozen(x, per_channel(self.lam_fixed, x), self.GATE) if self._frozen
+                 else kernels.apply_s(x, per_channel(self.s, x), self.temperature, self.GATE))
+            if y is not None:
+                return y
+        return self.expression(x, self._lam_for(x))
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.s.shape)}, t={self.temperature}"
@@ -121,9 +175,7 @@ class HardenableGate(Gate):
 
 class LambdaGELU(HardenableGate):
     GATE = "phi"  # x·Φ(λx)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lambda_gelu(x, self._lam_for(x))
+    expression = staticmethod(lambda x, lam: lambda_gelu(x, lam))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +187,9 @@ def lambda_swish(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
     """x·σ(λx) (= SiLU(λx)/λ). Kept as a product: autograd's ∂/∂λ of SiLU(λx)/λ is a difference of two
     terms ≈ x/λ that cancel for λx ≫ 1, while the product gives x²·σ'(λx) directly. ONNX: Mul → Sigmoid → Mul."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
-    return x * torch.sigmoid(lam * x)
+    if torch.jit.is_tracing():
+        return x * torch.sigmoid(lam * x)
+    return with_limits(x, lam, torch.sigmoid)
 
 
 def lambda_serf(x: torch.Tensor, lam: torch.Tensor | float = 1.0) -> torch.Tensor:
@@ -143,7 +197,9 @@ def lambda_serf(x: torch.Tensor, lam: torch.Tensor | float = 1.0) -> torch.Tenso
     log1p(eˣ) below, and every factor of the autograd derivative is bounded (erf' = 2/√π·e^{−s²} ≤ 2/√π,
     σ ≤ 1), so no inf·0 at |x| = 1e4. ONNX: Mul → Softplus → Erf → Mul."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
-    return x * torch.erf(F.softplus(lam * x))
+    if torch.jit.is_tracing():
+        return x * torch.erf(F.softplus(lam * x))
+    return with_limits(x, lam, lambda z: torch.erf(F.softplus(z)))
 
 
 def serf(x: torch.Tensor) -> torch.Tensor:
@@ -174,16 +230,12 @@ class Mish(Gate):
 
 class LambdaSwish(HardenableGate):
     GATE = "sigmoid"  # x·σ(λx)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lambda_swish(x, self._lam_for(x))
+    expression = staticmethod(lambda x, lam: lambda_swish(x, lam))
 
 
 class LambdaSERF(HardenableGate):
     GATE = "serf"  # x·erf(softplus(λx))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lambda_serf(x, self._lam_for(x))
+    expression = staticmethod(lambda x, lam: lambda_serf(x, lam))
 
 
 class LogSigmoid(nn.Module):

@@ -25,17 +25,15 @@ def save(path: Path, model: nn.Module, spec: dict[str, Any], **extra: Any) -> No
 def load_payload(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} is missing; rerun the stage that writes it")
+        raise CheckpointError(f"checkpoint {path} is missing", path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as exc:  # truncated zip, wrong pickle, ...: all mean the same to the user
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it and rerun its stage (pipeline run --resume <run> --redo <stage>)"
-        ) from None
+        raise CheckpointError(f"checkpoint {path} is corrupt ({type(exc).__name__})", path) from None
     if not isinstance(payload, dict) or any(k not in payload for k in REQUIRED):
-        raise CheckpointError(f"checkpoint {path} lacks {', '.join(REQUIRED)}; it was not written by this pipeline")
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(REQUIRED)}; it was not written by this pipeline", path)
     if payload["format"] != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {payload['format']}, this version reads {FORMAT}")
+        raise CheckpointError(f"checkpoint {path} has format {payload['format']}, this version reads {FORMAT}", path)
     return payload
 
 
@@ -46,5 +44,5 @@ def load_model(path: Path, map_location: str | torch.device = "cpu") -> tuple[nn
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint {path} does not match its own spec ({str(exc).splitlines()[0]})") from None
+        raise CheckpointError(f"checkpoint {path} does not match its own spec ({str(exc).splitlines()[0]})", path) from None
     return model.to(map_location).eval(), payload

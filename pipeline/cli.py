@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
+from pathlib import Path
 
 from . import config as config_mod
 from .errors import PipelineError
@@ -37,6 +39,7 @@ EPILOG = """examples:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="λ-GELU: train, harden, swap to ReLU, deploy.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run (or resume) the staged pipeline", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog=EPILOG)
@@ -80,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.resume:
             if args.config:
                 raise PipelineError("--resume uses the run's own config.json; drop -c/--config (overrides are allowed)")
-            run = runner.resume(args.resume, args.overrides)
+            run = runner.resume(args.resume, args.overrides, args.redo)
         else:
             run = runner.create(config_mod.load(args.config, args.overrides), argv=sys.argv)
         if world.main:
@@ -167,12 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except PipelineError as exc:
+    except PipelineError as exc:  # the user's to fix: one line that names the fix
+        if args.debug:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; resume with `pipeline run --resume <run dir>`", file=sys.stderr)
+        print("interrupted; resume with `pipeline run --resume <run dir>` (finished epochs and stages are kept)", file=sys.stderr)
         return 130
+    except Exception as exc:  # anything else is a bug or the environment: still one line, the traceback on request
+        if args.debug:
+            raise
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+              f"(at {Path(where.filename).name}:{where.lineno}; rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

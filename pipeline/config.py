@@ -71,6 +71,11 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "cosine"  # per-epoch lr schedule for weights and s
     switch_fraction: float = 0.25  # e_s = floor(switch_fraction * T): λ learned up to e_s, then annealed
     grad_clip: float = 0.0  # max global grad norm (0 = off)
+    # Divergence: an epoch whose mean training loss exceeds this factor times the untrained model's loss
+    # (its first batch, before any update) stops the run with the epoch named (0 = off). Non-finite loss always does.
+    divergence_factor: float = 10.0
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for forward/backward (weights and optimizer stay fp32)
+    compile: bool = False  # torch.compile the model (inductor; falls back with a warning where it cannot)
 
 
 @dataclass
@@ -80,6 +85,17 @@ class HardenConfig:
     # gate_l1: E∞(λ) = ∫|H(x) − Φ(λx)|dx = 2/(λ√(2π)) (the paper); act_l1: ∫|ReLU − f_λ| = 1/(2λ²);
     # sup: max|ReLU − f_λ| = c/λ, c ≈ 0.169971 (what a swap changes per unit)
     criterion: Literal["gate_l1", "act_l1", "sup"] = "gate_l1"
+    # Which epoch's weights become best.pt (what later stages swap, export and verify):
+    # best_val: best validation metric of the smooth model (the paper); best_hardened: best among epochs whose
+    # λ reached λ_target (needs hold > 0 to be a choice); last: the final epoch; best_swapped: best validation
+    # metric of the model with every gate swapped to ReLU (the network that ships). Ties go to the later, more
+    # hardened epoch. A selected checkpoint not hardened to its target is warned about and reported.
+    select: Literal["best_val", "best_hardened", "last", "best_swapped"] = "best_val"
+    hold: int = 0  # epochs at λ_target after the anneal (λ reaches it at epoch T − hold)
+    # anneal: Algorithm 1. swap: at epoch e_s + 1 every gate becomes ReLU and training continues (fine-tunes the
+    # swapped network; the ablation "swap, then fine-tune as long as λ-GELU anneals").
+    method: Literal["anneal", "swap"] = "anneal"
+    schedule: Literal["epoch", "step"] = "epoch"  # λ moves once per epoch (the paper) or after every step
 
 
 @dataclass
@@ -131,18 +147,21 @@ class SparsityConfig:
 
 @dataclass
 class VerifyConfig:
-    """L∞ robustness of the swapped float ReLU models with a complete verifier (analysis/verify.py)."""
+    """L∞ robustness of every variant (analysis/verify.py): the swapped float ReLU model decided by a staged
+    verifier (attack, CROWN, α-CROWN, MILP), the smooth model certified through its gates and via the swap."""
 
-    samples: int = 5  # the first N validation examples, the same for every variant
-    epsilons: list[float] = field(default_factory=lambda: [0.005])  # L∞ radii in the data's units; boxes clipped to its range
-    timeout_s: float = 10.0  # per property and verifier
-    # keys of analysis.verifiers.VERIFIERS (marabou, milp, pgd, ibp) or chains "a+b" (run in order, the first
-    # decisive answer wins, the timeout covers the chain); "auto" = pgd+marabou when maraboupy imports, else milp
+    samples: int = 10  # the first N validation examples, the same for every variant
+    epsilons: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])  # L∞ radii, data units; boxes clipped to its range
+    timeout_s: float = 2.0  # per property and verifier (and per smooth certificate)
+    # names in analysis.verification.registry.VERIFIERS (pgd, ibp, crown, alpha-crown, milp, marabou) or chains
+    # "a+b" (in order until one answers sat/unsat, one timeout for the chain); "auto" = pgd+crown+alpha-crown+milp.
+    # The first writes results.csv; each further one is run beside it for comparison (results.<name>.csv).
     verifiers: list[str] = field(default_factory=lambda: ["auto"])
-    # timeout_s counts CPU seconds (Marabou: RLIMIT_CPU on its child), so a shared machine's load does not
-    # turn proofs into timeouts; false: wall seconds. HiGHS (milp) limits are wall time either way.
-    cpu_time: bool = True
-    probe_smooth: bool = True  # try the verifiers' ONNX readers on the smooth models of the export stage
+    # false: timeout_s counts wall-clock seconds (VNN-COMP's rule); true: CPU seconds of this process and its
+    # children (HiGHS, which takes a wall limit only, then gets the CPU seconds left as wall seconds)
+    cpu_time: bool = False
+    smooth: bool = True  # certify the smooth models too: through their gates, and via the swapped ReLU network
+    probe_smooth: bool = False  # also try Marabou's ONNX reader on the smooth ONNX files of the export stage
 
 
 @dataclass
@@ -304,8 +323,11 @@ def read_file(path: str | Path) -> dict[str, Any]:
             return yaml.safe_load(text) or {}
         if path.suffix == ".json":
             return json.loads(text)
-    except Exception as exc:  # each parser has its own error type; the message is what matters
-        raise ConfigError(f"cannot parse {path}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # each parser has its own error type; the message and its position are what matter
+        mark = getattr(exc, "problem_mark", None)  # YAML: where the parser stopped
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"cannot parse {path}{where}: {what}") from None
     raise ConfigError(f"config file {path} must end in .toml, .yaml, .yml or .json")
 
 
@@ -332,6 +354,9 @@ def validate(cfg: Config) -> Config:
     need(cfg.train.epochs >= 1, f"train.epochs must be >= 1, got {cfg.train.epochs}")
     need(0 <= cfg.train.switch_fraction <= 1, "train.switch_fraction must be in [0, 1]")
     need(cfg.train.lr > 0, "train.lr must be > 0")
+    need(cfg.train.divergence_factor == 0 or cfg.train.divergence_factor > 1,
+         f"train.divergence_factor must be > 1 (or 0 = off), got {cfg.train.divergence_factor}")
+    need(cfg.harden.hold >= 0, f"harden.hold must be >= 0, got {cfg.harden.hold}")
     need(cfg.gate.temperature > 0, f"gate.temperature must be > 0, got {cfg.gate.temperature}")
     need(cfg.gate.lr_mult >= 0, "gate.lr_mult must be >= 0")
     need(cfg.gate.init_lambda > 1 and cfg.gate.init_lambda_max > 1,

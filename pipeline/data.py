@@ -207,14 +207,44 @@ def load_adult(cfg: DataConfig) -> Dataset:
         return torch.tensor([[v for enc in encoders for v in enc(r)] for r in rows], dtype=torch.float32)
 
     x, y = encode(train_rows), torch.tensor(train_y)
+    return tabular_dataset("adult", x, y, Split(encode(test_rows), torch.tensor(test_y)), 2, cfg, str(d), names)
+
+
+def tabular_dataset(name: str, x: torch.Tensor, y: torch.Tensor, test: Split | None, classes: int, cfg: DataConfig,
+                    source: str, feature_names: list[str]) -> Dataset:
+    """Feature vectors in their raw units: the validation carve (and, without an official test split, a
+    fixed 20% test hold-out first), per-feature mean/std for the model's Normalize from the training part,
+    and each feature's range over the training pool as the valid input box."""
+    if test is None:
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED + 1))
+        n_test = len(y) // 5
+        test, x, y = Split(x[perm[:n_test]], y[perm[:n_test]]), x[perm[n_test:]], y[perm[n_test:]]
     train, val = _split_val(x, y, cfg.val_fraction, cfg.subset)
-    test = Split(encode(test_rows), torch.tensor(test_y))
     mean = train.x.mean(0)
     std = train.x.std(0).clamp_min(1e-6)  # a constant column stays finite
     lo, hi = x.min(0).values, x.max(0).values
-    info = DataInfo("adult", (x.shape[1],), 2, mean.tolist(), std.tolist(), lo.tolist(), hi.tolist(),
-                    source=str(d), feature_names=names)
+    info = DataInfo(name, (x.shape[1],), classes, mean.tolist(), std.tolist(), lo.tolist(), hi.tolist(),
+                    source=source, feature_names=feature_names)
     return Dataset(info, train, val, test)
+
+
+def _sklearn_tabular(name: str, loader: str, cfg: DataConfig) -> Dataset:
+    import sklearn.datasets
+
+    bunch = getattr(sklearn.datasets, loader)()
+    x = torch.tensor(bunch.data, dtype=torch.float32)
+    y = torch.tensor(bunch.target, dtype=torch.int64)
+    return tabular_dataset(name, x, y, None, int(y.max()) + 1, cfg, f"sklearn.datasets.{loader}", list(bunch.feature_names))
+
+
+def load_breast_cancer(cfg: DataConfig) -> Dataset:
+    """Wisconsin breast cancer (569 × 30, 2 classes), bundled with scikit-learn: a small validation split."""
+    return _sklearn_tabular("breast_cancer", "load_breast_cancer", cfg)
+
+
+def load_wine(cfg: DataConfig) -> Dataset:
+    """Wine (178 × 13, 3 classes), bundled with scikit-learn."""
+    return _sklearn_tabular("wine", "load_wine", cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,6 +493,8 @@ DATASETS: dict[str, Callable[[DataConfig], Dataset]] = {
     "fashion_mnist": load_fashion_mnist,
     "adult": load_adult,
     "digits": load_digits,
+    "breast_cancer": load_breast_cancer,
+    "wine": load_wine,
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "tinyimagenet": load_tinyimagenet,
@@ -489,12 +521,25 @@ def dataset_for(cfg: Config) -> Dataset:
     return _cached_dataset(astuple(cfg.data))
 
 
+def on_device(split: Split, device: torch.device) -> Split:
+    """The split where training reads it. On a GPU a split that takes at most a quarter of the free memory
+    is copied there once (batches are then gathered on the device, in the same seeded order); a larger one
+    stays in pinned host memory so that `.to(device, non_blocking=True)` overlaps the copy."""
+    if device.type != "cuda" or split.x.device == device:
+        return split
+    size = split.x.numel() * split.x.element_size() + split.y.numel() * split.y.element_size()
+    free, _ = torch.cuda.mem_get_info(device)
+    if size <= free // 4:
+        return Split(split.x.to(device), split.y.to(device))
+    return Split(split.x.pin_memory(), split.y.pin_memory())
+
+
 def batches(split: Split, batch_size: int, generator: torch.Generator | None = None):
     """Yield (x, y) minibatches; shuffled when a generator is given (deterministic per seed)."""
     n = len(split)
     order = torch.randperm(n, generator=generator) if generator is not None else None
     for i in range(0, n, batch_size):
-        idx = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
+        idx = order[i : i + batch_size].to(split.x.device) if order is not None else slice(i, i + batch_size)
         yield split.x[idx], split.y[idx]
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
-from .errors import PipelineError, TrainingError
+from .errors import ConfigError, PipelineError, TrainingError
 
 T = TypeVar("T")
 
@@ -55,7 +55,16 @@ def resolve_device(name: str) -> torch.device:
     w = world()
     if name == "cuda" and w.distributed:  # one GPU per torchrun process
         name = f"cuda:{w.local_rank}"
-    return torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
+                          f"cuda:{torch.cuda.device_count() - 1} or device=auto")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return dev
 
 
 def world() -> World:

@@ -14,7 +14,11 @@ class DataError(PipelineError):
 
 
 class CheckpointError(PipelineError):
-    pass
+    """A checkpoint that is missing, corrupt or does not fit; `path` names it (None when unknown)."""
+
+    def __init__(self, message: str, path=None):
+        super().__init__(message)
+        self.path = path
 
 
 class TrainingError(PipelineError):

@@ -22,10 +22,22 @@ from .errors import RunDirError
 VERSIONED = ["torch", "numpy", "scipy", "sympy", "onnx", "onnxruntime", "onnxsim", "maraboupy"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file (0644 under the usual umask 022)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a part (temp file + rename);
+    created with the user's umask like open(), not mkstemp's owner-only 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -102,18 +114,25 @@ class RunDir:
     @classmethod
     def create(cls, cfg: Config, argv: list[str] | None = None) -> "RunDir":
         out = Path(cfg.out_dir)
-        name = cfg.name or f"{cfg.data.name}-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        path = out / name
-        if path.exists():
-            if not cfg.name:  # auto names collide only within one second: add a suffix
-                i = 1
-                while (out / f"{name}-{i}").exists():
-                    i += 1
-                path = out / f"{name}-{i}"
-            else:
+        out.mkdir(parents=True, exist_ok=True)
+        if cfg.name:
+            path = out / cfg.name
+            try:
+                path.mkdir()
+            except FileExistsError:
                 return cls._reopen_same(path, cfg)
+        else:  # auto names collide within one second: the first free suffix, claimed by mkdir itself (atomic)
+            base = f"{cfg.data.name}-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            for i in range(10_000):
+                path = out / (base if i == 0 else f"{base}-{i}")
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise RunDirError(f"no free run name like {base} in {out}; pass name=...")
         cfg.name = path.name
-        path.mkdir(parents=True)
         run = cls(path, cfg)
         atomic_write_json(path / "config.json", cfg.to_dict())
         run._write_manifest({"name": path.name, "argv": argv or [], "created": now(), "seed": cfg.seed,
@@ -161,11 +180,12 @@ class RunDir:
         m.update(fields)
         self._write_manifest(m)
 
-    def record_resume(self, overrides: list[str]) -> None:
-        """Apply accepted `--resume` overrides: the new config.json, and the overrides listed in the manifest."""
+    def record_resume(self, overrides: list[str], accepted: list[dict[str, str]]) -> None:
+        """Accepted `--resume` overrides: the new config.json, and in the manifest each override with the stage
+        it takes effect from."""
         atomic_write_json(self.path / "config.json", self.cfg.to_dict())
         m = self.manifest()
-        m.setdefault("resumed_with", []).append(overrides)
+        m.setdefault("resumed_with", []).append({"overrides": overrides, "at": now(), "keys": accepted})
         self._write_manifest(m)
 
     def stage_status(self, stage: str) -> str | None:
@@ -189,10 +209,38 @@ class RunDir:
                               f"rerun it with `pipeline run --resume {self.path} --redo train`")
         return facts
 
-    def record_outputs(self, stage: str, directory: str) -> dict[str, str]:
+    def writer_of(self, path: str | Path) -> str | None:
+        """The stage whose manifest record lists this file (as written or rewritten by it), or None."""
+        try:
+            rel = str(Path(path).resolve().relative_to(self.path.resolve()))
+        except ValueError:
+            return None
+        for name, entry in self.manifest()["stages"].items():
+            if rel in entry.get("outputs", {}):
+                return name
+        return next((e["rewritten_by"][rel] for e in self.manifest()["stages"].values() if rel in e.get("rewritten_by", {})), None)
+
+    def snapshot(self, directory: str) -> dict[str, list[int]]:
+        """[size, mtime] of every file under a stage directory: what `record_outputs` compares against."""
         d = self.path / directory
-        files = sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")) if d.is_dir() else []
-        return {str(p.relative_to(self.path)): sha256(p) for p in files}
+        files = (p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")) if d.is_dir() else ()
+        return {str(p.relative_to(self.path)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+
+    def record_outputs(self, stage: str, directory: str, before: dict[str, list[int]]) -> dict[str, str]:
+        """sha256 of the files `stage` wrote (new or changed since `before`). An earlier stage's record of a
+        file this stage rewrote moves to its `rewritten_by`, so every hash listed under `outputs` stays true."""
+        after = self.snapshot(directory)
+        written = {rel: sha256(self.path / rel) for rel in sorted(after) if before.get(rel) != after[rel]}
+        m = self.manifest()
+        m["stages"].get(stage, {}).pop("before", None)  # the snapshot taken when the stage first started
+        for name, entry in m["stages"].items():
+            if name == stage:
+                continue
+            for rel in set(entry.get("outputs", {})) & set(written):
+                del entry["outputs"][rel]
+                entry.setdefault("rewritten_by", {})[rel] = stage
+        self._write_manifest(m)
+        return written
 
     # -- paths --------------------------------------------------------------------------------
     def dir(self, *parts: str) -> Path:

@@ -14,28 +14,88 @@ import torch
 from . import config as config_mod
 from . import distributed
 from .config import Config
-from .errors import PipelineError
+from .data import dataset_for
+from .errors import CheckpointError, PipelineError
 from .rundir import RunDir, now
 from .stages import DISTRIBUTED, STAGES, expand_redo, selected, validate
 
 
 def create(cfg: Config, argv: list[str] | None = None) -> RunDir:
-    """A new run directory for a validated config; under torchrun rank 0 creates it, the others open it."""
+    """A new run directory for a config that has passed every check that can be made before training:
+    fields, registry names, the device and the data (loaded once here, cached for the stages). Nothing is
+    created for a config that cannot run. Under torchrun rank 0 creates it and the others open it."""
     validate(cfg)
+    distributed.resolve_device(cfg.device)
+    dataset_for(cfg)
     if distributed.world().distributed:
         return RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=argv).path))
     return RunDir.create(cfg, argv=argv)
 
 
-def resume(path: str, overrides: list[str] | None = None) -> RunDir:
-    """Reopen a run directory with its own config.json; overrides (e.g. a lower lr after a NaN) are
-    validated, then recorded in config.json and the manifest."""
+# Which stage first reads each config section (a key of "train.lr" form looks up "train.lr", then "train").
+FIRST_STAGE = {"seed": "train", "variants": "train", "data": "train", "model": "train", "gate": "train", "train": "train",
+               "harden": "harden", "check": "check", "export": "export", "quantize": "int8", "sparsity": "sparsity",
+               "verify": "verify"}
+# Keys that may change while their stages are under way or partly done: they change no shape and no schedule,
+# only how the remaining epochs run (the usual fix after a divergence is a lower train.lr), and every stage
+# listed still reads them.
+TUNABLE = {"train.lr": ("train", "harden"), "train.grad_clip": ("train", "harden"),
+           "train.divergence_factor": ("train", "harden"), "train.precision": ("train", "harden"),
+           "train.compile": ("train", "harden"), "data.eval_batch_size": tuple(STAGES)}
+FREE = {"stages", "device", "threads"}  # what to run, and where: never changes a result's meaning
+NEVER = {"name", "out_dir"}
+
+
+def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in old for k in _changed_keys(old[key], new[key], f"{prefix}{key}.")]
+    return [prefix[:-1]] if old != new else []
+
+
+def check_overrides(run: RunDir, new: Config, redo: list[str]) -> list[dict[str, str]]:
+    """Which `--resume` overrides can apply to what exists, and from which stage; raises for the others with
+    the `--redo` that would apply them. A key whose first stage is done, or has started and would change
+    shape or schedule mid-way, cannot apply to the files it already wrote."""
+    redone = set(expand_redo(redo))
+    accepted = []
+    for key in _changed_keys(run.cfg.to_dict(), new.to_dict()):
+        if key in NEVER:
+            raise PipelineError(f"{key} cannot change on --resume (it names the run directory); start a new run instead")
+        if key in FREE or key.split(".")[0] in FREE:
+            accepted.append({"key": key, "from_stage": "now"})
+            continue
+        readers = TUNABLE.get(key)
+        if readers:
+            pending = [s for s in readers if s in redone or run.stage_status(s) != "done"]
+            if pending:
+                accepted.append({"key": key, "from_stage": pending[0]})
+                continue
+            first = readers[0]
+        else:
+            first = FIRST_STAGE[key.split(".")[0]]
+            status = run.stage_status(first)
+            if first in redone or status in (None, "pending"):
+                accepted.append({"key": key, "from_stage": first})
+                continue
+        state = "is done" if run.stage_status(first) == "done" else "has started"
+        raise PipelineError(f"{key} takes effect from the {first} stage, which {state} in {run.path}; apply it with "
+                            f"`pipeline run --resume {run.path} {key}=... --redo {first}` (the old outputs move to superseded/)")
+    return accepted
+
+
+def resume(path: str, overrides: list[str] | None = None, redo: list[str] | None = None) -> RunDir:
+    """Reopen a run directory with its own config.json. Overrides (e.g. a lower lr after a divergence) are
+    checked against what the run has done before anything is written; accepted ones go into config.json
+    and the manifest with the stage they take effect from."""
     run = RunDir.open(path)
     validate(run.cfg)
     if overrides:
-        validate(config_mod.apply_overrides(run.cfg, overrides))
+        new = validate(config_mod.apply_overrides(config_mod.from_dict(run.cfg.to_dict()), overrides))
+        accepted = check_overrides(run, new, redo or [])
+        distributed.resolve_device(new.device)
+        run.cfg = new
         if distributed.world().main:
-            run.record_resume(overrides)
+            run.record_resume(overrides, accepted)
     return run
 
 
@@ -56,7 +116,7 @@ def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: C
         if d.is_dir():
             d.rename(run.dir("superseded") / f"{d.name}-{stamp}")
         if run.stage_status(name) is not None:
-            run.mark_stage(name, status="pending")
+            run.mark_stage(name, status="pending", before={})
     status = distributed.broadcast({s: run.stage_status(s) for s in STAGES} if world.main else None)
     for name in selected(cfg):
         stage = STAGES[name]
@@ -71,16 +131,24 @@ def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: C
                 distributed.barrier()  # rank 0 has written everything earlier stages left
         log(f"[{name}] {stage.help}")
         started = time.time()
-        mark(name, status="running", started=now(), device=device, seed=cfg.seed)
+        # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
+        # so the manifest records every file the stage wrote, across interruptions.
+        before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
+        mark(name, status="running", started=now(), device=device, seed=cfg.seed, before=before)
         try:
             metrics = stage.fn()(cfg, run)
+        except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run
+            writer = run.writer_of(exc.path) if world.main and exc.path else None
+            msg = f"{exc}; rerun the stage that wrote it: `pipeline run --resume {run.path} --redo {writer or name}`"
+            mark(name, status="failed", ended=now(), seconds=round(time.time() - started, 3), error=msg)
+            raise CheckpointError(msg, exc.path) from None
         except BaseException as exc:
             msg = str(exc) if isinstance(exc, PipelineError) else "".join(traceback.format_exception_only(exc)).strip()
             mark(name, status="failed" if not isinstance(exc, KeyboardInterrupt) else "interrupted",
                  ended=now(), seconds=round(time.time() - started, 3), error=msg)
             raise
         mark(name, status="done", ended=now(), seconds=round(time.time() - started, 3),
-             outputs=run.record_outputs(name, stage.directory) if world.main else {}, metrics=metrics, error=None)
+             outputs=run.record_outputs(name, stage.directory, before) if world.main else {}, metrics=metrics, error=None)
         log(f"[{name}] done in {time.time() - started:.1f}s")
         results[name] = metrics
     return results

@@ -13,6 +13,7 @@ from .activations import Gate, Linked, gate_of, swapped_activation
 from .config import Config
 from .data import dataset_for
 from .distributed import resolve_device
+from .errors import TrainingError
 from .evaluate import predict, score
 from .rundir import RunDir, atomic_write_json
 
@@ -80,6 +81,15 @@ def relu_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "activation": swapped_activation(spec["activation"]) or spec["activation"]}
 
 
+def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source) -> None:
+    """The divergence rule of the train stage, applied again to the checkpoint that would ship: a model whose
+    training loss ran away (however it got selected) is not swapped, exported or verified."""
+    f, loss, init = cfg.train.divergence_factor, payload.get("train_loss"), payload.get("initial_loss")
+    if loss is not None and not loss == loss or (f > 0 and init and loss is not None and loss > f * init):
+        raise TrainingError(f"{variant}: {source} comes from a diverged training (mean loss {loss:.4g}, untrained "
+                            f"{init:.4g}); lower train.lr and rerun training (`--redo train`) before swapping it")
+
+
 def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     ds = dataset_for(cfg)
@@ -91,11 +101,12 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         facts = run.variant(variant)
         source = run.file("train", variant, "best.pt")
         model, payload = checkpoint.load_model(source, device)
+        _refuse_diverged(payload, cfg, variant, source)
         if facts["swapped_to"] in (None, facts["activation"]):
             # Nothing to swap: a ReLU baseline's best checkpoint is already its ReLU model, and a non-gate
             # (Tanh, ELU, ...) is left as it is (recorded with equal before/after numbers, said as "no swap").
             checkpoint.save(run.file("swap", variant, "relu.pt"), model, payload["spec"], source_epoch=payload.get("epoch"),
-                            source=str(source))
+                            source=str(source.relative_to(run.path)))
             if facts["swapped_to"] is None:
                 val, test = (score(predict(model, getattr(ds, s), bs, device), getattr(ds, s).y, m)["metric"] for s in ("val", "test"))
                 result[variant] = {"val_before": val, "val_after": val, "test_before": test, "test_after": test,
@@ -116,6 +127,6 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         }
         swapped_to[variant] = facts["swapped_to"]
         checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),
-                        source_epoch=payload.get("epoch"), source=str(source))
+                        source_epoch=payload.get("epoch"), source=str(source.relative_to(run.path)))
     atomic_write_json(run.file("swap", "swap.json"), result)
     return {**result, "swapped_to": swapped_to}

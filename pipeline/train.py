@@ -1,15 +1,28 @@
-"""Training with Algorithm 1: the `train` stage learns λ for epochs 1..e_s, the `harden` stage freezes s
-and anneals λ linearly to λ_target over e_s+1..T. Baseline variants simply keep training in both.
+"""The `train` and `harden` stages: Algorithm 1 over every variant of a run. The `train` stage runs epochs
+1..e_s (λ learned), the `harden` stage e_s+1..T (s frozen, λ annealed to λ_target, `harden.method=anneal`;
+or every gate swapped to ReLU and fine-tuned, `swap`). The schedule itself is `pipeline.harden.Hardener`;
+this module is the loop around it: data order, the optimizer, checkpoints, selection and its checks.
 
-Every epoch ends with `last.pt` (weights, optimizer, history) written atomically, so a killed run
-resumes at the next epoch with the same numbers; `best.pt` holds the best-validation checkpoint.
+Every epoch ends with `last.pt` (weights, optimizer, hardener and selection state, history) written
+atomically, so a killed run resumes at the next epoch with the same numbers. Resume state is validated
+before it is used: a missing or corrupt `last.pt` falls back to `switch.pt` (the state at e_s, with
+`switch_best.pt`) in the harden stage, else the variant restarts from its own epoch 1; never from the middle.
+
+The loop does not wait on the host: loss, accuracy and the first non-finite batch are summed on the device
+and read once per epoch. A non-finite loss or a divergence (`train.divergence_factor`) stops the run with the
+epoch named, before that epoch's checkpoint is written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
 import os
 import signal
+import sys
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -18,73 +31,88 @@ from torch import nn
 from tqdm import tqdm
 
 from . import checkpoint, distributed
-from .activations import hardenable_gates, layer_lambdas, variant_facts
+from .activations import variant_facts
 from .config import Config
-from .data import Dataset, Split, augment, batches, dataset_for
-from .errors import TrainingError
-from .evaluate import evaluate, improved, worst
+from .data import Dataset, Split, augment, batches, dataset_for, on_device
+from .errors import CheckpointError, TrainingError
+from .evaluate import METRICS, evaluate, worst
 from .evaluate import loss as cross_entropy
-from .hardness import annealed_lambda, lr_at, param_groups, switch_epoch
+from .harden import HARDENED_RTOL, Hardener
+from .hardness import lr_at, switch_epoch
 from .models import build_model, make_spec
-from .rundir import RunDir, atomic_write_bytes, atomic_write_csv
+from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .swap import relu_spec, to_relu
 
 OPTIMIZERS = {
     "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
     "adamw": lambda groups, cfg: torch.optim.AdamW(groups, lr=cfg.lr),
 }
+NO_BATCH = 2**62  # "no non-finite batch yet" in the device-side first-bad-batch index
 
 
 # ---------------------------------------------------------------------------------------------
-# One variant
+# One epoch
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The data order of an epoch depends only on (seed, epoch): a resumed run sees the same batches."""
+    return torch.Generator().manual_seed(seed * 100_003 + epoch)
 
 
 def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
-                 world: distributed.World = distributed.World()) -> dict[str, float]:
+                 world: distributed.World = distributed.World(), hardener: Hardener | None = None,
+                 autocast: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
+    """One pass over `split`. Sums stay on the device (read once at the end); returns the mean loss, the
+    top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None)."""
     model.train()
-    g = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)  # data order depends only on (seed, epoch)
+    g = epoch_generator(cfg.seed, epoch)
     aug = torch.Generator().manual_seed(2**40 + cfg.seed * 100_003 + epoch) if cfg.data.augment != "none" else None
-    total, correct, n = 0.0, 0, 0
+    steps = -(-len(split) // cfg.data.batch_size)
+    step_schedule = hardener is not None and cfg.harden.schedule == "step"
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    first_bad = torch.full((), NO_BATCH, dtype=torch.int64, device=device)
+    first_loss = None
+    n = per_example = 0
     for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
         if aug is not None:
             x = augment(x, cfg.data.augment, aug)  # the global batch: the same images for any number of ranks
-        if world.distributed:
-            loss, stats = _ddp_step(model, x, y, world, device)
-            if not torch.isfinite(stats[0]):
-                raise TrainingError(f"loss is {float(stats[0])} at epoch {epoch}, batch {b} (on some rank); "
-                                    f"lower train.lr or set train.grad_clip, then resume")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.train.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            opt.step()
-            total += float(stats[0])
-            correct += int(stats[1])
-            n += int(stats[2])
-            continue
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x)
-        loss = cross_entropy(logits, y)
-        if not torch.isfinite(loss):
-            raise TrainingError(
-                f"loss is {float(loss.detach())} at epoch {epoch}, batch {b}; the last good checkpoint (epoch {epoch - 1}) is kept: "
-                f"lower train.lr or set train.grad_clip, then resume"
-            )
+        if step_schedule:
+            hardener.start_step(epoch, b, steps)
+        with autocast or contextlib.nullcontext():
+            if world.distributed:
+                loss, stats = _ddp_step(model, x, y, world, device)
+                batch_loss, batch_correct, batch_n = stats[0], stats[1].long(), int(len(y))
+                batch_sum = batch_loss
+            else:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                logits = model(x)
+                loss = cross_entropy(logits, y)
+                batch_n = len(y)
+                batch_sum = loss.detach().double() * batch_n
+                batch_correct = (logits.argmax(-1) == y).sum()
+        per_example = y[0].numel() if len(y) else 1
+        if first_loss is None:
+            first_loss = batch_sum / batch_n  # before any update: the untrained model's loss on this epoch
+        first_bad = torch.minimum(first_bad, torch.where(torch.isfinite(batch_sum), NO_BATCH, b))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         opt.step()
-        total += float(loss.detach()) * len(y)
-        correct += int((logits.argmax(-1) == y).sum())
-        n += len(y)
-    return {"train_loss": total / n, "train_top1": correct / (n * (y[0].numel() if len(y) else 1))}
+        loss_sum += batch_sum
+        correct += batch_correct
+        n += batch_n
+    bad = int(first_bad)  # the one host read of the epoch (with the two below)
+    return {"train_loss": float(loss_sum) / n, "train_top1": int(correct) / (n * per_example),
+            "first_loss": float(first_loss), "nonfinite_batch": None if bad == NO_BATCH else bad}
 
 
 def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World, device):
     """Forward this rank's share of a global batch. The loss is the share's summed cross-entropy
     times world_size / (elements in the global batch): DDP averages gradients over ranks, so the
     update equals the single-process one on the whole batch, however unevenly the batch splits.
-    Returns (loss, [loss·examples, correct, examples] summed over ranks)."""
+    Returns (loss, [loss·examples, correct, examples] summed over ranks, on the device)."""
     n_global, per_example = len(y), y[0].numel()
     x, y = distributed.shard(x, y, world)
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -93,72 +121,230 @@ def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World,
     loss = loss_sum * (world.size / (n_global * per_example))
     stats = torch.stack([loss_sum.detach().double() / per_example, (logits.argmax(-1) == y).sum().double(),
                          torch.tensor(float(len(y)), dtype=torch.float64, device=loss_sum.device)])
-    return loss, distributed.all_sum(stats).cpu()
+    return loss, distributed.all_sum(stats)
 
 
-def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, first: int, last: int,
-                  histories: dict[str, list[dict]], device: torch.device) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------
+# Checkpoint selection (harden.select)
+
+
+def _candidate(select: str, metric: str, smooth: float, swapped: float | None, hardened: bool) -> float | None:
+    """The value `select` ranks this epoch by (None: not eligible)."""
+    if select == "best_hardened" and not hardened:
+        return None
+    return swapped if select == "best_swapped" else smooth
+
+
+def _better_or_tie(new: float, best: float | None, metric: str, select: str) -> bool:
+    """Ties go to the later epoch (more hardened); `last` takes every epoch."""
+    if select == "last" or best is None:
+        return True
+    return new >= best if METRICS[metric][1] else new <= best
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume state
+
+
+def _valid(payload: dict[str, Any], variant: str) -> None:
+    st = payload.get("state")
+    if not isinstance(st, dict) or any(k not in st for k in ("epoch", "history", "hardener", "best")):
+        raise CheckpointError(f"{variant}: resume state lacks epoch/history/hardener/best")
+    if len(st["history"]) != st["epoch"] or [r["epoch"] for r in st["history"]] != list(range(1, st["epoch"] + 1)):
+        raise CheckpointError(f"{variant}: resume state's history does not cover epochs 1..{st['epoch']}")
+
+
+def _set_aside(path, why: str, log) -> None:
+    """Keep an unusable checkpoint for inspection (never delete work), out of the resume path."""
+    dest = path.with_name(f"{path.name}.unusable-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, dest)
+    log(f"    {path.parent.name}/{path.name} is unusable ({why}); kept as {dest.name}")
+
+
+def _resume_payload(vdir, variant: str, harden_phase: bool, device, log) -> tuple[dict[str, Any] | None, str]:
+    """The newest valid resume state: last.pt, else (harden stage) switch.pt, else None (start at epoch 1).
+    A state older than best.pt's epoch brings its own best (switch_best.pt), or none."""
+    order = ["last.pt", "switch.pt"] if harden_phase else ["last.pt"]
+    for name in order:
+        path = vdir / name
+        if not path.is_file():
+            continue
+        try:
+            payload = checkpoint.load_payload(path, device)
+            _valid(payload, variant)
+        except CheckpointError as exc:
+            if name == "last.pt":
+                _set_aside(path, str(exc).split(";")[0], log)
+            continue
+        if name == "switch.pt":
+            best = vdir / "switch_best.pt"
+            if best.is_file():
+                atomic_write_bytes(vdir / "best.pt", best.read_bytes())
+            log(f"    {variant}: resuming from switch.pt (epoch {payload['state']['epoch']}); later epochs are rerun")
+        return payload, name
+    if (vdir / "best.pt").is_file():  # from a timeline that is being rerun
+        _set_aside(vdir / "best.pt", "its run state is gone; the variant restarts at epoch 1", log)
+    return None, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# One variant
+
+
+def _timing_path(run: RunDir, variant: str):
+    return run.file("train", variant, "timing.json")
+
+
+def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int, harden_phase: bool,
+                  histories: dict[str, list[dict]], device: torch.device, log=print) -> dict[str, Any]:
     world = distributed.world()
     vdir = run.dir("train", variant) if world.main else run.file("train", variant)  # only rank 0 writes
     T = cfg.train.epochs
-    e_s = switch_epoch(T, cfg.train.switch_fraction)
     facts = variant_facts(variant, cfg.harden)
-    hardenable, target = facts["hardenable"], facts["lambda_target"]
-    spec = make_spec(cfg.model, variant, cfg.gate, ds.info)
+    metric = ds.info.metric
+    swap_method = cfg.harden.method == "swap" and facts["swapped_to"] not in (None, variant)
 
+    # Rank 0 validates (and sets aside what is unusable); every rank then reads the file it chose.
+    source = distributed.broadcast(_resume_payload(vdir, variant, harden_phase, device, log)[1] if world.main else None)
+    payload = checkpoint.load_payload(vdir / source, device) if source else None
+    spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device)
-    opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
-    metric = ds.info.metric
-    state: dict[str, Any] = {"epoch": 0, "best_metric": worst(metric), "best_epoch": 0, "lambda_switch": None, "history": []}
-    if (vdir / "last.pt").is_file():
-        payload = checkpoint.load_payload(vdir / "last.pt", device)
-        model.load_state_dict(payload["state_dict"])
-        opt.load_state_dict(payload["optimizer"])
+    hardener = Hardener(model, T, cfg.train.switch_fraction, cfg.harden.epsilon, cfg.harden.criterion,
+                        cfg.harden.lambda_target, cfg.gate.lr_mult, cfg.harden.hold)
+    opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
+    state: dict[str, Any] = {"epoch": 0, "history": [], "hardener": None, "initial_loss": None, "swapped": False,
+                             "best": {"epoch": 0, "value": None, "metric": worst(metric), "hardness": None}}
+    if payload is not None:
+        try:
+            model.load_state_dict(payload["state_dict"])
+            opt.load_state_dict(payload["optimizer"])
+            hardener.load_state_dict(payload["state"]["hardener"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{vdir / 'last.pt'} does not fit this run's config ({str(exc).splitlines()[0]}); "
+                                  f"rerun the variant with `pipeline run --resume {run.path} --redo train`") from None
         state = payload["state"]
     histories[variant] = state["history"]
-    # The model itself in one process. Annealing freezes λ, so s then leaves the graph (unused in DDP).
-    net = distributed.wrap(model, device, find_unused=hardenable and first > e_s)
+    timing = json.loads(_timing_path(run, variant).read_text()) if world.main and _timing_path(run, variant).is_file() else {}
 
-    epochs = range(max(first, state["epoch"] + 1), last + 1)
+    compiled = _maybe_compile(model, cfg, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.train.precision == "bf16" else None
+    # s leaves the graph once annealing freezes λ: DDP must not wait for its gradient then.
+    net = distributed.wrap(compiled, device, find_unused=bool(hardener.gates) and harden_phase)
+    split = on_device(ds.train, device)
+
+    epochs = range(state["epoch"] + 1, last + 1)
     bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None if world.main else True, leave=True)
+    progress = world.main and not sys.stderr.isatty()  # tqdm is off without a terminal: print lines instead
     for epoch in bar:
         t0 = time.time()
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
+        if swap_method and epoch > hardener.switch and not state["swapped"]:
+            model, spec = _swap_for_finetune(model, spec, opt, device)
+            hardener = Hardener(model, T, cfg.train.switch_fraction)  # no gates left: plain training
+            net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
+            state["swapped"] = True
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
-        gates = hardenable_gates(model)
-        phase = "train"
-        if hardenable:
-            phase = "learn" if epoch <= e_s else "anneal"
-            if phase == "anneal":
-                if state["lambda_switch"] is None:  # Algorithm 1, line 2: save λ(e_s)
-                    state["lambda_switch"] = [g.lam.detach().cpu().clone() for g in gates]
-                for g, lam_s in zip(gates, state["lambda_switch"]):
-                    g.freeze(annealed_lambda(lam_s, epoch, e_s, T, target).to(device))
-        stats = _train_epoch(net, opt, ds.train, cfg, epoch, device, world)
+        phase = "finetune" if swap_method and epoch > hardener.switch else hardener.start_epoch(epoch)
+        stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast)
+        if state["initial_loss"] is None:
+            state["initial_loss"] = stats["first_loss"]
+        _stop_if_diverged(cfg, run, variant, epoch, stats, state)
+        state["hardener"] = hardener.state_dict()
         if not world.main:  # rank 0 evaluates, selects and writes; the others only train
             state["epoch"] = epoch
             continue
         val = evaluate(model, ds.val, cfg.data.eval_batch_size, device, metric)
-        lams = layer_lambdas(model)
-        row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr, **stats,
-               "val_loss": val["loss"], f"val_{metric}": val["metric"], "seconds": time.time() - t0}
+        swapped = None
+        if cfg.harden.select == "best_swapped":
+            swapped = evaluate(to_relu(copy.deepcopy(model)), ds.val, cfg.data.eval_batch_size, device, metric)["metric"]
+        lams = hardener.lambdas()
+        row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr,
+               "train_loss": stats["train_loss"], "train_top1": stats["train_top1"],
+               "val_loss": val["loss"], f"val_{metric}": val["metric"], **({f"val_{metric}_swapped": swapped} if swapped is not None else {})}
         row.update({f"lambda_{i}": v for i, v in enumerate(lams)})
         state["history"].append(row)
         state["epoch"] = epoch
-        if improved(val["metric"], state["best_metric"], metric):
-            state["best_metric"], state["best_epoch"] = val["metric"], epoch
-            checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["metric"], metric=metric, lambdas=lams)
+        hardened = hardener.hardened()
+        value = _candidate(cfg.harden.select, metric, val["metric"], swapped, hardened)
+        if value is not None and _better_or_tie(value, state["best"]["value"], metric, cfg.harden.select):
+            state["best"] = {"epoch": epoch, "value": value, "metric": val["metric"], "hardness": hardener.hardness()}
+            checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["metric"], metric=metric,
+                            lambdas=lams, select=cfg.harden.select, selected_by=value, hardened=hardened,
+                            hardness=hardener.hardness(), train_loss=stats["train_loss"], initial_loss=state["initial_loss"])
         # Order matters for resume: the CSV is derived from last.pt's history, so write last.pt first.
         checkpoint.save(vdir / "last.pt", model, spec, optimizer=opt.state_dict(), state=state)
+        timing[str(epoch)] = round(time.time() - t0, 3)  # kept apart: checkpoints are byte-identical across runs
+        atomic_write_json(_timing_path(run, variant), timing)
         _write_metrics(run, histories)
         _fault_injection(variant, epoch)
-        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}",
-                        lam=f"{(sum(lams) / len(lams)) if lams else float('nan'):.3g}")
-    return {"epoch": state["epoch"], "best_epoch": state["best_epoch"], "best_val": state["best_metric"],
-            "lambdas": layer_lambdas(model),
-            **({"lambda_target": target} if hardenable else {})}
+        mean_lam = f"{sum(lams) / len(lams):.3g}" if lams else "-"
+        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
+        if progress:
+            log(f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
+                f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s")
+    return _variant_summary(state, hardener, facts, cfg, variant, log if world.main else None)
+
+
+def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Module:
+    """`torch.compile(model)` when train.compile is set and a compiler works here; the model otherwise."""
+    if not cfg.train.compile:
+        return model
+    from .kernels import inductor
+
+    reason = inductor.unavailable(device)
+    if reason is not None:
+        warnings.warn(f"train.compile: torch.compile does not work here, training eagerly ({reason})", RuntimeWarning, stacklevel=2)
+        return model
+    return torch.compile(model)
+
+
+def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], opt: torch.optim.Optimizer, device) -> tuple[nn.Module, dict]:
+    """harden.method=swap: every gate becomes ReLU now; the optimizer drops the hardness parameters."""
+    model = to_relu(model).to(device)
+    keep = {id(p) for p in model.parameters()}
+    for group in opt.param_groups:
+        gone = [p for p in group["params"] if id(p) not in keep]
+        for p in gone:
+            opt.state.pop(p, None)
+        group["params"] = [p for p in group["params"] if id(p) in keep]
+    opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
+    return model, relu_spec(spec)
+
+
+def _stop_if_diverged(cfg: Config, run: RunDir, variant: str, epoch: int, stats: dict[str, Any], state: dict[str, Any]) -> None:
+    """A non-finite loss, or a mean loss beyond train.divergence_factor × the untrained model's, stops the run
+    before this epoch's checkpoint is written."""
+    kept = (f"the last good checkpoint (epoch {state['epoch']}) is kept" if state["epoch"]
+            else "no checkpoint of this variant is kept (it failed in its first epoch)")
+    fix = f"lower train.lr (now {cfg.train.lr:g}) or set train.grad_clip, then `pipeline run --resume {run.path} train.lr=...`"
+    if stats["nonfinite_batch"] is not None or not stats["train_loss"] == stats["train_loss"]:
+        raise TrainingError(f"{variant}: the loss became non-finite at epoch {epoch}, batch {stats['nonfinite_batch']}; {kept}: {fix}")
+    f, init = cfg.train.divergence_factor, state["initial_loss"]
+    if f > 0 and init and stats["train_loss"] > f * init:
+        raise TrainingError(f"{variant}: training diverged at epoch {epoch}: mean loss {stats['train_loss']:.4g} is "
+                            f"{stats['train_loss'] / init:.0f}× the untrained model's {init:.4g} (train.divergence_factor={f:g}); "
+                            f"{kept}: {fix}")
+
+
+def _variant_summary(state: dict[str, Any], hardener: Hardener, facts: dict[str, Any], cfg: Config, variant: str, log) -> dict[str, Any]:
+    out = {"epoch": state["epoch"], "best_epoch": state["best"]["epoch"], "best_val": state["best"]["metric"],
+           "select": cfg.harden.select, "lambdas": hardener.lambdas()}
+    if facts["hardenable"]:
+        out["lambda_target"] = facts["lambda_target"]
+        best = state["best"]
+        if best["epoch"] and best["hardness"] is not None and state["epoch"] == cfg.train.epochs:
+            out["selected_hardness"] = ratio = best["hardness"]
+            if ratio < 1 - HARDENED_RTOL:
+                msg = (f"{variant}: the selected checkpoint (epoch {best['epoch']}, harden.select={cfg.harden.select}) is not "
+                       f"hardened: its smallest λ is {100 * ratio:.1f}% of λ_target {facts['lambda_target']:.4g}, so the "
+                       f"ε = {cfg.harden.epsilon:g} bound does not cover its swap (harden.select=best_hardened or last avoids this)")
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                if log:
+                    log(f"    WARNING: {msg}")
+                out["warning"] = msg
+    return out
 
 
 def _fault_injection(variant: str, epoch: int) -> None:
@@ -169,40 +355,46 @@ def _fault_injection(variant: str, epoch: int) -> None:
 
 
 def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
-    rows = [r for v in histories for r in histories[v]]
+    timings = {v: json.loads(_timing_path(run, v).read_text()) if _timing_path(run, v).is_file() else {} for v in histories}
+    rows = [{**r, "seconds": timings[v].get(str(r["epoch"]), "")} for v in histories for r in histories[v]]
     fields = list(dict.fromkeys(k for r in rows for k in r))
     atomic_write_csv(run.file("train", "metrics.csv"), rows, fields)
 
 
-def _run_phase(cfg: Config, run: RunDir, phase: str) -> dict[str, Any]:
+def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[str, Any]:
     device = distributed.resolve_device(cfg.device)
     ds = dataset_for(cfg)
     T = cfg.train.epochs
     e_s = switch_epoch(T, cfg.train.switch_fraction)
-    first, last = (1, e_s) if phase == "train" else (e_s + 1, T)
+    last = T if harden_phase else e_s
+    world = distributed.world()
     histories: dict[str, list[dict]] = {}
     for v in cfg.variants:  # histories of every variant, so metrics.csv always holds them all
         p = run.file("train", v, "last.pt")
-        histories[v] = checkpoint.load_payload(p)["state"]["history"] if p.is_file() else []
-    out = {"epochs": [first, last], "switch_epoch": e_s, "device": str(device)}
-    world = distributed.world()
+        try:
+            histories[v] = checkpoint.load_payload(p)["state"]["history"] if world.main and p.is_file() else []
+        except CheckpointError:
+            histories[v] = []  # train_variant sets it aside and falls back
+    out = {"epochs": [1 if not harden_phase else e_s + 1, last], "switch_epoch": e_s, "device": str(device)}
     if world.distributed:
         out["world_size"] = world.size
     if world.main:  # decided once, here; every later stage reads them from the manifest
         run.record_variants({v: variant_facts(v, cfg.harden) for v in cfg.variants})
     for v in cfg.variants:
-        out[v] = train_variant(cfg, run, ds, v, first, last, histories, device)
-        if phase == "train" and world.main and run.file("train", v, "last.pt").is_file():
-            # Algorithm 1, line 2: keep the state at e_s (λ(e_s) and the weights) beside the run.
+        out[v] = train_variant(cfg, run, ds, v, last, harden_phase, histories, device, log)
+        if not harden_phase and world.main and run.file("train", v, "last.pt").is_file():
+            # Algorithm 1, line 2: keep the state at e_s (λ(e_s), the weights, the best so far) beside the run.
             atomic_write_bytes(run.file("train", v, "switch.pt"), run.file("train", v, "last.pt").read_bytes())
+            if run.file("train", v, "best.pt").is_file():
+                atomic_write_bytes(run.file("train", v, "switch_best.pt"), run.file("train", v, "best.pt").read_bytes())
     return out
 
 
 def run_train(cfg: Config, run: RunDir) -> dict[str, Any]:
     """Epochs 1..e_s: weights and λ learned together (λ's s at c·lr, no weight decay)."""
-    return _run_phase(cfg, run, "train")
+    return _run_phase(cfg, run, harden_phase=False)
 
 
 def run_harden(cfg: Config, run: RunDir) -> dict[str, Any]:
-    """Epochs e_s+1..T: s frozen, λ annealed linearly to λ_target, weights keep training."""
-    return _run_phase(cfg, run, "harden")
+    """Epochs e_s+1..T: s frozen, λ annealed linearly to λ_target (or gates swapped and fine-tuned)."""
+    return _run_phase(cfg, run, harden_phase=True)

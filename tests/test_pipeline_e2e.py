@@ -51,7 +51,7 @@ def test_every_stage_done_with_hashed_outputs(finished):
     assert latest and all(sha256(finished / rel) == digest for rel, digest in latest.items())
     assert "train/lambda_gelu/switch.pt" in m["stages"]["train"]["outputs"]
     switch = checkpoint.load_payload(finished / "train" / "lambda_gelu" / "switch.pt")
-    assert switch["state"]["epoch"] == 2 and not switch["state"]["lambda_switch"]
+    assert switch["state"]["epoch"] == 2 and switch["state"]["hardener"]["lambda_switch"] is None
     assert {"torch", "numpy", "python"} <= set(m["versions"]) and m["seed"] == 0
     cfg = json.loads((finished / "config.json").read_text())
     assert cfg["data"]["name"] == "digits" and cfg["train"]["epochs"] == 8

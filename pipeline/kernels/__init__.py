@@ -4,9 +4,15 @@ One registry of backends (`KERNELS`) and one process-wide choice (`use_kernel` s
 restores it; the LAMBDA_GELU_KERNEL environment variable sets the default):
 
   cpp       our fused CPU kernel (`lambda_gelu.cpp`, float32/float64; `cpu.py` builds and loads it)
+  triton    fused Triton kernels for CUDA (`triton_gate.py`, fp32/bf16/fp16 with fp32 math): λ from s inside
+            the kernel, ∂s reduced inside it, one autograd node per layer; also serves λ-Swish (g = σ)
   inductor  `torch.compile`d forward/backward bodies (`inductor.py`)
-  eager     native ATen ops (`eager.py`): the fused `gelu_backward` for ∂/∂x, in-place passes for ∂/∂λ
-  auto      cpp on CPU, inductor on CUDA, eager for everything else (default)
+  eager     native ATen ops (`eager.py`), Φ from erfc
+  auto      cpp on CPU, triton on CUDA (inductor without Triton), eager for everything else (default)
+
+Per gate family: λ-GELU (Φ) has every backend; λ-Swish (σ) has triton on CUDA and an autograd expression
+elsewhere (no fused CPU kernel: it is not the paper's gate and the eager form is two ops); λ-SERF keeps its
+autograd expression everywhere (erf∘softplus has no fused kernel here). `pipeline.activations` chooses.
 
 A kernel that cannot be built or compiled is recorded with its reason (`status()`), warned about once, and
 the call falls back to eager: training never fails for want of a compiler. `pipeline.activations` calls
@@ -27,8 +33,9 @@ from . import cpu, eager, inductor
 from .common import layout
 
 KERNELS = {
-    "auto": "cpp on CPU, inductor on CUDA, eager otherwise",
+    "auto": "cpp on CPU, triton on CUDA (inductor without Triton), eager otherwise",
     "cpp": "fused CPU kernel (lambda_gelu.cpp), float32/float64, autograd in C++",
+    "triton": "fused Triton kernels (triton_gate.py), CUDA, fp32/bf16/fp16",
     "inductor": "torch.compile'd forward and backward bodies",
     "eager": "native ATen ops",
 }
@@ -68,6 +75,32 @@ def use_kernel(name: str) -> Iterator[None]:
         set_kernel(previous)
 
 
+_triton: Any = None  # the module, imported on the first CUDA call: Triton fixes its mode at import
+
+
+def triton_module():
+    """pipeline.kernels.triton_gate, or None when Triton cannot be imported (recorded in `status()`)."""
+    global _triton
+    if _triton is None:
+        from . import triton_gate
+
+        _triton = triton_gate
+    return _triton if _triton.available() else None
+
+
+def channel_dim(x: torch.Tensor, lam: torch.Tensor) -> int:
+    """The dim of x that a broadcast-shaped λ (or s) varies along (1 when it is one value)."""
+    if lam.numel() == 1:
+        return 1
+    shape = (1,) * (x.dim() - lam.dim()) + tuple(lam.shape)
+    return next(d for d, n in enumerate(shape) if n != 1)
+
+
+def _triton_ok(x: torch.Tensor, lam: torch.Tensor) -> bool:
+    tg = triton_module() if x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else None
+    return tg is not None and tg.supports(x, lam.reshape(-1), channel_dim(x, lam))
+
+
 def backend_for(x: torch.Tensor, lam: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
     """The kernel that will run for these tensors now, and its layout."""
     mode = _kernel
@@ -81,6 +114,11 @@ def backend_for(x: torch.Tensor, lam: torch.Tensor) -> tuple[str, tuple[int, int
         if cpp_ok and cpu.build():
             return "cpp", lay
         return "eager", None
+    if mode == "triton" or (mode == "auto" and x.device.type == "cuda"):
+        if _triton_ok(x, lam):
+            return "triton", lay
+        if mode == "triton":
+            return "eager", None
     if mode == "inductor" or (mode == "auto" and x.device.type == "cuda"):
         return ("inductor", lay) if inductor.status.ready is not False else ("eager", None)
     return "eager", None
@@ -130,20 +168,36 @@ def apply(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     name, lay = backend_for(x, lam)
     if name == "cpp":
         return cpu.fused(x, lam, lay)
+    if name == "triton" and not lam.requires_grad:  # a frozen λ (the harden stage)
+        return _triton.gate_frozen(x, lam.reshape(-1), "phi", channel_dim(x, lam))
     return LambdaGELUFunction.apply(x, lam)
 
 
-def apply_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor | None:
-    """λ-GELU with λ = 1 + softplus(s/t) computed inside the op (s shaped to broadcast like λ), so the
-    gradient flows to s directly; None when no backend for these tensors does that (the caller then
-    computes λ and calls `apply`)."""
-    name, lay = backend_for(x, s)
-    if name != "cpp":
-        return None
-    return cpu.fused_s(x, s, t, lay)
+def apply_s(x: torch.Tensor, s: torch.Tensor, t: float, gate: str = "phi") -> torch.Tensor | None:
+    """x·g(λx) with λ = 1 + softplus(s/t) computed inside the op (s shaped to broadcast like λ), so the
+    gradient flows to s directly; None when no backend for these tensors and this gate does that (the
+    caller then computes λ and uses its expression)."""
+    if gate == "phi" and x.device.type == "cpu":  # the CPU kernel takes s in x's dtype
+        name, lay = backend_for(x, s.to(x.dtype))
+        return cpu.fused_s(x, s.to(x.dtype), t, lay) if name == "cpp" else None
+    if gate in ("phi", "sigmoid") and backend_for(x, s)[0] == "triton":
+        return _triton.gate_s(x, s.reshape(-1), t, gate, channel_dim(x, s))
+    return None
+
+
+def apply_frozen(x: torch.Tensor, lam: torch.Tensor, gate: str) -> torch.Tensor | None:
+    """x·g(λx) for a frozen λ buffer: Φ through `apply` (every backend), σ through the Triton kernel where it
+    runs; None otherwise (the caller uses the gate's expression)."""
+    if gate == "phi":
+        return apply(x, lam.to(x.dtype) if x.device.type == "cpu" else lam)
+    if gate == "sigmoid" and backend_for(x, lam)[0] == "triton":
+        return _triton.gate_frozen(x, lam.reshape(-1), gate, channel_dim(x, lam))
+    return None
 
 
 def status() -> dict[str, Any]:
     """The kernel choice and what each backend did in this process (record it next to timings)."""
-    return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "inductor": inductor.status.as_dict(),
+    triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted()}
+              if _triton is not None else {"ready": None, "error": None})
+    return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "triton": triton, "inductor": inductor.status.as_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}

@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import torch
 
-from .common import INV_SQRT_2PI, PDF_CLAMP, sum_to
+from .common import INV_SQRT2, INV_SQRT_2PI, PDF_CLAMP, sum_to
 
 
 def forward(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    y = torch.mul(x, lam)
-    torch._C._nn.gelu_(y)  # GELU(λx)/λ reuses the native (oneDNN) GELU
-    return y.div_(lam)
+    """x·Φ(λx) with Φ from erfc (relative accuracy in the left tail, where GELU's 1 + erf cancels); x is zeroed
+    where λx = ±∞ before the product (x·Φ is x or 0 there: the `where` restores x at +∞)."""
+    z = torch.mul(x, lam)
+    inf = torch.isinf(z)
+    xs = torch.where(inf, 0.0, x)
+    y = torch.mul(xs, lam).mul_(-INV_SQRT2).erfc_().mul_(0.5).mul_(xs)
+    return torch.where(inf & (z > 0), x, y)
 
 
 def backward(grad: torch.Tensor, x: torch.Tensor, lam: torch.Tensor, need_x: bool, need_lam: bool):
-    # Clamping z to ±40 changes neither GELU'(z) nor z·φ(z) (both saturate there, in float32 and float64) but
-    # keeps z = ±inf finite.
-    zc = torch.mul(x, lam).clamp_(-PDF_CLAMP, PDF_CLAMP)
-    # d/dx[GELU(λx)/λ] = GELU'(λx): one native kernel.
-    gx = torch.ops.aten.gelu_backward(grad, zc) if need_x else None
-    if gx is not None and gx.shape != x.shape:  # λ broadcast x to a larger shape
-        gx = sum_to(gx, x.shape)
+    # ∂f/∂x = Φ(z) + z·φ(z), ∂f/∂λ = x·z·φ(z)/λ. z is clamped to ±PDF_CLAMP where it multiplies φ (which is 0
+    # there in float32 and float64), and x is zeroed where |z| > PDF_CLAMP, so z or x = ±inf give 0, not inf·0.
+    z = torch.mul(x, lam)
+    zc = z.clamp(-PDF_CLAMP, PDF_CLAMP)
+    zpdf = torch.square(zc).mul_(-0.5).exp_().mul_(zc).mul_(INV_SQRT_2PI)  # z·φ(z)
+    gx = None
+    if need_x:
+        gx = z.mul(-INV_SQRT2).erfc_().mul_(0.5).add_(zpdf).mul_(grad)
+        if gx.shape != x.shape:  # λ broadcast x to a larger shape
+            gx = sum_to(gx, x.shape)
     glam = None
     if need_lam:
-        t = torch.square(zc).mul_(-0.5).exp_().mul_(zc)  # z·e^{−z²/2}
-        t.mul_(x).mul_(grad)
-        glam = sum_to(t, lam.shape).mul(INV_SQRT_2PI).div_(lam)
+        xs = torch.where(z.abs() > PDF_CLAMP, 0.0, x)
+        glam = sum_to(zpdf.mul_(xs).mul_(grad), lam.shape).div_(lam)
     return gx, glam
