@@ -74,7 +74,9 @@ class TrainConfig:
     # Divergence: an epoch whose mean training loss exceeds this factor times the untrained model's loss
     # (its first batch, before any update) stops the run with the epoch named (0 = off). Non-finite loss always does.
     divergence_factor: float = 10.0
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast for forward/backward (weights and optimizer stay fp32)
+    # bf16: autocast for forward/backward (weights and optimizer stay fp32); fp64: everything in float64 (CPU
+    # reference runs: two runs that differ only in summation order then agree to ~1e-12, not to float32 noise)
+    precision: Literal["fp32", "bf16", "fp64"] = "fp32"
     compile: bool = False  # torch.compile the model (inductor; falls back with a warning where it cannot)
 
 

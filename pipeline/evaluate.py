@@ -18,7 +18,9 @@ from .data import Split, batches
 def predict(model: nn.Module, split: Split, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Logits for the whole split, on CPU, shape [N, K] (or [N, T, V] for a language model)."""
     model.eval()
-    out = [model(x.to(device)).float().cpu() for x, _ in batches(split, batch_size)]
+    p = next(model.parameters(), None)
+    dtype = p.dtype if p is not None and p.is_floating_point() else None
+    out = [model(x.to(device, dtype if x.is_floating_point() else None)).float().cpu() for x, _ in batches(split, batch_size)]
     return torch.cat(out)
 
 

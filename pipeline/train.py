@@ -65,6 +65,7 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
     """One pass over `split`. Sums stay on the device (read once at the end); returns the mean loss, the
     top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None)."""
     model.train()
+    dtype = torch.float64 if cfg.train.precision == "fp64" else None
     g = epoch_generator(cfg.seed, epoch)
     aug = torch.Generator().manual_seed(2**40 + cfg.seed * 100_003 + epoch) if cfg.data.augment != "none" else None
     steps = -(-len(split) // cfg.data.batch_size)
@@ -81,11 +82,11 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
             hardener.start_step(epoch, b, steps)
         with autocast or contextlib.nullcontext():
             if world.distributed:
-                loss, stats = _ddp_step(model, x, y, world, device)
+                loss, stats = _ddp_step(model, x, y, world, device, dtype)
                 batch_loss, batch_correct, batch_n = stats[0], stats[1].long(), int(len(y))
                 batch_sum = batch_loss
             else:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
                 logits = model(x)
                 loss = cross_entropy(logits, y)
                 batch_n = len(y)
@@ -108,14 +109,19 @@ def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
             "first_loss": float(first_loss), "nonfinite_batch": None if bad == NO_BATCH else bad}
 
 
-def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World, device):
+def _to(x: torch.Tensor, device, dtype: torch.dtype | None) -> torch.Tensor:
+    """A batch onto the device (non-blocking from pinned memory), floats in the training dtype."""
+    return x.to(device, dtype if dtype is not None and x.is_floating_point() else None, non_blocking=True)
+
+
+def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World, device, dtype=None):
     """Forward this rank's share of a global batch. The loss is the share's summed cross-entropy
     times world_size / (elements in the global batch): DDP averages gradients over ranks, so the
     update equals the single-process one on the whole batch, however unevenly the batch splits.
     Returns (loss, [loss·examples, correct, examples] summed over ranks, on the device)."""
     n_global, per_example = len(y), y[0].numel()
     x, y = distributed.shard(x, y, world)
-    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
     logits = model(x)
     loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
     loss = loss_sum * (world.size / (n_global * per_example))
@@ -209,7 +215,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
     payload = checkpoint.load_payload(vdir / source, device) if source else None
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
-    model = build_model(spec).to(device)
+    model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
     hardener = Hardener(model, T, cfg.train.switch_fraction, cfg.harden.epsilon, cfg.harden.criterion,
                         cfg.harden.lambda_target, cfg.gate.lr_mult, cfg.harden.hold)
     opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
