@@ -154,7 +154,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         default = mlp["data"] == "fashion_mnist" and mlp["train_examples"] >= 50000
         note = "" if default else f"not the default size ({mlp['data']}, {mlp['train_examples']} examples)"
         for key, label in (("lambda_gelu[frozen]", "frozen λ (harden stage)"),
-                           ("lambda_gelu[s_in_op]", "λ(s) inside the fused op (`lambda_gelu_s`)")):
+                           ("lambda_gelu[λ_nodes]", "λ(s) by autograd nodes outside the op (before the change)")):
             if key in mlp["ratio_vs_gelu"]:
                 fr = mlp["ratio_vs_gelu"][key]
                 note = (note + "; " if note else "") + f"{label}: {fr['median']:.3f}× ({fr['min']:.3f}–{fr['max']:.3f})"

@@ -2,11 +2,12 @@
 
 Variants (same model, same seed, same data order):
   gelu, relu                plain activations
-  lambda_gelu               λ learned (the train stage), default kernel ("auto": the fused CPU kernel on CPU)
+  lambda_gelu               λ learned (the train stage) as the module runs it: λ = 1 + softplus(s/t) inside the
+                            fused op of the default kernel ("auto": the C++ kernel on CPU, Triton on CUDA)
   lambda_gelu[frozen]       λ frozen as a buffer (the harden stage, 75% of the default epochs)
-  lambda_gelu[eager]        λ learned, the eager kernel (what runs without a C++ compiler)
-  lambda_gelu[s_in_op]      λ learned, λ = 1 + softplus(s/t) computed inside the fused op
-                            (`activations.lambda_gelu_s`) instead of by four autograd nodes per layer
+  lambda_gelu[eager]        λ learned, the eager kernel (what runs without a C++ compiler or Triton)
+  lambda_gelu[λ_nodes]      λ learned, λ(s) computed by autograd nodes outside the fused op (softplus, add,
+                            view per layer and step): what the s-inside-the-op path saves
 Interleaving: repetition r trains one epoch of every variant, and each epoch is cut into blocks of
 `block_steps` steps (whole batches, the pipeline's own `_train_epoch` on each block): the variants take
 turns block by block, in an order rotated by block and repetition, so load that comes and goes within an
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from pipeline import kernels
-from pipeline.activations import hardenable_gates, lambda_gelu, lambda_gelu_s
+from pipeline.activations import hardenable_gates, lambda_gelu
 from pipeline.config import Config
 from pipeline.data import Split, dataset_for
 from pipeline.hardness import param_groups
@@ -39,16 +40,14 @@ VARIANTS = {  # name -> (activation, kernel, frozen λ)
     "lambda_gelu": ("lambda_gelu", "auto", False),
     "lambda_gelu[frozen]": ("lambda_gelu", "auto", True),
     "lambda_gelu[eager]": ("lambda_gelu", "eager", False),
-    "lambda_gelu[s_in_op]": ("lambda_gelu", "auto", False),
+    "lambda_gelu[λ_nodes]": ("lambda_gelu", "auto", False),
 }
 FROZEN_LAMBDA = 20.0  # a λ mid-way through annealing
 
 
-def _forward_s_in_op(gate, x: torch.Tensor) -> torch.Tensor:
-    """LambdaGELU.forward with λ(s) inside the fused op while s is learned (frozen: λ from the buffer)."""
-    if bool(gate.frozen):
-        return lambda_gelu(x, gate._lam_for(x))
-    return lambda_gelu_s(x, gate.s, gate.temperature)
+def _forward_lambda_nodes(gate, x: torch.Tensor) -> torch.Tensor:
+    """LambdaGELU.forward as it was before λ moved into the op: λ(s) by autograd nodes, then the fused kernel."""
+    return lambda_gelu(x, gate._lam_for(x))
 
 
 def _blocks(split: Split, rows: int) -> list[Split]:
@@ -71,9 +70,9 @@ def bench_epochs(cfg: Config, reps: int, device: torch.device | str = "cpu",
         if frozen:
             for gate in hardenable_gates(model):
                 gate.freeze(torch.tensor(FROZEN_LAMBDA))
-        if name.endswith("[s_in_op]"):
+        if name.endswith("[λ_nodes]"):
             for gate in hardenable_gates(model):
-                gate.forward = types.MethodType(_forward_s_in_op, gate)
+                gate.forward = types.MethodType(_forward_lambda_nodes, gate)
         opt = OPTIMIZERS[cfg.train.optimizer](
             param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult), cfg.train)
         runs[name] = (model, opt, kernel)

@@ -172,7 +172,10 @@ class Config:
     out_dir: str = "runs"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 0  # torch intra-op CPU threads (0 = torch's default)
+    # torch intra-op CPU threads. 0 = auto: the cores not already busy when the run starts (cores − 1-minute
+    # load, at least 1), so a shared machine is not oversubscribed; the count used is in the manifest. Float
+    # sums can depend on it: set it for bit-identical reruns across machines and loads.
+    threads: int = 0
     # Models trained side by side: the hardened λ-gate model and the baselines it is compared to
     # (GELU swapped directly; ReLU trained from the start, which the verify stage compares against).
     variants: list[str] = field(default_factory=lambda: ["lambda_gelu", "gelu", "relu"])
@@ -351,7 +354,7 @@ def validate(cfg: Config) -> Config:
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
     need(cfg.data.batch_size > 0 and cfg.data.eval_batch_size > 0, "data.batch_size and data.eval_batch_size must be > 0")
-    need(cfg.threads >= 0, "threads must be >= 0 (0 = torch's default)")
+    need(cfg.threads >= 0, "threads must be >= 0 (0 = auto)")
     need(cfg.data.subset >= 0, "data.subset must be >= 0 (0 = all)")
     need(cfg.train.epochs >= 1, f"train.epochs must be >= 1, got {cfg.train.epochs}")
     need(0 <= cfg.train.switch_fraction <= 1, "train.switch_fraction must be in [0, 1]")

@@ -5,6 +5,7 @@ resumes (the stage itself picks up its partial work).
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any, Callable
@@ -99,6 +100,15 @@ def resume(path: str, overrides: list[str] | None = None, redo: list[str] | None
     return run
 
 
+def choose_threads(threads: int) -> int:
+    """`threads`, or for 0 the cores this process may use minus the machine's 1-minute load (at least 1):
+    on 2 cores with another job running, two threads would wait on each other at every parallel region."""
+    if threads:
+        return threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, int(cores - os.getloadavg()[0] + 0.5)))
+
+
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     # Under torchrun every rank runs the DISTRIBUTED stages together; rank 0 alone writes the
     # manifest and runs the other stages (the rest return after the last distributed stage).
@@ -106,8 +116,8 @@ def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: C
     mark = run.mark_stage if world.main else (lambda *a, **k: None)
     log = log if world.main else (lambda msg: None)
     device = str(distributed.resolve_device(cfg.device))
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = choose_threads(cfg.threads)
+    torch.set_num_threads(threads)
     results: dict[str, Any] = {}
     redo = expand_redo(redo or [])
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -134,7 +144,7 @@ def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: C
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.
         before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
-        mark(name, status="running", started=now(), device=device, seed=cfg.seed, before=before)
+        mark(name, status="running", started=now(), device=device, threads=threads, seed=cfg.seed, before=before)
         try:
             metrics = stage.fn()(cfg, run)
         except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run
