@@ -132,3 +132,57 @@ def test_render_markdown(table):
     assert "| relu | 0 | x ≤ 0 | 1 |" in md
     assert "−∞" in md and "C∞" in md
     assert all(isinstance(v, str) or not (isinstance(v, float) and not math.isfinite(v)) for r in P.jsonable(list(table.values())) for v in r.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry's other activations: algebraic tails and discontinuities
+
+LIMIT_ABS = 1e-9  # extrapolated limits of algebraic tails, sampled out to |x| = 1e12
+
+
+def _registry_rows(*names: str) -> dict[str, dict]:
+    from pipeline.activations import ACTIVATIONS, GateContext
+    from pipeline.config import GateConfig
+
+    fns = {}
+    for n in names:
+        with torch.no_grad():
+            m = ACTIVATIONS[n].build(GateContext(1, 0, 1, GateConfig(), {})).double().eval()
+        fns[n] = lambda x, m=m: m(x)
+    return {r["name"]: r for r in P.property_table(fns, sympy_forms={})}
+
+
+def test_algebraic_tails_have_their_limits():
+    """softsign = x/(1 + |x|) tends to ±1 only like 1/x: the table showed nan for its limits and infimum."""
+    rows = _registry_rows("softsign", "tanh", "sigmoid", "logsigmoid", "relu6")
+    ss = rows["softsign"]
+    assert ss["limit_neg"] == pytest.approx(-1.0, abs=LIMIT_ABS) and ss["limit_pos"] == pytest.approx(1.0, abs=LIMIT_ABS)
+    assert ss["inf"] == pytest.approx(-1.0, abs=LIMIT_ABS) and not ss["min_attained"]
+    assert ss["lipschitz"] == pytest.approx(1.0, abs=NUMERIC_TOL) and ss["lipschitz_at"] == 0.0 and ss["monotone"]
+    assert ss["smoothness"] == "C1" and ss["kinks"] == [0.0]  # f'' = ∓2/(1 + |x|)³ jumps at 0
+    assert (rows["tanh"]["limit_neg"], rows["tanh"]["limit_pos"]) == (-1.0, 1.0)
+    assert (rows["sigmoid"]["limit_neg"], rows["sigmoid"]["limit_pos"]) == (0.0, 1.0)
+    assert (rows["logsigmoid"]["limit_neg"], rows["logsigmoid"]["limit_pos"]) == (-math.inf, 0.0)
+    assert (rows["relu6"]["limit_neg"], rows["relu6"]["limit_pos"]) == (0.0, 6.0)
+    # a slower tail with an offset: 2 + 1/√(1 + x²) → 2 like 1/|x|; x/√(1 + x²) → ±1 like 1/x²
+    r = {x["name"]: x for x in P.property_table({"offset": lambda x: 2 + 1 / torch.sqrt(1 + x**2),
+                                                  "isru": lambda x: x / torch.sqrt(1 + x**2)}, sympy_forms={})}
+    assert r["offset"]["limit_pos"] == pytest.approx(2.0, abs=LIMIT_ABS) and r["offset"]["inf"] == pytest.approx(2.0, abs=LIMIT_ABS)
+    assert (r["isru"]["limit_neg"], r["isru"]["limit_pos"]) == (pytest.approx(-1.0, abs=LIMIT_ABS), pytest.approx(1.0, abs=LIMIT_ABS))
+
+
+def test_a_discontinuous_activation_is_not_lipschitz():
+    """hardshrink jumps by 0.5 at ±0.5: |f(a) − f(b)|/|a − b| is unbounded, whatever f' is elsewhere."""
+    rows = _registry_rows("hardshrink", "softshrink")
+    hs = rows["hardshrink"]
+    assert hs["smoothness"] == "discontinuous" and hs["kinks"] == pytest.approx([-0.5, 0.5], abs=1e-6)
+    assert hs["lipschitz"] == math.inf and hs["lipschitz_at"] is None
+    assert "not Lipschitz" in hs["lipschitz_note"] and "-0.5" in hs["lipschitz_note"]
+    md = P.render_markdown([hs, rows["softshrink"]])
+    assert "| hardshrink | −∞ | not attained | not Lipschitz: discontinuous at -0.5, 0.5 |" in md
+    assert rows["softshrink"]["lipschitz"] == pytest.approx(1.0, abs=NUMERIC_TOL)  # continuous: 1-Lipschitz
+    # the claim holds on samples: a difference quotient across the jump exceeds any constant
+    h = 1e-9
+    f = torch.nn.Hardshrink()
+    jump = (f(torch.tensor([0.5 + h], dtype=torch.float64)) - f(torch.tensor([0.5], dtype=torch.float64))).item()
+    assert jump / h > 1e8

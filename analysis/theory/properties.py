@@ -30,12 +30,13 @@ X = sp.Symbol("x", real=True)
 # Grid: a coarse span for tails plus a fine core for steep gates (λ = 160 has structure at 1/160).
 SPAN, SPAN_POINTS = 60.0, 120_001
 CORE, CORE_POINTS = 1.0, 40_001
-# |x| where the numeric limits are read; the value must agree with that at LIMIT_FAR/100.
-LIMIT_FAR = 1e6
-# |f| beyond this at LIMIT_FAR counts as a divergent limit (so does 10× growth from LIMIT_FAR/100).
+# Numeric limits read f at |x| = 10^k, k in LIMIT_POWERS: algebraic tails (softsign's 1 − 1/x) converge
+# only like 1/x, so the sequence goes far out and its last step is extrapolated (geometric tail).
+LIMIT_POWERS = tuple(range(2, 13))
+# |f| beyond this at the farthest point counts as a divergent limit (so does 10× growth over the last 100×).
 DIVERGE = 1e5
 # Tolerances (named at the call sites).
-LIMIT_TOL = 1e-8  # relative agreement of f(LIMIT_FAR/100) and f(LIMIT_FAR) for a finite limit
+LIMIT_TOL = 1e-8  # relative size of the last step of the sequence for a finite limit
 MONO_TOL = 1e-12  # f' ≥ −MONO_TOL everywhere counts as non-decreasing
 FLAT_TOL = 1e-12  # a limit below the grid minimum by more than this is the infimum
 FLAT_CORE = 10.0  # a flat minimum must reach |x| < FLAT_CORE to count as attained on a half-line
@@ -135,13 +136,22 @@ def _scalar(fn: ActivationFn, k: int) -> Callable[[float], float]:
 
 
 def _numeric_limit(fn: ActivationFn, sign: int) -> float:
-    near, far = _derivatives(fn, torch.tensor([sign * LIMIT_FAR / 100, sign * LIMIT_FAR], dtype=torch.float64), 0)[0].tolist()
+    """lim f(x) for x → sign·∞ from f(sign·10^k): ±∞ for a divergent tail, the extrapolated limit when the
+    steps shrink, NaN when neither (no limit found). The remaining tail after the last step d, with step
+    ratio r = d/d_prev < 1, is d·r/(1 − r) (exact for a geometric tail such as 1/x sampled at powers of 10)."""
+    xs = torch.tensor([sign * 10.0**k for k in LIMIT_POWERS], dtype=torch.float64)
+    v = _derivatives(fn, xs, 0)[0].tolist()
+    near, far = v[-3], v[-1]
     # Divergent: huge, or grown ~100× over the 100× step (linear growth such as leaky ReLU's tail).
     if abs(far) > DIVERGE or (abs(far) > 1 and abs(far) >= 10 * abs(near)):
         return math.copysign(math.inf, far)
-    if abs(far - near) <= LIMIT_TOL * (1 + abs(far)):
-        return far + 0.0  # no −0.0 in tables
-    return math.nan
+    d_prev, d = v[-2] - v[-3], v[-1] - v[-2]
+    if abs(d) > LIMIT_TOL * (1 + abs(far)) or (d != 0 and abs(d) >= abs(d_prev)):
+        return math.nan
+    r = d / d_prev if d_prev != 0 else 0.0
+    lim = far + d * r / (1 - r)
+    # below float64 resolution of the values sampled (softsign' → 0 extrapolates to ±1e-28): zero, not noise
+    return 0.0 if abs(lim) <= 1e-15 * max(1.0, *(abs(t) for t in v)) else lim + 0.0  # no −0.0 in tables
 
 
 def _refine(fun: Callable[[float], float], grid: np.ndarray, i: int) -> tuple[float, float]:
@@ -355,6 +365,11 @@ def activation_properties(name: str, fn: ActivationFn, form: SympyForm | None = 
     tail = max(abs(v) for v in slope_lims)
     if tail >= lip - 1e-12:  # the sup is approached far out (or is flat, e.g. ReLU' = 1 on x > 0)
         lip, lip_at = max(lip, tail), None
+    if lip_at is not None and abs(lip_at) < 1e-9:
+        lip_at = 0.0  # Brent stops within its tolerance of a maximum at 0 (sigmoid, tanh, softsign)
+    if cls == "discontinuous":  # |f(a) − f(b)| stays at the jump as b → a: no finite constant, whatever f' is
+        lip, lip_at = math.inf, None
+        row["lipschitz_note"] = "not Lipschitz: discontinuous at " + ", ".join(f"{p:g}" for p in kinks)
     row["lipschitz"], row["lipschitz_at"] = lip, lip_at
 
     k = int(np.argmin(dv))
@@ -408,6 +423,8 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
                 line.append(str(r.get("argmin_set") or "not attained"))
             elif key == "monotone":
                 line.append("yes" if v else "no")
+            elif key == "lipschitz" and r.get("lipschitz_note"):
+                line.append(str(r["lipschitz_note"]))
             elif isinstance(v, float) or v is None:
                 line.append(_fmt_float(v))
             else:
