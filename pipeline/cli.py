@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--label", help="prefix for the run names of every block (sweeps sharing --out need different labels)")
     sw.add_argument("--dry-run", action="store_true", help="list the points and their overrides, run nothing")
     sw.add_argument("--report", action="store_true", help="then write the paper tables and figures (as `pipeline report`)")
+    sw.add_argument("--shard", metavar="K/N", help="run only shard K of N (K = 0..N-1, e.g. $SLURM_ARRAY_TASK_ID/N): "
+                    "points assigned by their index in the name-sorted grid mod N; `pipeline report` merges the shards")
     sw.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides for every point, e.g. train.epochs=5")
     rp = sub.add_parser("report", help="the paper's Table I/II and Figures 1-3 (Markdown + PNG) from finished runs")
     rp.add_argument("paths", nargs="+", metavar="DIR", help="run directories, or folders holding them (searched recursively)")
@@ -114,7 +116,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import distributed
-    from .sweep import Sweep, parse_axis, read_sweep, run_sweep
+    from .sweep import Sweep, parse_axis, parse_shard, read_sweep, run_sweep
 
     if args.spec and "=" in args.spec and not Path(args.spec).exists():  # `pipeline sweep key=value ...` without a file
         args.overrides.insert(0, args.spec)
@@ -126,9 +128,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         block.label = "-".join(x for x in (args.label, block.label) if x)
     sweep.set = [*sweep.set, *args.overrides]
     axes = dict(parse_axis(a) for a in args.grid)
+    shard = parse_shard(args.shard) if args.shard else None
+    if shard and args.report:
+        raise PipelineError("--report with --shard would tabulate one shard: run `pipeline report <out_dir>` once every shard is done")
     world = distributed.init_from_env()
     try:
-        summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run)
+        summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run, shard=shard)
         if args.report and not args.dry_run and world.main:
             print(f"report: {resolve(TARGETS['report'])([summary['out_dir']])}")
     finally:

@@ -20,6 +20,12 @@ block's own axis of the same key. Each point is `pipeline run` with its override
 `name=<label>-<axis values>`, so a killed sweep restarts where it stopped: a point whose selected
 stages are all done is skipped, a partial one resumes at its first unfinished stage. Points run
 only `train, harden, swap` unless `stages` is set (those are all the paper tables need).
+
+A grid that outgrows one machine runs in shards: `--shard K/N` (K = 0..N−1) runs the points whose index
+in the name-sorted grid is K mod N, so a Slurm job array (`K = $SLURM_ARRAY_TASK_ID`) or a Kubernetes
+indexed job (`K = $JOB_COMPLETION_INDEX`) covers the grid with disjoint shards, each skipping what is
+finished. Shards may share `out_dir` (each writes its own index, `sweep-shard-K-of-N.json`) or not:
+`pipeline report DIR...` reads the run directories under every folder it is given.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import config as config_mod
 from . import distributed, runner
@@ -160,6 +167,29 @@ def expand(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None) -> list
     return list(seen.values())  # identical points (same name, same overrides) run once
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/N` with 0 ≤ K < N: shard K of N (Slurm array task ids and Kubernetes completion indexes start at 0)."""
+    k, sep, n = text.partition("/")
+    try:
+        shard = int(k), int(n)
+    except ValueError:
+        shard = (-1, 0)
+    if not sep or not 0 <= shard[0] < shard[1]:
+        raise ConfigError(f"--shard {text!r} must look like K/N with 0 <= K < N (e.g. --shard 0/4 ... --shard 3/4)")
+    return shard
+
+
+def shard_points(points: list[Point], shard: tuple[int, int] | None) -> list[Point]:
+    """The points of shard (K, N): index in the name-sorted grid ≡ K (mod N), in the grid's own order.
+    Disjoint for K = 0..N−1 and covering the grid; balanced to within one point; the same on every machine
+    (names are unique in a grid, so the order does not depend on how blocks are listed)."""
+    if shard is None:
+        return points
+    k, n = shard
+    mine = {p.name for i, p in enumerate(sorted(points, key=lambda p: p.name)) if i % n == k}
+    return [p for p in points if p.name in mine]
+
+
 def point_config(sweep: Sweep, point: Point, out_dir: str) -> config_mod.Config:
     cfg = config_mod.load(sweep.config, [*point.overrides, f"out_dir={out_dir}", f"name={point.name}"])
     if not cfg.stages:  # a point needs only what the paper tables read, unless the user asks for more
@@ -186,25 +216,35 @@ def _record(path: Path, summary: dict[str, Any]) -> None:
 
 
 def run_sweep(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None, out_dir: str | None = None,
-              dry_run: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every point in order; returns {"out_dir", "points": [{name, status, seconds, error}]}.
+              dry_run: bool = False, log: Callable[[str], None] = print,
+              shard: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run every point (of `shard`, when given) in order; returns {"out_dir", "points": [{name, status,
+    seconds, error}]}.
 
     A point that fails (e.g. a diverging (t, c) cell) is recorded and the sweep goes on; the
     caller decides what a failure means. Under torchrun every rank runs every point together.
     """
     out = out_dir or sweep.out_dir
-    points = expand(sweep, extra_axes)
-    configs = [point_config(sweep, p, out) for p in points]  # every point validated before any trains
+    grid = expand(sweep, extra_axes)
+    configs = {p.name: point_config(sweep, p, out) for p in grid}  # every point validated before any trains
+    points = shard_points(grid, shard)
     world = distributed.world()
     log = log if world.main else (lambda msg: None)
     summary: dict[str, Any] = {"out_dir": out, "base_config": sweep.config, "points": []}
-    log(f"sweep: {len(points)} points in {out}")
+    index = "sweep.json"
+    if shard is not None:
+        summary["shard"] = {"k": shard[0], "n": shard[1], "grid_points": len(grid)}
+        index = f"sweep-shard-{shard[0]}-of-{shard[1]}.json"  # shards sharing out_dir never write one file together
+        log(f"sweep: shard {shard[0]}/{shard[1]}, {len(points)} of {len(grid)} points in {out}")
+    else:
+        log(f"sweep: {len(points)} points in {out}")
     if dry_run:
         for p in points:
             log(f"  {p.name}: {' '.join(p.overrides)}")
         summary["points"] = [{**asdict(p), "status": "planned"} for p in points]
         return summary
-    for i, (p, cfg) in enumerate(zip(points, configs), 1):
+    for i, p in enumerate(points, 1):
+        cfg = configs[p.name]
         entry = {**asdict(p), "status": "done", "seconds": 0.0, "error": None}
         started = time.time()
         if distributed.broadcast(_finished(Path(out) / p.name, cfg) if world.main else None):
@@ -221,7 +261,7 @@ def run_sweep(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None, out_
         entry["seconds"] = round(time.time() - started, 3)
         summary["points"].append(entry)
         if world.main:
-            _record(Path(out) / "sweep.json", summary)
+            _record(Path(out) / index, summary)
     failed = [e["name"] for e in summary["points"] if e["status"] == "failed"]
     log(f"sweep: {len(points) - len(failed)} of {len(points)} points finished" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return summary
