@@ -1,4 +1,5 @@
-"""VNN-LIB 1.0 writing and parsing, instances.csv and the VNN-COMP benchmark layout."""
+"""VNN-LIB 1.0 writing and parsing (one and several input boxes, gzip), instances.csv, the VNN-COMP
+benchmark layout, and counterexample witnesses."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from analysis.vnnlib import (VnnlibSpec, format_real, format_vnnlib, parse_vnnlib, read_instances_csv,
-                             read_vnnlib, robustness_spec, write_instances_csv, write_robustness_benchmark,
-                             write_robustness_vnnlib, write_vnnlib)
+from analysis.verification.vnnlib import (VnnlibSpec, format_real, format_vnnlib, format_witness, parse_vnnlib,
+                                          parse_vnnlib_all, parse_witness, read_instances_csv, read_vnnlib,
+                                          read_vnnlib_all, robustness_spec, write_instances_csv,
+                                          write_robustness_benchmark, write_robustness_vnnlib, write_vnnlib)
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False, width=64)
 
@@ -145,6 +147,10 @@ def test_general_spec_round_trip(spec):
      "without both bounds"),
     ("(declare-const X_0 Real)(declare-const Y_0 Real)(assert (<= X_0 1.0))(assert (>= X_0 0.0))"
      "(assert (<= X_0 Y_0))", "mix inputs and outputs"),
+    ("(declare-const X_0 Real)(declare-const Y_0 Real)(assert (<= X_0 0.0))(assert (>= X_0 1.0))"
+     "(assert (>= Y_0 0.0))", "empty input box"),
+    ("(declare-const X_0 Real)(declare-const Y_0 Real)(assert (<= X_0 1.0))(assert (>= X_0 0.0))"
+     "(assert (or (and (>= Y_0 0.0)) (and (<= Y_0 -1.0) (frob Y_0))))", "unsupported comparison"),
     ("(declare-const X_0 Real)(assert (<= X_0 1.0)", "unbalanced"),
     ("(declare-const X_0 Int)", "unsupported declaration"),
     ("(declare-const X_1 Real)(declare-const Y_0 Real)(assert (<= X_1 1.0))(assert (>= X_1 0.0))", "numbered"),
@@ -193,3 +199,54 @@ def test_write_is_atomic_on_failure(tmp_path):
     with pytest.raises(ValueError):
         write_vnnlib(path, bad)  # fails while formatting: the old file stays whole
     assert path.read_text() == before and not list(tmp_path.glob(".*tmp"))
+
+
+def test_several_input_boxes_and_mixed_conjunctions():
+    """VNN-COMP writes some properties as (or (and <input box> <output condition>) ...)."""
+    text = """
+    (declare-const X_0 Real) (declare-const X_1 Real) (declare-const Y_0 Real) (declare-const Y_1 Real)
+    (assert (<= X_1 1.0)) (assert (>= X_1 0.0))
+    (assert (or (and (>= X_0 0.0) (<= X_0 0.5) (>= Y_0 Y_1))
+                (and (>= X_0 0.5) (<= X_0 1.0) (<= Y_0 -2.0))
+                (and (>= X_0 0.5) (<= X_0 1.0) (>= Y_1 3.0))))
+    """
+    specs = parse_vnnlib_all(text)
+    assert len(specs) == 2
+    a, b = specs
+    np.testing.assert_array_equal(a.lb, [0.0, 0.0])
+    np.testing.assert_array_equal(a.ub, [0.5, 1.0])
+    np.testing.assert_array_equal(b.lb, [0.5, 0.0])
+    np.testing.assert_array_equal(b.ub, [1.0, 1.0])
+    assert len(a.disjuncts) == 1 and len(b.disjuncts) == 2
+    assert a.violation(np.array([1.0, 0.0])) <= 0 and b.violation(np.array([0.0, 3.0])) <= 0
+    with pytest.raises(ValueError, match="2 input boxes"):
+        parse_vnnlib(text)
+
+
+def test_gzipped_property_reads_like_the_plain_one(tmp_path):
+    import gzip
+
+    spec = write_robustness_vnnlib(tmp_path / "p.vnnlib", np.linspace(0, 1, 5), 0.1, 0.0, 1.0, 1, 3)
+    with gzip.open(tmp_path / "p.vnnlib.gz", "wt") as f:
+        f.write((tmp_path / "p.vnnlib").read_text())
+    (back,) = read_vnnlib_all(tmp_path / "p.vnnlib.gz")
+    assert np.array_equal(back.lb, spec.lb) and _same_disjuncts(back, spec)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float64, st.integers(1, 30), elements=finite), arrays(np.float64, st.integers(1, 12), elements=finite))
+def test_witness_round_trip(x, y):
+    text = format_witness(x, y)
+    assert text.startswith("sat\n((X_0 ") and text.rstrip().endswith(")")
+    assert re.fullmatch(r"sat\n\((\([XY]_\d+ [-0-9.]+\)\n ?)*\([XY]_\d+ [-0-9.]+\)\)\n", text)
+    bx, by = parse_witness(text)
+    assert np.array_equal(bx, x) and np.array_equal(by, y)
+
+
+def test_files_are_readable_by_others(tmp_path):
+    import stat
+
+    path = write_vnnlib(tmp_path / "p.vnnlib", robustness_spec(np.zeros(2), 0.1, -1.0, 1.0, 0, 2))
+    write_instances_csv(tmp_path / "instances.csv", [("a.onnx", "p.vnnlib", 1)])
+    for p in (path, tmp_path / "instances.csv"):
+        assert p.stat().st_mode & stat.S_IROTH, oct(p.stat().st_mode)

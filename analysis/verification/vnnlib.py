@@ -1,7 +1,7 @@
-"""VNN-LIB 1.0 properties for L∞ local robustness, and the VNN-COMP benchmark layout.
+"""VNN-LIB 1.0 properties (writer and parser), instances.csv, and VNN-COMP counterexample witnesses.
 
-A property states the *unsafe* set: a solver answers ``sat`` with a counterexample or ``unsat``
-when the network is robust. For input ``x0`` with true class ``c`` of ``K`` the file is::
+A property states the *unsafe* set: a solver answers ``sat`` with a counterexample or ``unsat`` when the
+network is safe. For L∞ robustness of input ``x0`` with true class ``c`` of ``K`` the file is::
 
     (declare-const X_0 Real) ...            one per input, C-order flattening of the ONNX input
     (declare-const Y_0 Real) ...            one per output
@@ -9,45 +9,40 @@ when the network is robust. For input ``x0`` with true class ``c`` of ``K`` the 
     (assert (or (and (>= Y_j Y_c)) ...))    one disjunct per j != c
 
 Numbers are written in positional notation with the shortest digits that round-trip a float64
-(``np.format_float_positional(unique=True)``): exact on parse-back, and without exponents,
-which some VNN-LIB 1.0 readers do not take.
+(``np.format_float_positional(unique=True)``): exact on parse-back, and without exponents, which some
+VNN-LIB 1.0 readers do not take.
 
-The parser reads the VNN-LIB 1.0 subset that such files and most VNN-COMP 2021-2023 properties
-use: ``declare-const`` of ``X_i`` / ``Y_j``; asserts that bound single inputs by constants; and
-asserts over outputs built from ``and`` / ``or`` of ``<=`` / ``>=`` between linear terms
-(``+``, ``-``, ``*`` by a constant). It returns the box and the unsafe set as a union of polytopes
-``{y : A y <= b}``. The PyPI package ``vnnlib`` 1.0.x parses VNN-LIB 2.0 only (a 1.0 file fails
-at line 1 column 1) and its 0.0.1 release is an alpha sdist, hence this small parser.
+The parser reads the VNN-LIB 1.0 that VNN-COMP 2021-2024 benchmarks use: ``declare-const`` of ``X_i`` /
+``Y_j``; asserts built from ``and`` / ``or`` of ``<=`` / ``>=`` between linear terms (``+``, ``-``, ``*``
+by a constant), each comparison over inputs only or outputs only. Inputs must end up in boxes: a property
+whose input constraints sit inside a disjunction (several boxes, as some VNN-COMP benchmarks write them)
+is read by `parse_vnnlib_all` as one `VnnlibSpec` per box; each spec's unsafe set is a union of polytopes
+``{y : A y <= b}``. The PyPI package ``vnnlib`` 1.0.x parses VNN-LIB 2.0 only, hence this small parser.
 
-Files are written atomically (temp file in the same folder, then ``os.replace``).
+Witness (VNN-COMP's counterexample file): ``sat`` on the first line, then ``((X_0 v) (X_1 v) … (Y_0 v) …)``
+one pair per line. Files are written atomically and readable by others (``pipeline.rundir``'s writers).
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.rundir import atomic_path, atomic_write_text
+
 __all__ = [
-    "VnnlibSpec",
-    "robustness_spec",
-    "format_vnnlib",
-    "write_vnnlib",
-    "write_robustness_vnnlib",
-    "parse_vnnlib",
-    "read_vnnlib",
-    "write_instances_csv",
-    "read_instances_csv",
-    "write_robustness_benchmark",
-    "format_real",
+    "VnnlibSpec", "robustness_spec", "format_vnnlib", "write_vnnlib", "write_robustness_vnnlib",
+    "parse_vnnlib", "parse_vnnlib_all", "read_vnnlib", "read_vnnlib_all", "read_text",
+    "write_instances_csv", "read_instances_csv", "write_robustness_benchmark", "format_real",
+    "format_witness", "parse_witness",
 ]
 
 
@@ -56,9 +51,8 @@ class VnnlibSpec:
     """An input box and an unsafe output set.
 
     ``lb``, ``ub``: flat float64 arrays, one entry per input ``X_i``.
-    ``disjuncts``: the unsafe set is the union over ``(A, b)`` of ``{y : A @ y <= b}``;
-    ``A`` is (rows, num_outputs). The property holds (``unsat``) when no ``x`` in the box
-    maps into the unsafe set.
+    ``disjuncts``: the unsafe set is the union over ``(A, b)`` of ``{y : A @ y <= b}``; ``A`` is
+    (rows, num_outputs). The property holds (``unsat``) when no ``x`` in the box maps into the unsafe set.
     """
 
     lb: np.ndarray
@@ -107,7 +101,6 @@ def robustness_spec(x0: np.ndarray, eps: float, lo: float | np.ndarray, hi: floa
 
 # ---------------------------------------------------------------------------------------------
 # writing
-# ---------------------------------------------------------------------------------------------
 
 
 def format_real(v: float) -> str:
@@ -159,24 +152,10 @@ def format_vnnlib(spec: VnnlibSpec, comment: str | None = None) -> str:
     return out.getvalue()
 
 
-def _atomic_write_text(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_vnnlib(path: str | Path, spec: VnnlibSpec, comment: str | None = None) -> Path:
-    return _atomic_write_text(path, format_vnnlib(spec, comment))
+    path = Path(path)
+    atomic_write_text(path, format_vnnlib(spec, comment))
+    return path
 
 
 def write_robustness_vnnlib(path: str | Path, x0: np.ndarray, eps: float, lo: float | np.ndarray,
@@ -196,12 +175,25 @@ def write_instances_csv(path: str | Path, rows: Iterable[tuple[str, str, float]]
     for onnx_path, vnnlib_path, timeout_s in rows:
         t = float(timeout_s)
         writer.writerow([str(onnx_path), str(vnnlib_path), str(int(t)) if t.is_integer() else repr(t)])
-    return _atomic_write_text(path, buf.getvalue())
+    path = Path(path)
+    atomic_write_text(path, buf.getvalue())
+    return path
 
 
 def read_instances_csv(path: str | Path) -> list[tuple[str, str, float]]:
+    """Rows of an instances.csv; a malformed row raises ValueError naming its line."""
+    out = []
     with open(path, newline="") as f:
-        return [(r[0].strip(), r[1].strip(), float(r[2])) for r in csv.reader(f) if r]
+        for i, r in enumerate(csv.reader(f), 1):
+            if not r or not "".join(r).strip():
+                continue
+            if len(r) < 3:
+                raise ValueError(f"{path}:{i}: expected onnx,vnnlib,timeout, got {','.join(r)!r}")
+            try:
+                out.append((r[0].strip(), r[1].strip(), float(r[2])))
+            except ValueError:
+                raise ValueError(f"{path}:{i}: timeout {r[2]!r} is not a number") from None
+    return out
 
 
 def write_robustness_benchmark(out_dir: str | Path, onnx_path: str | Path, inputs: np.ndarray,
@@ -213,11 +205,9 @@ def write_robustness_benchmark(out_dir: str | Path, onnx_path: str | Path, input
 
     ``inputs``: (n, ...) in the ONNX model's input units; returns the instance rows."""
     out = Path(out_dir)
-    (out / "onnx").mkdir(parents=True, exist_ok=True)
     onnx_rel = Path("onnx") / Path(onnx_path).name
-    tmp = out / (str(onnx_rel) + ".tmp")
-    shutil.copyfile(onnx_path, tmp)
-    os.replace(tmp, out / onnx_rel)
+    with atomic_path(out / onnx_rel) as tmp:
+        shutil.copyfile(onnx_path, tmp)
     xs = np.asarray(inputs, dtype=np.float64).reshape(len(labels), -1)
     rows = []
     for k, (x, c) in enumerate(zip(xs, labels)):
@@ -230,7 +220,6 @@ def write_robustness_benchmark(out_dir: str | Path, onnx_path: str | Path, input
 
 # ---------------------------------------------------------------------------------------------
 # parsing
-# ---------------------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 _VAR = re.compile(r"^([XY])_(\d+)$")
@@ -303,6 +292,8 @@ _Atom = tuple[dict[tuple[str, int], float], float]
 
 
 def _atom(expr) -> _Atom:
+    if not isinstance(expr, list) or not expr:
+        raise ValueError(f"not a comparison: {expr!r}")
     op = expr[0]
     if op not in ("<=", ">=") or len(expr) != 3:
         raise ValueError(f"unsupported comparison {expr!r}")
@@ -313,11 +304,16 @@ def _atom(expr) -> _Atom:
     rhs = vr - vl
     if op == ">=":
         coeffs, rhs = {var: -a for var, a in coeffs.items()}, 0.0 - rhs
-    return {var: a for var, a in coeffs.items() if a != 0.0}, rhs
+    coeffs = {var: a for var, a in coeffs.items() if a != 0.0}
+    if len({name for name, _ in coeffs}) > 1:
+        raise ValueError(f"comparisons that mix inputs and outputs are not supported: {expr!r}")
+    return coeffs, rhs
 
 
 def _dnf(expr) -> list[list[_Atom]]:
     """Disjunctive normal form of a boolean term: a list of conjunctions of atoms."""
+    if not isinstance(expr, list) or not expr:
+        raise ValueError(f"not a formula: {expr!r}")
     head = expr[0]
     if head == "or":
         return [conj for arg in expr[1:] for conj in _dnf(arg)]
@@ -329,58 +325,141 @@ def _dnf(expr) -> list[list[_Atom]]:
     return [[_atom(expr)]]
 
 
-def parse_vnnlib(text: str) -> VnnlibSpec:
-    """Parse VNN-LIB 1.0 text into a box and a union of output polytopes (see the module doc)."""
+def _kind(atom: _Atom) -> str:
+    return next(iter(atom[0]))[0] if atom[0] else "const"
+
+
+def parse_vnnlib_all(text: str) -> list[VnnlibSpec]:
+    """Parse VNN-LIB 1.0 text into one spec per input box (see the module doc)."""
     inputs: set[int] = set()
     outputs: set[int] = set()
-    input_atoms: list[_Atom] = []
-    output_dnf: list[list[_Atom]] = [[]]
+    box_atoms: list[_Atom] = []  # asserts that bound inputs outside any disjunction
+    terms: list[list[list[_Atom]]] = []  # every other assert, in DNF
     for form in _read_sexprs(_tokenize(text)):
         if not isinstance(form, list) or not form:
             raise ValueError(f"unexpected top-level form {form!r}")
         if form[0] == "declare-const":
-            m = _VAR.match(form[1]) if len(form) == 3 else None
+            m = _VAR.match(form[1]) if len(form) == 3 and isinstance(form[1], str) else None
             if not m or form[2] != "Real":
                 raise ValueError(f"unsupported declaration {form!r}")
             (inputs if m.group(1) == "X" else outputs).add(int(m.group(2)))
         elif form[0] == "assert":
+            if len(form) != 2:
+                raise ValueError(f"assert takes one formula: {form!r}")
             dnf = _dnf(form[1])
-            kinds = {name for conj in dnf for coeffs, _ in conj for name, _ in coeffs}
-            if kinds == {"X"} and len(dnf) == 1:
-                input_atoms.extend(dnf[0])
-            elif kinds <= {"Y"}:
-                output_dnf = [a + b for a in output_dnf for b in dnf]
+            if len(dnf) == 1 and all(_kind(a) == "X" for a in dnf[0]):
+                box_atoms.extend(dnf[0])
             else:
-                raise ValueError("asserts that mix inputs and outputs, or disjunctions over inputs, "
-                                 f"are not supported: {form!r}")
+                terms.append(dnf)
         else:
             raise ValueError(f"unsupported command {form[0]!r}")
     n, m = len(inputs), len(outputs)
     if inputs != set(range(n)) or outputs != set(range(m)):
         raise ValueError("inputs and outputs must be numbered X_0..X_{n-1}, Y_0..Y_{m-1}")
+    if n == 0 or m == 0:
+        raise ValueError("a property needs declared inputs X_i and outputs Y_j")
+    combined: list[list[_Atom]] = [[]]
+    for dnf in terms:
+        combined = [a + b for a in combined for b in dnf]
+        if len(combined) > 100_000:
+            raise ValueError("the property's disjunctive normal form has over 100000 terms")
+    by_box: dict[tuple, list[list[_Atom]]] = {}
+    for conj in combined:
+        xs = [a for a in conj if _kind(a) == "X"]
+        ys = [a for a in conj if _kind(a) != "X"]
+        key = tuple(sorted((tuple(sorted(c.items())), r) for c, r in xs))
+        by_box.setdefault(key, []).append(ys)
+    specs = []
+    for key, output_conjs in by_box.items():
+        lb, ub = _box(n, box_atoms + [(dict(c), r) for c, r in key])
+        disjuncts = []
+        for conj in output_conjs:
+            rows = [a for a in conj if _kind(a) == "Y"] or [({}, 0.0)]  # no output condition: always unsafe
+            if any(_kind(a) == "const" and a[1] < 0 for a in conj):
+                continue  # a constant contradiction (0 <= negative): this disjunct is empty
+            A, b = np.zeros((len(rows), m)), np.zeros(len(rows))
+            for r, (coeffs, rhs) in enumerate(rows):
+                for (_, j), a in coeffs.items():
+                    if j not in outputs:
+                        raise ValueError(f"undeclared output Y_{j}")
+                    A[r, j] = a
+                b[r] = rhs
+            disjuncts.append((A, b))
+        if disjuncts:
+            specs.append(VnnlibSpec(lb=lb, ub=ub, disjuncts=tuple(disjuncts), num_outputs=m))
+    if not specs:
+        raise ValueError("the property has no unsafe disjunct (it is trivially unsat); nothing to verify")
+    return specs
+
+
+def _box(n: int, atoms: list[_Atom]) -> tuple[np.ndarray, np.ndarray]:
     lb, ub = np.full(n, -np.inf), np.full(n, np.inf)
-    for coeffs, rhs in input_atoms:
+    for coeffs, rhs in atoms:
         if len(coeffs) != 1:
             raise ValueError("input constraints must bound one input each (a box)")
         ((_, i), a), = coeffs.items()
+        if i >= n:
+            raise ValueError(f"undeclared input X_{i}")
         if a > 0:
             ub[i] = min(ub[i], rhs / a)
         else:
             lb[i] = max(lb[i], rhs / a)
     if not (np.all(np.isfinite(lb)) and np.all(np.isfinite(ub))):
-        raise ValueError(f"inputs without both bounds: {np.flatnonzero(~(np.isfinite(lb) & np.isfinite(ub))).tolist()}")
-    disjuncts = []
-    for conj in output_dnf:
-        A, b = np.zeros((len(conj), m)), np.zeros(len(conj))
-        for r, (coeffs, rhs) in enumerate(conj):
-            for (_, j), a in coeffs.items():
-                if j not in outputs:
-                    raise ValueError(f"undeclared output Y_{j}")
-                A[r, j] = a
-            b[r] = rhs
-        disjuncts.append((A, b))
-    return VnnlibSpec(lb=lb, ub=ub, disjuncts=tuple(disjuncts), num_outputs=m)
+        raise ValueError(f"inputs without both bounds: {np.flatnonzero(~(np.isfinite(lb) & np.isfinite(ub))).tolist()[:10]}")
+    if np.any(lb > ub):
+        raise ValueError(f"empty input box: lb > ub at X_{int(np.flatnonzero(lb > ub)[0])}")
+    return lb, ub
+
+
+def parse_vnnlib(text: str) -> VnnlibSpec:
+    """Parse VNN-LIB 1.0 text with one input box (see `parse_vnnlib_all` for several)."""
+    specs = parse_vnnlib_all(text)
+    if len(specs) != 1:
+        raise ValueError(f"the property has {len(specs)} input boxes; read it with parse_vnnlib_all")
+    return specs[0]
+
+
+def read_text(path: str | Path) -> str:
+    """A text file, gunzipped when its name ends in .gz (VNN-COMP ships benchmarks that way)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    return path.read_text()
 
 
 def read_vnnlib(path: str | Path) -> VnnlibSpec:
-    return parse_vnnlib(Path(path).read_text())
+    return parse_vnnlib(read_text(path))
+
+
+def read_vnnlib_all(path: str | Path) -> list[VnnlibSpec]:
+    return parse_vnnlib_all(read_text(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# witnesses
+
+_PAIR = re.compile(r"\(\s*([XY])_(\d+)\s+([^\s()]+)\s*\)")
+
+
+def format_witness(x: np.ndarray, y: np.ndarray) -> str:
+    """VNN-COMP's counterexample: ``sat`` then ``((X_0 v) … (Y_0 v) …)``, one pair per line."""
+    pairs = [f"(X_{i} {format_real(v)})" for i, v in enumerate(np.asarray(x, dtype=np.float64).reshape(-1))]
+    pairs += [f"(Y_{j} {format_real(v)})" for j, v in enumerate(np.asarray(y, dtype=np.float64).reshape(-1))]
+    return "sat\n(" + "\n ".join(pairs) + ")\n"
+
+
+def parse_witness(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) from a witness (the leading ``sat`` line is optional)."""
+    vals: dict[str, dict[int, float]] = {"X": {}, "Y": {}}
+    for kind, idx, v in _PAIR.findall(text):
+        vals[kind][int(idx)] = float(v)
+    out = []
+    for kind in "XY":
+        d = vals[kind]
+        if sorted(d) != list(range(len(d))):
+            raise ValueError(f"witness {kind}_i are not numbered 0..{len(d) - 1}")
+        out.append(np.array([d[i] for i in range(len(d))], dtype=np.float64))
+    if out[0].size == 0:
+        raise ValueError("witness has no (X_i v) pairs")
+    return out[0], out[1]

@@ -1,0 +1,220 @@
+"""The complete method for ReLU networks: a mixed-integer program solved by HiGHS (scipy.optimize.milp).
+
+Encoding (Tjeng et al.'s big-M): per affine layer, variables z = M h + c (M a sparse matrix: dense for
+Linear, index arithmetic for Conv, diagonal for Scale); per ReLU unit with input interval [l, u]:
+dead (u ≤ 0): output fixed at 0; active (l ≥ 0): output = input; unstable: a binary δ and
+a ≥ 0, a ≥ z, a ≤ z − l(1 − δ), a ≤ u·δ. The intervals are the tightest bounds known for the box
+(`bounds.Bounder`: CROWN/α-CROWN ∩ IBP), so the binaries are the units those bounds leave unstable
+(53–133 of 1024 on the default MLP at ε = 0.005, against 590–675 with IBP) and the big-M constants are
+as small as those bounds allow.
+
+Per open disjunct {A y ≤ b} (the ones the bounds did not exclude; the disjunction is split so each
+MILP is small and an excluded disjunct costs nothing): (1) the LP relaxation minimizing Σ A y:
+infeasible proves the disjunct empty, and its optimum, run through the network, may be a
+counterexample; (2) the MILP min Σ A y subject to A y ≤ b with an equal share of the remaining time:
+infeasible proves it empty; a solution is checked in float64 (big-M with HiGHS's integrality tolerance
+can place it slightly off the network), and if it is not a real counterexample a second MILP asks for
+A y ≤ b − margin. "Infeasible" means so within HiGHS's feasibility tolerance (1e-7). HiGHS's time limit
+is wall-clock time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .network import Conv, Linear, Network, ReLU, Scale, UnsupportedModel
+from .vnnlib import VnnlibSpec
+
+
+@dataclass(frozen=True, eq=False)
+class Encoding:
+    """Rows row_lo ≤ M v ≤ row_hi, bounds var_lb ≤ v ≤ var_ub, integrality per variable; x and y slices."""
+
+    matrix: Any  # scipy.sparse.csr_matrix
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    var_lb: np.ndarray
+    var_ub: np.ndarray
+    integrality: np.ndarray
+    x: slice
+    y: slice
+    num_unstable: int
+
+    @property
+    def num_vars(self) -> int:
+        return self.var_lb.size
+
+
+def encode(net: Network, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, Any]]) -> Encoding:
+    """Big-M encoding of a merged ReLU network over the box; `pre[s]` = (l, u) of ReLU site s's input."""
+    from scipy import sparse
+
+    if not net.is_relu:
+        raise UnsupportedModel("the MILP encodes ReLU networks only (smooth gates have no exact linear encoding)")
+    lb, ub = np.asarray(lb, dtype=np.float64), np.asarray(ub, dtype=np.float64)
+    var_lb, var_ub, integ = [lb], [ub], [np.zeros(lb.size)]
+    row_lo: list[np.ndarray] = []
+    row_hi: list[np.ndarray] = []
+    num_vars = lb.size
+    triplets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    num_rows = 0
+
+    def new_vars(lo: np.ndarray, hi: np.ndarray, integer: bool = False) -> slice:
+        nonlocal num_vars
+        s = slice(num_vars, num_vars + lo.size)
+        num_vars += lo.size
+        var_lb.append(lo)
+        var_ub.append(hi)
+        integ.append(np.full(lo.size, 1.0 if integer else 0.0))
+        return s
+
+    def add_rows(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        nonlocal num_rows
+        triplets.append((rows + num_rows, cols, vals))
+        row_lo.append(lo)
+        row_hi.append(hi)
+        num_rows += lo.size
+
+    h = slice(0, lb.size)
+    lo_t, hi_t = torch.as_tensor(lb)[None], torch.as_tensor(ub)[None]
+    layers = net.layers
+    sites = {k: s for s, k in enumerate(net.activations)}
+    num_unstable = 0
+    for k, layer in enumerate(layers):
+        if isinstance(layer, (Linear, Conv, Scale)):
+            lo_t, hi_t = layer.ibp(lo_t, hi_t)
+            if k + 1 < len(layers) and (k + 1) in sites:  # the next layer is a ReLU: its tight bounds
+                pl, pu = pre[sites[k + 1]]
+                lo_t, hi_t = torch.maximum(lo_t, pl[None]), torch.minimum(hi_t, pu[None])
+            M, c = layer.sparse()
+            M = M.tocoo()
+            z = new_vars(lo_t[0].numpy().copy(), hi_t[0].numpy().copy())
+            m = M.shape[0]
+            # M h − z = −c
+            add_rows(np.concatenate([M.row, np.arange(m)]), np.concatenate([h.start + M.col, z.start + np.arange(m)]),
+                     np.concatenate([M.data, -np.ones(m)]), -c, -c)
+            h = z
+        elif isinstance(layer, ReLU):
+            l, u = lo_t[0].numpy(), hi_t[0].numpy()
+            a = new_vars(np.maximum(l, 0.0), np.maximum(u, 0.0))
+            act = np.flatnonzero(l >= 0)  # a = z
+            n = act.size
+            add_rows(np.repeat(np.arange(n), 2), np.ravel(np.column_stack([a.start + act, h.start + act])),
+                     np.tile([1.0, -1.0], n), np.zeros(n), np.zeros(n))
+            idx = np.flatnonzero((l < 0) & (u > 0))
+            n = idx.size
+            num_unstable += n
+            d = new_vars(np.zeros(n), np.ones(n), integer=True)
+            zi, ai, di = h.start + idx, a.start + idx, d.start + np.arange(n)
+            li, ui = l[idx], u[idx]
+            ones, ninf = np.ones(n), np.full(n, -np.inf)
+            r = np.arange(n)
+            add_rows(np.repeat(r, 2), np.ravel(np.column_stack([zi, ai])), np.tile([1.0, -1.0], n), ninf, np.zeros(n))  # z − a ≤ 0
+            add_rows(np.repeat(r, 3), np.ravel(np.column_stack([ai, zi, di])),
+                     np.ravel(np.column_stack([ones, -ones, -li])), ninf, -li)  # a ≤ z − l(1 − δ)
+            add_rows(np.repeat(r, 2), np.ravel(np.column_stack([ai, di])),
+                     np.ravel(np.column_stack([ones, -ui])), ninf, np.zeros(n))  # a ≤ u δ
+            lo_t, hi_t = lo_t.clamp(min=0), hi_t.clamp(min=0)
+            h = a
+        else:
+            raise UnsupportedModel(f"the MILP has no encoding for {type(layer).__name__}")
+    rr, cc, vv = (np.concatenate(t) for t in zip(*triplets))
+    matrix = sparse.csr_matrix((vv, (rr, cc)), shape=(num_rows, num_vars))
+    return Encoding(matrix=matrix, row_lo=np.concatenate(row_lo), row_hi=np.concatenate(row_hi),
+                    var_lb=np.concatenate(var_lb), var_ub=np.concatenate(var_ub), integrality=np.concatenate(integ),
+                    x=slice(0, lb.size), y=h, num_unstable=num_unstable)
+
+
+def solve(net: Network, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_disjuncts: Sequence[int],
+          left: Callable[[], float], margin: float = 1e-4, lp_first: bool = True,
+          order: Sequence[float] | None = None) -> tuple[str, np.ndarray | None, str]:
+    """Decide the open disjuncts of `spec` on `net` (merged, ReLU): ("unsat" | "sat" | "timeout" | "unknown",
+    counterexample or None, message). `left()`: seconds of budget left (HiGHS gets them as wall time).
+    `order`: a score per open disjunct, most promising for a counterexample first (e.g. its lower bound)."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    def real(x: np.ndarray) -> bool:
+        return spec.violation(net.forward(x).numpy()) <= 0
+
+    enc = encode(net, spec.lb, spec.ub, pre)
+    n = enc.num_vars
+    summary = f"{enc.num_unstable} unstable ReLUs"
+
+    def run(A: np.ndarray, b: np.ndarray, shift: float, integral: bool, time_limit: float):
+        """None on timeout, else (feasible, x or None, objective, HiGHS message)."""
+        if time_limit <= 0:
+            return None
+        out_rows = sparse.hstack([sparse.csr_matrix((A.shape[0], enc.y.start)), sparse.csr_matrix(A),
+                                  sparse.csr_matrix((A.shape[0], n - enc.y.stop))])
+        cons = LinearConstraint(sparse.vstack([enc.matrix, out_rows], format="csr"),
+                                np.concatenate([enc.row_lo, np.full(A.shape[0], -np.inf)]),
+                                np.concatenate([enc.row_hi, b - shift]))
+        # minimize Σ A y under A y ≤ b: the LP also ranks disjuncts (how far it can push A y down), and the MILP
+        # proves infeasibility 3-5x faster with this objective than as a pure feasibility problem (measured on
+        # digits MLPs with 55 unstable ReLUs)
+        c = np.zeros(n)
+        c[enc.y] = A.sum(axis=0)
+        res = milp(c, constraints=cons, integrality=enc.integrality if integral else np.zeros(n),
+                   bounds=Bounds(enc.var_lb, enc.var_ub), options={"time_limit": max(time_limit, 1e-3), "disp": False})
+        if res.status == 2:
+            return False, None, np.inf, res.message
+        if res.x is None:
+            return None if res.status == 1 else (True, None, 0.0, res.message)
+        return True, np.clip(res.x[enc.x], spec.lb, spec.ub), float(res.fun), res.message
+
+    todo = list(open_disjuncts)
+    if order is not None:
+        todo = [d for _, d in sorted(zip(order, todo))]
+    pending: list[tuple[float, int]] = []
+    for d in todo:
+        A, b = spec.disjuncts[d]
+        if not lp_first:
+            pending.append((0.0, d))
+            continue
+        out = run(A, b, 0.0, False, left())
+        if out is None:
+            return "timeout", None, f"during the LP relaxation; {summary}"
+        feasible, x, value, _ = out
+        if not feasible:
+            continue
+        if x is not None and real(x):
+            return "sat", x, f"LP relaxation point is a counterexample; {summary}"
+        pending.append((value, d))
+    lp_closed = len(todo) - len(pending)
+    pending.sort()
+    undecided = unclear = milp_runs = 0
+    start = time.perf_counter()
+    for k, (_, d) in enumerate(pending):
+        A, b = spec.disjuncts[d]
+        for shift in (0.0, margin):
+            share = left() / (len(pending) - k)
+            out = run(A, b, shift, True, share)
+            milp_runs += 1
+            if out is None:
+                undecided += 1
+                break
+            feasible, x, _, msg = out
+            if not feasible:
+                unclear += shift > 0  # a margin-0 point that was no real counterexample
+                break
+            if x is None:
+                return "unknown", None, f"HiGHS: {msg}"
+            if real(x):
+                return "sat", x, f"MILP counterexample (margin {shift:g}); {summary}"
+        else:
+            unclear += 1
+    detail = (f"{lp_closed}/{len(todo)} open disjuncts closed by the LP relaxation, {milp_runs} MILPs "
+              f"({time.perf_counter() - start:.2f} s); {summary}")
+    if undecided:
+        return "timeout", None, f"{undecided} disjuncts undecided; {detail}"
+    if unclear:
+        return "unknown", None, (f"{unclear} disjuncts have MILP points that are no float64 counterexample "
+                                 f"and none at margin {margin:g}; {detail}")
+    return "unsat", None, detail

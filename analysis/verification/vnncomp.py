@@ -1,0 +1,209 @@
+"""Run a VNN-COMP benchmark folder: `instances.csv` (onnx, vnnlib, timeout per row; paths relative to the
+folder; .gz allowed for both) → `results.csv` in VNN-COMP's format, one row per instance,
+
+    category,onnx,vnnlib,prepare_time,result,run_time
+
+(no header, as VNN-COMP's scripts write it; result ∈ sat/unsat/timeout/unknown/error; times in seconds of
+wall-clock time), and for every sat instance a witness file in VNN-COMP's counterexample form
+(``sat`` then ``((X_0 v) … (Y_0 v) …)``) at `witness_path(out_csv, onnx, vnnlib)`. The Y values are the
+model's outputs at X as onnxruntime computes them (the re-check every counterexample gets).
+
+prepare_time: reading the ONNX graph into the verifier's network (and gunzipping), parsing the property,
+starting onnxruntime; run_time: the verifier on the instance, limited to the instance's timeout (or
+`timeout_override`) in wall-clock seconds.
+
+It reads ONNX ReLU networks made of Gemm, MatMul + Add, Conv, Flatten, Reshape, Relu, BatchNormalization
+and Sub/Div or Mul/Add normalization; any other op makes that instance an error whose message names the op.
+`main` prints one line per failed instance (missing file, unsupported op, malformed VNN-LIB) and exits 1 when
+there was one, 2 when the folder itself is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.rundir import atomic_write_text
+
+from .network import read
+from .registry import RESULTS, Budget, Problem, Result, get_verifier
+from .vnnlib import format_witness, read_instances_csv, read_vnnlib_all
+
+FIELDS = ["category", "onnx", "vnnlib", "prepare_time", "result", "run_time"]
+
+
+class BenchmarkError(Exception):
+    """The benchmark folder cannot be run at all (one line)."""
+
+
+def witness_path(out_csv: Path, onnx: str, vnnlib: str) -> Path:
+    """Where the witness of a sat instance goes: counterexamples/<onnx stem>__<vnnlib stem>.counterexample
+    beside results.csv (.gz and .onnx/.vnnlib suffixes dropped)."""
+    def stem(p: str) -> str:
+        name = Path(p).name
+        for suffix in (".gz", ".onnx", ".vnnlib"):
+            name = name[: -len(suffix)] if name.endswith(suffix) else name
+        return name
+
+    return Path(out_csv).parent / "counterexamples" / f"{stem(onnx)}__{stem(vnnlib)}.counterexample"
+
+
+def format_results(rows: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for r in rows:
+        w.writerow([r["category"], r["onnx"], r["vnnlib"], f"{float(r['prepare_time']):.6f}", r["result"],
+                    f"{float(r['run_time']):.6f}"])
+    return buf.getvalue()
+
+
+def write_results(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    atomic_write_text(Path(path), format_results(rows))
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """Rows of a VNN-COMP results.csv (a header line, if any, is skipped)."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.reader(f):
+            if not r or r[:len(FIELDS)] == FIELDS:
+                continue
+            if len(r) < 6 or r[4] not in RESULTS:
+                raise ValueError(f"{path}: not a VNN-COMP results row: {','.join(r)!r}")
+            out.append({"category": r[0], "onnx": r[1], "vnnlib": r[2], "prepare_time": float(r[3]), "result": r[4],
+                        "run_time": float(r[5])})
+    return out
+
+
+def _plain(path: Path, tmp: Path) -> Path:
+    """A .gz file decompressed into tmp (Marabou and onnxruntime take plain files); others as they are."""
+    if path.suffix != ".gz":
+        return path
+    out = tmp / f"{len(list(tmp.iterdir()))}_{path.name[:-3]}"
+    with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+def _problem_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: float | None = None,
+                  verifier: str = "auto", category: str | None = None, clock: str = "wall",
+                  instances: str = "instances.csv", log: Callable[[str], None] | None = None,
+                  **options: Any) -> list[dict[str, Any]]:
+    """Run every instance of a benchmark folder; writes `out_csv` (rewritten after every instance, so a
+    killed run keeps what it finished) and the witnesses; returns the rows, each with its `message`.
+
+    `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links."""
+    folder = Path(folder)
+    out_csv = Path(out_csv)
+    log = log or (lambda msg: None)
+    if not folder.is_dir():
+        raise BenchmarkError(f"benchmark folder {folder} does not exist")
+    inst_path = folder / instances
+    if not inst_path.is_file():
+        raise BenchmarkError(f"{inst_path} is missing: a VNN-COMP benchmark folder lists its instances there")
+    try:
+        rows_in = read_instances_csv(inst_path)
+    except ValueError as e:
+        raise BenchmarkError(_problem_line(e)) from None
+    solver = get_verifier(verifier, **options)
+    category = category or folder.name
+    results: list[dict[str, Any]] = []
+    networks: dict[Path, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="vnncomp_") as tmpdir:
+        tmp = Path(tmpdir)
+        for onnx_rel, vnnlib_rel, timeout in rows_in:
+            timeout = float(timeout_override) if timeout_override is not None else timeout
+            row: dict[str, Any] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel}
+            t0 = time.perf_counter()
+            try:
+                onnx_src, vnn_src = folder / onnx_rel, folder / vnnlib_rel
+                for p in (onnx_src, vnn_src):
+                    if not p.is_file():
+                        raise FileNotFoundError(f"{p} is missing")
+                if onnx_src not in networks:
+                    plain = _plain(onnx_src, tmp)
+                    networks[onnx_src] = (plain, read(plain))
+                onnx_path, net = networks[onnx_src]
+                vnn_path = _plain(vnn_src, tmp)
+                try:
+                    specs = read_vnnlib_all(vnn_path)
+                except ValueError as e:
+                    raise ValueError(f"malformed VNN-LIB: {_problem_line(e)}") from None
+                problem = Problem(specs, network=net, onnx=onnx_path, vnnlib_path=vnn_path)
+                problem.info["relus"] = net.num_relus
+                problem.recheck(specs[0].lb)  # starts onnxruntime (its session is cached for the re-checks)
+            except Exception as e:
+                res = Result("error", 0.0, message=f"{type(e).__name__}: {_problem_line(e)}")
+                row.update(prepare_time=time.perf_counter() - t0, result="error", run_time=0.0, message=res.message)
+                results.append(row)
+                write_results(out_csv, results)
+                log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
+                continue
+            prepare = time.perf_counter() - t0
+            res = solver.run(problem, Budget(timeout, clock))
+            status = res.status
+            if status not in ("sat", "unsat") and res.seconds > timeout and status != "error":
+                status = "timeout"
+            row.update(prepare_time=prepare, result=status, run_time=res.seconds, message=res.message, stage=res.stage,
+                       info=res.info)
+            if status == "sat":
+                atomic_write_text(witness_path(out_csv, onnx_rel, vnnlib_rel), format_witness(res.counterexample, res.output))
+            elif status == "error":
+                log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
+            results.append(row)
+            write_results(out_csv, results)
+    write_results(out_csv, results)
+    return results
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> str:
+    c = Counter(r["result"] for r in rows)
+    decided = c["sat"] + c["unsat"]
+    return (f"{len(rows)} instances: {decided} decided (sat {c['sat']}, unsat {c['unsat']}), timeout {c['timeout']}, "
+            f"unknown {c['unknown']}, error {c['error']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--category NAME]`."""
+    p = argparse.ArgumentParser(prog="pipeline vnncomp", description="Run a VNN-COMP benchmark folder (instances.csv).")
+    p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
+    p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
+    p.add_argument("--timeout", type=float, default=None, help="per-instance limit in wall seconds (default: instances.csv's)")
+    p.add_argument("--verifier", default="auto", help="a verifier or chain a+b (default auto: pgd+crown+alpha-crown+milp)")
+    p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
+    p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
+    args = p.parse_args(argv)
+    out = Path(args.out) if args.out else Path(args.folder) / "results.csv"
+    errors: list[str] = []
+
+    def log(msg: str) -> None:
+        errors.append(msg)
+        print(msg, file=sys.stderr)
+
+    try:
+        rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log)
+    except (BenchmarkError, ValueError) as e:
+        print(f"error: {_problem_line(e)}", file=sys.stderr)
+        return 2
+    print(f"{summary(rows)}; results in {out}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""The VNN-COMP interface: a small generated benchmark folder (plain and gzipped files) through `main`,
+results.csv and witnesses round-trip, and the one-line errors (malformed VNN-LIB, an unsupported ONNX op, a
+missing file, a missing folder) with a non-zero exit."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import stat
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+from onnx import TensorProto, helper
+
+from analysis.verification.network import from_onnx
+from analysis.verification.vnncomp import FIELDS, format_results, main, read_results, run_benchmark, witness_path
+from analysis.verification.vnnlib import (parse_witness, read_vnnlib, write_instances_csv, write_robustness_benchmark)
+from quantize.export import export_for_verifiers
+from quantize.ort import forward_flat
+
+TIMEOUT_S = 20
+
+
+def _model(seed: int) -> nn.Module:
+    """A random 16-12-12-3 ReLU MLP whose first layer is centred on the box [0, 1]^16, so that every class wins somewhere."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 3)).eval()
+    with torch.no_grad():
+        model[1].weight.mul_(4.0)
+        model[1].bias.copy_(-0.5 * model[1].weight.sum(1))
+    return model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Two networks, robustness properties at a small and a large eps (so both answers occur), one gzipped pair."""
+    root = tmp_path_factory.mktemp("bench")
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in (0, 1):
+        model = _model(seed)
+        path = root / f"net{seed}.onnx"
+        export_for_verifiers(model, (1, 4, 4), path, torch.rand(8, 1, 4, 4))
+        xs = rng.uniform(0, 1, (3, 16))
+        with torch.no_grad():
+            labels = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(3, 1, 4, 4)).argmax(1)]
+        for eps in (0.001, 0.5):
+            rows += write_robustness_benchmark(root / "tmp", path, xs, labels, eps, 0.0, 1.0, 3, TIMEOUT_S, prefix=f"n{seed}")
+    shutil.copytree(root / "tmp" / "vnnlib", root / "vnnlib")
+    shutil.copytree(root / "tmp" / "onnx", root / "onnx")
+    # gzip the second network and its properties
+    for p in list((root / "onnx").glob("net1.onnx")) + list((root / "vnnlib").glob("n1_*.vnnlib")):
+        with open(p, "rb") as src, gzip.open(p.with_name(p.name + ".gz"), "wb") as dst:
+            dst.write(src.read())
+        p.unlink()
+    rows = [(o + ".gz" if "net1" in o else o, v + ".gz" if "/n1_" in v else v, t) for o, v, t in rows]
+    write_instances_csv(root / "instances.csv", rows)
+    return root, rows
+
+
+def test_benchmark_folder_through_main(folder, tmp_path, capsys):
+    root, rows = folder
+    out = tmp_path / "results.csv"
+    code = main([str(root), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert f"{len(rows)} instances: {len(rows)} decided" in printed.out
+    got = read_results(out)
+    assert [(r["onnx"], r["vnnlib"]) for r in got] == [(o, v) for o, v, _ in rows]
+    assert {r["category"] for r in got} == {root.name}
+    assert {r["result"] for r in got} == {"sat", "unsat"}
+    assert all(0 <= r["run_time"] <= TIMEOUT_S + 1 and r["prepare_time"] >= 0 for r in got)
+    assert out.stat().st_mode & stat.S_IROTH
+    for r in got:
+        w = witness_path(out, r["onnx"], r["vnnlib"])
+        assert w.is_file() == (r["result"] == "sat")
+        if r["result"] == "sat":
+            text = w.read_text()
+            assert text.startswith("sat\n((X_0 ")
+            x, y = parse_witness(text)
+            spec = read_vnnlib(root / r["vnnlib"])
+            assert spec.in_box(x, 1e-6)
+            onnx_path = root / r["onnx"]
+            if onnx_path.suffix == ".gz":
+                plain = tmp_path / "net.onnx"
+                plain.write_bytes(gzip.decompress(onnx_path.read_bytes()))
+                onnx_path = plain
+            np.testing.assert_allclose(y, forward_flat(onnx_path, x), atol=1e-6)  # Y values are the model's
+            assert spec.violation(y) <= 1e-5 * max(1.0, float(np.abs(y).max()))
+        if r["vnnlib"].find("0.001") >= 0:
+            assert r["result"] == "unsat"
+
+
+def test_results_round_trip(tmp_path):
+    rows = [{"category": "c", "onnx": "a.onnx", "vnnlib": "p.vnnlib", "prepare_time": 0.25, "result": "unsat", "run_time": 1.5},
+            {"category": "c", "onnx": "a.onnx", "vnnlib": "q.vnnlib", "prepare_time": 0.0, "result": "timeout", "run_time": 60.0}]
+    text = format_results(rows)
+    assert text.splitlines()[0] == "c,a.onnx,p.vnnlib,0.250000,unsat,1.500000"
+    (tmp_path / "r.csv").write_text(",".join(FIELDS) + "\n" + text)  # a header line is tolerated
+    assert read_results(tmp_path / "r.csv") == rows
+
+
+@pytest.fixture()
+def small(tmp_path):
+    path = tmp_path / "net.onnx"
+    export_for_verifiers(_model(0), (1, 4, 4), path, torch.rand(8, 1, 4, 4))
+    write_robustness_benchmark(tmp_path, path, np.full((1, 16), 0.5), [0], 0.01, 0.0, 1.0, 3, 5)
+    return tmp_path
+
+
+def _fails_one_line(root, capsys, match: str) -> None:
+    code = main([str(root), "--out", str(root / "out.csv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and match in err[0], err
+    assert read_results(root / "out.csv")[0]["result"] == "error"
+
+
+def test_malformed_vnnlib_is_one_line(small, capsys):
+    (small / "vnnlib" / "prop_0_eps_0.01.vnnlib").write_text("(declare-const X_0 Real)\n(assert (<= X_0 1.0)")
+    _fails_one_line(small, capsys, "malformed VNN-LIB: unbalanced '('")
+
+
+def test_unsupported_onnx_op_is_one_line(small, capsys):
+    graph = helper.make_graph([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Erf", ["f"], ["y"], name="erf1")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), small / "onnx" / "net.onnx")
+    with pytest.raises(NotImplementedError):
+        from_onnx(small / "onnx" / "net.onnx")
+    _fails_one_line(small, capsys, "unsupported ONNX op Erf (node 'erf1')")
+
+
+def test_missing_file_is_one_line(small, capsys):
+    (small / "onnx" / "net.onnx").unlink()
+    _fails_one_line(small, capsys, "net.onnx is missing")
+
+
+def test_unusable_folder_exits_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2
+    assert "instances.csv is missing" in capsys.readouterr().err
+    (tmp_path / "instances.csv").write_text("a.onnx,b.vnnlib,notanumber\n")
+    assert main([str(tmp_path)]) == 2
+    assert "is not a number" in capsys.readouterr().err
+    assert main([str(tmp_path), "--verifier", "nope"]) == 2
+
+
+def test_timeout_override_and_rerun(small):
+    rows = run_benchmark(small, small / "r.csv", timeout_override=0.0)
+    assert rows[0]["result"] == "timeout"
+    rows = run_benchmark(small, small / "r.csv", verifier="crown")
+    assert rows[0]["result"] in ("unsat", "unknown") and rows[0]["stage"] == "crown"
