@@ -6,7 +6,7 @@ Which network a certificate is about:
   ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself), input
   normalization folded into its first Gemm (`quantize.export.export_for_verifiers`), evaluated in float64 with
   its float32 weights. Decided by the staged verifier (`verify.verifiers`, default "auto": PGD attack →
-  CROWN → α-CROWN → MILP with big-M constants and stable/unstable split from those bounds); every
+  CROWN → α-CROWN → branch and bound on the unstable ReLUs those bounds leave); every
   counterexample is re-checked in onnxruntime and written as a VNN-COMP witness.
 - **smooth** (`smooth.csv`): the model of ``train/<variant>/best.pt`` with its λ-GELU/GELU gates, in float64.
   Two routes, each recorded on its own: ``direct`` (attack, then CROWN and α-CROWN through the gates' linear

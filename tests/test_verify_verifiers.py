@@ -1,6 +1,7 @@
 """Each verifier and the staged chain on properties whose answer is known independently: one that holds
-(IBP proves it; IBP is sound, see test_verify_bounds) and one that fails (a sampled witness); the MILP against
-brute-force enumeration of activation patterns on tiny networks; MILP and Marabou against each other;
+(IBP proves it; IBP is sound, see test_verify_bounds) and one that fails (a sampled witness); the MILP and
+branch and bound against brute-force enumeration of activation patterns on tiny networks; MILP, branch and
+bound and Marabou against each other;
 counterexamples re-checked in onnxruntime; timeouts and errors."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from analysis.verification import milp
+from analysis.verification.bab import bab
 from analysis.verification.bounds import Bounder
 from analysis.verification.network import from_torch
 from analysis.verification.registry import (BOX_TOL, STAGED, VERIFIERS, Budget, MarabouVerifier, MilpVerifier, Problem,
@@ -85,12 +87,13 @@ def bench(tmp_path_factory):
 # "milp-only": no bounds tightening and no LP relaxation first, so the MILP itself (on IBP bounds) decides.
 VARIANTS = {
     "auto": lambda: get_verifier("auto"),
+    "bab": lambda: get_verifier("bab"),
     "milp": lambda: get_verifier("milp"),
     "milp-only": lambda: MilpVerifier(lp_first=False, tighten=False),
     "marabou": lambda: get_verifier("marabou"),
     "pgd+marabou": lambda: get_verifier("pgd+crown+marabou"),
 }
-COMPLETE = ["auto", "milp", "milp-only", pytest.param("marabou", marks=needs_marabou),
+COMPLETE = ["auto", "bab", "milp", "milp-only", pytest.param("marabou", marks=needs_marabou),
             pytest.param("pgd+marabou", marks=needs_marabou)]
 
 
@@ -122,9 +125,9 @@ def test_bounds_never_claim_the_false_property(bench, name):
 
 
 def test_staged_chain_answers_with_its_stage_and_counts(bench):
-    assert STAGED == "pgd+crown+alpha-crown+milp" and get_verifier("auto").name == STAGED
+    assert STAGED == "pgd+crown+alpha-crown+bab" and get_verifier("auto").name == STAGED
     r = get_verifier("auto").verify(bench["onnx"], bench["holds"], TIMEOUT_S)
-    assert r.status == "unsat" and r.stage in ("crown", "alpha-crown", "milp")
+    assert r.status == "unsat" and r.stage in ("crown", "alpha-crown", "bab")
     assert r.info["relus"] == 16 and r.info["unstable_tight"] <= r.info["unstable_ibp"]
     assert r.info["margin_lb"] > 0
     r = get_verifier("auto").verify(bench["onnx"], bench["fails"], TIMEOUT_S)
@@ -137,7 +140,7 @@ def test_complete_verifiers_agree_and_match_sampling(bench, eps_scale):
     eps = bench["eps_fail"] * eps_scale
     path = bench["root"] / "vnnlib" / f"scan_{eps_scale}.vnnlib"
     spec = write_robustness_vnnlib(path, bench["x0"], eps, 0.0, 1.0, bench["c"], NUM_CLASSES)
-    names = ["auto", "milp", "milp-only"] + (["marabou"] if MarabouVerifier.available() else [])
+    names = ["auto", "bab", "milp", "milp-only"] + (["marabou"] if MarabouVerifier.available() else [])
     statuses = {n: VARIANTS[n]().verify(bench["onnx"], path, TIMEOUT_S).status for n in names}
     assert len(set(statuses.values())) == 1 and statuses["milp"] in ("unsat", "sat"), statuses
     if statuses["milp"] == "unsat":  # no sampled point may contradict a proof
@@ -180,8 +183,9 @@ def _enumerate_min(layers: list[tuple[np.ndarray, np.ndarray]], lb: np.ndarray, 
     return best
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_milp_matches_brute_force_enumeration(seed):
+@pytest.mark.parametrize("method", ["milp", "bab"])
+@pytest.mark.parametrize("seed", range(5))
+def test_complete_methods_match_brute_force_enumeration(seed, method):
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3)).eval()
@@ -198,8 +202,16 @@ def test_milp_matches_brute_force_enumeration(seed):
         if min(abs(v) for v in mins) < ENUM_TOL:
             continue
         truth = "unsat" if min(mins) > 0 else "sat"
-        b = Bounder(net, spec.lb, spec.ub)  # IBP bounds only: the MILP must decide by itself
-        status, x, _ = milp.solve(b.net, spec, b.pre, list(range(len(spec.disjuncts))), lambda: 30.0, lp_first=False)
+        b = Bounder(net, spec.lb, spec.ub)  # IBP bounds only: the complete method must decide by itself
+        if method == "milp":
+            status, x, _ = milp.solve(b.net, spec, b.pre, list(range(len(spec.disjuncts))), lambda: 30.0, lp_first=False)
+        else:
+            status, x = "unsat", None
+            for dj in range(len(spec.disjuncts)):
+                st, x, _, _ = bab(b, spec, dj, lambda: False, lambda: 30.0, batch=4, steps=5)
+                if st != "unsat":
+                    status = st
+                    break
         assert status == truth, (seed, eps, mins, status)
         if status == "sat":
             assert spec.in_box(x, 1e-9) and spec.violation(net.forward(x).numpy()) <= 0
@@ -253,7 +265,7 @@ def test_cpu_clock_counts_cpu_seconds():
 
 
 def test_registry():
-    assert {"pgd", "ibp", "crown", "alpha-crown", "milp", "marabou", "via-relu"} <= set(VERIFIERS)
+    assert {"pgd", "ibp", "crown", "alpha-crown", "bab", "milp", "marabou", "via-relu"} <= set(VERIFIERS)
     assert {"milp", "ibp", "crown"} <= set(available_verifiers())
     for bad in ["nope", "pgd+crow", ""]:
         with pytest.raises(ValueError, match="choose from auto"):
@@ -352,7 +364,8 @@ def test_milp_and_marabou_agree_on_random_networks(tmp_path):
         a = MilpVerifier(lp_first=False, tighten=False).verify(onnx_path, vnn, TIMEOUT_S)
         b = get_verifier("marabou").verify(onnx_path, vnn, TIMEOUT_S)
         t = get_verifier("crown+marabou").verify(onnx_path, vnn, TIMEOUT_S)  # Marabou gets CROWN's bounds
+        z = get_verifier("bab").verify(onnx_path, vnn, TIMEOUT_S)
         assert a.status == b.status and a.status in ("unsat", "sat"), (seed, a, b)
-        assert t.status == a.status, (seed, t)
+        assert t.status == a.status and z.status == a.status, (seed, t, z)
         seen.add(a.status)
     assert used == 6 and seen == {"unsat", "sat"}

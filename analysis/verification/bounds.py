@@ -327,14 +327,14 @@ class Bounder:
         when `slopes` is per row. ReLU slopes: the lower slope α; gates: (lower slope, upper slope)."""
         if slopes is None and s in self._relax_cache:
             return self._relax_cache[s]
-        out = self._relaxation(s, slopes, exact)
+        out = self._relaxation(s, slopes, exact, self.pre[s])
         if slopes is None:
             self._relax_cache[s] = out
         return out
 
-    def _relaxation(self, s: int, slopes: Any, exact: bool):
+    def _relaxation(self, s: int, slopes: Any, exact: bool, bounds: tuple[torch.Tensor, torch.Tensor]):
         layer = self.net.layers[self.sites[s]]
-        l, u = self.pre[s]
+        l, u = bounds
         if isinstance(layer, ReLU):
             cross = (l < 0) & (u > 0)
             active = (l >= 0).to(DTYPE)
@@ -378,8 +378,14 @@ class Bounder:
 
     # -- back-substitution -----------------------------------------------------------------------
     def backward(self, A: torch.Tensor, upto: int, slopes: dict[int, Any] | None = None,
-                 exact: bool = True) -> torch.Tensor:
-        """Lower bounds of A·h over the box, h the output of layers[:upto]; A (rows, size)."""
+                 exact: bool = True, bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 extra: dict[int, torch.Tensor] | None = None, record: dict[int, torch.Tensor] | None = None,
+                 inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Lower bounds of A·h over the box, h the output of layers[:upto]; A (rows, size).
+
+        For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]); `extra[s]` is added to
+        the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
+        coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in)."""
         const = torch.zeros(A.shape[0], dtype=DTYPE)
         for k in range(upto - 1, -1, -1):
             layer = self.net.layers[k]
@@ -388,10 +394,20 @@ class Bounder:
                 const = const + c
             else:
                 s = self.site_of[k]
-                al, bl, au, bu = self.relaxation(s, None if slopes is None else slopes.get(s), exact)
+                if record is not None:
+                    record[s] = A.detach()
+                sl = None if slopes is None else slopes.get(s)
+                if bounds is not None and s in bounds:
+                    al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
+                else:
+                    al, bl, au, bu = self.relaxation(s, sl, exact)
                 Ap, An = A.clamp(min=0), A.clamp(max=0)
                 const = const + (Ap * bl).sum(-1) + (An * bu).sum(-1)
                 A = Ap * al + An * au
+                if extra is not None and s in extra:
+                    A = A + extra[s]
+        if inputs is not None:
+            inputs.append(A.detach())
         return A.clamp(min=0) @ self.lb + A.clamp(max=0) @ self.ub + const
 
     def _chunks(self, rows: int, upto: int) -> int:

@@ -7,11 +7,15 @@ re-checked before it is reported), ``timeout``, ``unknown`` (an incomplete metho
 float32 weights), not an int8 model.
 
 Registered verifiers (`VERIFIERS`): ``pgd`` (attack: sat or unknown), ``ibp``, ``crown``, ``alpha-crown``
-(bounds: unsat or unknown), ``milp`` (complete for ReLU networks), ``marabou`` (complete, maraboupy).
+(bounds: unsat or unknown), ``bab`` (branch and bound on unstable ReLUs, β-CROWN-style bounds, LP leaves) and
+``milp`` (big-M MILP; big-M constants and stable/unstable split from the tight bounds), both complete for ReLU
+networks, ``marabou`` (complete, maraboupy), ``via-relu`` (a smooth network through its ReLU version).
 A chain ``a+b+…`` runs them in order on one shared `Problem` until one answers sat or unsat, under one
 budget; later links reuse what earlier ones computed (the bounds, the disjuncts still open). ``auto`` is
-the staged chain `STAGED`: the attack, then CROWN, then α-CROWN, then the MILP whose big-M constants and
-stable/unstable split come from those bounds, on the disjuncts the bounds left open.
+the staged chain `STAGED`: the attack, then CROWN, then α-CROWN, then branch and bound on the disjuncts the
+bounds left open (the disjunction split, one search per open disjunct). Branch and bound replaced the MILP
+there by measurement: on the default model's hardest ε = 0.005 properties (300+ unstable ReLUs) it decided in
+1.6 s and 14 s what the MILP did in 32 s and not within 60 s; on digits MLPs it was 1.2–3x faster.
 
 Limits are named for what they are: a `Budget` counts wall-clock seconds (VNN-COMP's rule; default) or
 CPU seconds of this process and its waited-for children (``clock="cpu"``). HiGHS takes its limit as wall
@@ -38,7 +42,7 @@ from .vnnlib import VnnlibSpec, read_vnnlib_all
 RESULTS: tuple[str, ...] = ("sat", "unsat", "timeout", "unknown", "error")
 DECISIVE = ("sat", "unsat")
 CLOCKS = ("wall", "cpu")
-STAGED = "pgd+crown+alpha-crown+milp"
+STAGED = "pgd+crown+alpha-crown+bab"
 
 # A counterexample may sit this far outside the box (solvers work in double, ONNX in float32) ...
 BOX_TOL = 1e-6
@@ -554,3 +558,42 @@ class ViaReluVerifier(Verifier):
         what = (f"ReLU version's margin by {method} minus the |smooth − ReLU| bound (largest {float(gap.max()):.3g}): "
                 f"smallest {min(best):.4g}")
         return ("unsat" if all(ex) else "unknown"), None, what
+
+
+@register_verifier("bab")
+class BabVerifier(Verifier):
+    """Branch and bound on unstable ReLUs with β-CROWN-style bounds (`bab.bab`), on the disjuncts the bounds left
+    open (the most promising for a counterexample first), from the tightest bounds available (computed here
+    when no bound link ran before: CROWN, then α-CROWN for the ReLU layers). Complete for ReLU networks."""
+
+    def __init__(self, batch: int = 32, bab_steps: int = 15, lr: float = 0.1, steps: int = 20) -> None:
+        self.batch, self.bab_steps, self.lr, self.steps = int(batch), int(bab_steps), float(lr), int(steps)
+
+    def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
+        from . import bab
+
+        st = _state(problem, k, budget)
+        if st.level == "ibp":
+            st.bounder.crown()
+            st.update(st.bounder.spec_bounds(st.spec))
+            st.level = "crown"
+        if st.open and st.level != "alpha-milp":
+            st.bounder.alpha_intermediate(self.steps)
+            st.update(st.bounder.spec_bounds(st.spec))
+            st.level = "alpha-milp"
+        if not st.open:
+            return st.answer("bounds", problem)
+        problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
+        opn = sorted(st.open, key=lambda d: max(float(st.lower[i]) for i, j in enumerate(st.owner) if j == d))
+        messages, domains = [], 0
+        for d in opn:
+            status, x, msg, stats = bab.bab(st.bounder, problem.specs[k], d, budget.expired, budget.left, self.batch,
+                                            self.bab_steps, self.lr)
+            domains += stats["domains"]
+            problem.info["bab_domains"] = domains
+            if status == "sat":
+                return "sat", x, msg
+            if status != "unsat":
+                return status, None, f"disjunct {d}: {msg}"
+            messages.append(msg)
+        return "unsat", None, f"{len(opn)} open disjuncts closed; " + "; ".join(messages)

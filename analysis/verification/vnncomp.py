@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
     p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
     p.add_argument("--timeout", type=float, default=None, help="per-instance limit in wall seconds (default: instances.csv's)")
-    p.add_argument("--verifier", default="auto", help="a verifier or chain a+b (default auto: pgd+crown+alpha-crown+milp)")
+    p.add_argument("--verifier", default="auto", help="a verifier or chain a+b (default auto: pgd+crown+alpha-crown+bab)")
     p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
     p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
