@@ -3,8 +3,12 @@
 - Table I: per benchmark and activation (GELU, ReLU, λ-GELU per s-init mode), the best validation
   score (BVS, mean ± std over seeds), the epoch it was reached, the network-mean λ at the last
   epoch and the drift V_λ, from runs where λ is learned all along (no annealing).
-- Table II: the validation metric at the best checkpoint before and after the ReLU swap, for
-  the GELU baseline and for annealed λ-GELU (Algorithm 1), mean ± std over seeds.
+- Table II: the metric of the selected checkpoint before and after the ReLU swap, on the validation split
+  (used for selection) and on the test split (held out), mean ± 95% t-interval over seeds, for: the GELU
+  baseline swapped directly, annealed λ-GELU (Algorithm 1), a ReLU network trained from scratch (no swap),
+  and two ablations: annealing with λ not learned (gate.lr_mult = 0) and GELU swapped to ReLU at e_s then
+  fine-tuned as ReLU for the remaining epochs (harden.method = swap). Paired comparisons (same seeds) of the
+  shipped networks' test metric, and a plain statement of what the intervals support.
 - Figure 1 (and 2): over a (t, c) grid, colour = Δλ(t, c), the cell mean of V_λ over seeds and
   init modes; annotation = ΔBVS(t, c) = mean BVS of λ-GELU − mean BVS of GELU.
 - Figure 3: validation curves (mean ± std over seeds) and the Spearman correlation ρ_S(e) of the
@@ -14,8 +18,9 @@
 A run contributes one record per variant. Which table a record feeds follows from its config: λ
 runs whose switch epoch is T (train.switch_fraction = 1) are "learned" (Table I, Figures 1 and 3),
 the others "annealed" (Table II); baselines feed both. Runs that have not finished every epoch are
-listed and left out. Everything is computed from `config.json`, `train/metrics.csv` and
-`swap/swap.json`, so it works on runs from any machine.
+listed and left out. Everything is computed from `config.json`, `manifest.json` (the selected checkpoint's
+hardness), `train/metrics.csv` and `swap/swap.json`, so it works on runs from any machine, and on the run
+directories of several sweep shards together.
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ import csv
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
+from scipy import stats as sps
 
 from pipeline import render
+from pipeline.activations import RELU_FORMS
 from pipeline.errors import PipelineError
 from pipeline.evaluate import METRICS
 from pipeline.hardness import switch_epoch
@@ -49,6 +57,8 @@ LABELS = {
     ("wikitext2", "gpt"): "GPT/WikiText-2",
     ("shakespeare", "gpt"): "char-GPT/Shakespeare",
     ("digits", "mlp"): "MLP/digits",
+    ("breast_cancer", "mlp"): "MLP/breast_cancer",
+    ("wine", "mlp"): "MLP/wine",
 }
 # Our benchmark -> the paper's dataset row it reproduces (or stands in for).
 PAPER_ROW = {
@@ -117,6 +127,10 @@ class Record:
     val: np.ndarray  # [epochs]
     lambdas: np.ndarray  # [epochs, layers]; [epochs, 0] for baselines
     swap: dict[str, float] | None = None
+    method: str = "anneal"  # harden.method: anneal (Algorithm 1) or swap (ReLU at e_s + 1, then fine-tuned)
+    select: str = "best_val"  # harden.select
+    hardness: float | None = None  # the selected checkpoint's smallest λ / λ_target (train stage); None: no λ
+    warning: str | None = None  # the train stage's warning about the selected checkpoint, if any
 
     @property
     def hardenable(self) -> bool:
@@ -164,6 +178,8 @@ def read_run(path: Path) -> tuple[list[Record], list[str]]:
     with open(metrics) as f:
         rows = list(csv.DictReader(f))
     swap = json.loads((path / "swap" / "swap.json").read_text()) if (path / "swap" / "swap.json").is_file() else {}
+    manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
+    selected = manifest.get("stages", {}).get("harden", {}).get("metrics", {})
     T = int(cfg["train"]["epochs"])
     annealed_run = switch_epoch(T, float(cfg["train"]["switch_fraction"])) < T
     out, skipped = [], []
@@ -172,17 +188,27 @@ def read_run(path: Path) -> tuple[list[Record], list[str]]:
         if len(vrows) < T:
             skipped.append(f"{path.name}/{variant}: {len(vrows)} of {T} epochs")
             continue
-        metric_col = next(k for k in vrows[0] if k.startswith("val_") and k != "val_loss" and vrows[0][k] != "")
+        metric_col = next(k for k in vrows[0] if k.startswith("val_") and k != "val_loss" and not k.endswith("_swapped")
+                          and vrows[0][k] != "")
         metric = metric_col[len("val_"):]
         lam_cols = sorted((k for k in vrows[0] if k.startswith("lambda_") and vrows[0][k] != ""), key=lambda k: int(k.split("_")[1]))
         lams = np.array([[_float(r[k]) for k in lam_cols] for r in vrows[:T]], dtype=np.float64).reshape(T, len(lam_cols))
         hardenable = len(lam_cols) > 0
+        sel = selected.get(variant) or {}
+        entry = swap.get(variant)
+        if entry is None and variant in RELU_FORMS and sel.get("best_epoch"):
+            # PENDING (lead, pipeline/swap.py): the swap stage writes no entry for a network that is ReLU already.
+            # Its validation score at the selected epoch is in metrics.csv; its test score is not recorded anywhere.
+            v = float(vrows[int(sel["best_epoch"]) - 1][metric_col])
+            entry = {"val_before": v, "val_after": v, "argmax_agreement": 1.0}
         out.append(Record(
             run=str(path), benchmark=_benchmark(cfg), variant=variant,
             mode=cfg["gate"]["init"] if hardenable else "-",
             t=float(cfg["gate"]["temperature"]), c=float(cfg["gate"]["lr_mult"]), seed=int(cfg["seed"]), epochs=T,
             annealed=hardenable and annealed_run, metric=metric, higher_is_better=METRICS[metric][1],
-            val=np.array([float(r[metric_col]) for r in vrows[:T]]), lambdas=lams, swap=swap.get(variant)))
+            val=np.array([float(r[metric_col]) for r in vrows[:T]]), lambdas=lams, swap=entry,
+            method=cfg["harden"].get("method", "anneal"), select=cfg["harden"].get("select", "best_val"),
+            hardness=sel.get("selected_hardness"), warning=sel.get("warning")))
     return out, skipped
 
 
@@ -205,10 +231,11 @@ def collect(paths: Iterable[str | Path]) -> Collection:
 
 
 def _dedupe_baselines(recs: list[Record]) -> list[Record]:
-    """A baseline with the same (variant, seed, epochs) trained in two runs is one sample, not two."""
+    """A baseline trained the same way (variant, seed, epochs, harden.method, harden.select) in two runs is one
+    sample, not two."""
     out, seen = [], set()
     for r in recs:
-        key = (r.variant, r.seed, r.epochs) if not r.hardenable else (r.run, r.variant)
+        key = (r.variant, r.seed, r.epochs, r.method, r.select) if not r.hardenable else (r.run, r.variant)
         if key not in seen:
             seen.add(key)
             out.append(r)
@@ -222,11 +249,19 @@ def _by_benchmark(col: Collection) -> dict[str, list[Record]]:
     return {b: _dedupe_baselines(rs) for b, rs in groups.items()}
 
 
-def _mean_std(xs: Iterable[float]) -> tuple[float, float, int]:
+CONFIDENCE = 0.95  # two-sided level of every interval in the tables
+
+
+def _stats(xs: Iterable[float]) -> tuple[float, float, float, int]:
+    """(mean, sample std, half-width of the 95% t-interval of the mean, n) over seeds; NaNs left out.
+    One seed has no spread: std and interval are NaN (shown as no interval, never as ± 0)."""
     a = np.array([x for x in xs if not math.isnan(x)], dtype=np.float64)
     if a.size == 0:
-        return math.nan, math.nan, 0
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan, int(a.size)  # no spread from one seed
+        return math.nan, math.nan, math.nan, 0
+    if a.size == 1:
+        return float(a[0]), math.nan, math.nan, 1
+    sd = float(a.std(ddof=1))
+    return float(a.mean()), sd, float(sps.t.ppf(0.5 + CONFIDENCE / 2, a.size - 1) * sd / math.sqrt(a.size)), int(a.size)
 
 
 def _learned_tc(recs: list[Record]) -> list[tuple[float, float]]:
@@ -250,40 +285,120 @@ def table1(col: Collection) -> list[dict[str, Any]]:
         order = {"GELU": 0, "RELU": 1, "λ-GELU": 2}
         for (act, mode, t, c), rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][0], kv[0][2] or 0,
                                                                              kv[0][3] or 0, kv[0][1])):
-            bvs = _mean_std(r.bvs for r in rs)
+            bvs = _stats(r.bvs for r in rs)
             rows.append({
                 "benchmark": bench, "act": "ReLU" if act == "RELU" else act, "mode": mode, "t": t, "c": c,
-                "metric": rs[0].metric, "epochs": rs[0].epochs, "seeds": bvs[2],
-                "bvs": bvs[:2], "epoch": _mean_std(r.best_index + 1 for r in rs)[0],
-                "lambda": _mean_std(r.lambda_mean for r in rs)[:2], "drift": _mean_std(r.drift for r in rs)[:2],
+                "metric": rs[0].metric, "epochs": rs[0].epochs, "seeds": bvs[3],
+                "bvs": bvs, "epoch": _stats(r.best_index + 1 for r in rs)[0],
+                # the test split at the selected checkpoint, where the swap stage ran and selection is best_val
+                "test": _stats(r.swap.get("test_before", math.nan) if r.swap and r.select == "best_val" else math.nan for r in rs),
+                "lambda": _stats(r.lambda_mean for r in rs), "drift": _stats(r.drift for r in rs),
             })
     return rows
 
 
+# Table II rows: an activation label and a kind; the kind says how the row's network was made. In this order.
+ROW_KINDS = (
+    ("", "swapped directly after training (no fine-tuning)"),
+    (" (annealed)", "annealed to λ_target (Algorithm 1), then swapped"),
+    (" (from scratch)", "trained as it ships (no swap)"),
+    (" (annealed, λ not learned)", "ablation: annealed with λ not learned (gate.lr_mult = 0), then swapped"),
+    (" (swapped at e_s, fine-tuned)", "ablation: swapped to ReLU at e_s, then fine-tuned as ReLU (harden.method = swap)"),
+    (" (learned, not annealed)", "λ learned all training, not annealed, then swapped"),
+)
+ACT_LABELS = {"gelu": "GELU", "lambda_gelu": "λ-GELU", "relu": "ReLU", "silu": "SiLU", "lambda_swish": "λ-Swish",
+              "serf": "SERF", "lambda_serf": "λ-SERF", "mish": "Mish", "linked_relu": "CReLU"}
+# Paired comparisons of the shipped networks (test metric after the swap, same seeds): (row a, row b).
+COMPARISONS = (
+    ("λ-GELU (annealed)", "ReLU (from scratch)"),
+    ("λ-GELU (annealed)", "GELU"),
+    ("λ-GELU (annealed)", "λ-GELU (annealed, λ not learned)"),
+    ("λ-GELU (annealed)", "GELU (swapped at e_s, fine-tuned)"),
+    ("GELU (swapped at e_s, fine-tuned)", "ReLU (from scratch)"),
+)
+
+
+def _table2_row(r: Record, recs: list[Record]) -> str | None:
+    """The Table II row of a record: its activation's label and the kind of row (ROW_KINDS), or None."""
+    if r.swap is None:
+        return None
+    label = ACT_LABELS.get(r.variant, r.variant)
+    if r.variant in RELU_FORMS:
+        return f"{label} (from scratch)"
+    if not r.hardenable:
+        return f"{label} (swapped at e_s, fine-tuned)" if r.method == "swap" else label
+    if r.annealed and r.method == "anneal":
+        return f"{label} (annealed, λ not learned)" if r.c == 0 else f"{label} (annealed)"
+    if (not r.annealed and r.mode == "uniform" and _learned_tc(recs)
+            and (r.t, r.c) == min(_learned_tc(recs), key=lambda tc: (tc != PAPER_TC, tc))):
+        return f"{label} (learned, not annealed)"
+    return None
+
+
+def _row_order(key: str) -> tuple[int, str]:
+    kind = max((i for i, (suffix, _) in enumerate(ROW_KINDS) if suffix and key.endswith(suffix)), default=0)
+    return kind, key
+
+
+def _grouped(recs: list[Record]) -> dict[str, list[Record]]:
+    groups: dict[str, list[Record]] = defaultdict(list)
+    for r in recs:
+        key = _table2_row(r, recs)
+        if key is not None:
+            groups[key].append(r)
+    return groups
+
+
 def table2(col: Collection) -> list[dict[str, Any]]:
-    """Rows of Table II: original vs substituted metric at the best checkpoint (validation split)."""
+    """Rows of Table II: the selected checkpoint's metric before and after the swap, validation and test."""
     rows = []
     for bench, recs in _by_benchmark(col).items():
-        groups: dict[str, list[Record]] = defaultdict(list)
-        for r in recs:
-            if r.swap is None:
-                continue
-            if r.variant == "gelu":
-                groups["GELU"].append(r)
-            elif r.hardenable and r.annealed:
-                groups["λ-GELU (annealed)"].append(r)
-            elif r.hardenable and r.mode == "uniform" and (r.t, r.c) == min(_learned_tc(recs), key=lambda tc: (tc != PAPER_TC, tc)):
-                groups["λ-GELU (learned, not annealed)"].append(r)
-        for mode in ("GELU", "λ-GELU (annealed)", "λ-GELU (learned, not annealed)"):
-            rs = groups.get(mode)
-            if not rs:
-                continue
-            before, after = _mean_std(r.swap["val_before"] for r in rs), _mean_std(r.swap["val_after"] for r in rs)
-            drop = _mean_std(r.swap["val_after"] - r.swap["val_before"] for r in rs)
-            rows.append({"benchmark": bench, "mode": mode, "metric": rs[0].metric, "seeds": before[2], "epochs": rs[0].epochs,
-                         "original": before[:2], "substituted": after[:2], "change": drop[:2],
-                         "agreement": _mean_std(r.swap.get("argmax_agreement", math.nan) for r in rs)[0]})
+        groups = _grouped(recs)
+        for key in sorted(groups, key=_row_order):
+            rs = groups[key]
+            sw = [r.swap for r in rs]
+            st = {f"{split}_{what}": _stats(f(s) for s in sw) for split in ("val", "test") for what, f in (
+                ("original", lambda s, sp=split: s.get(f"{sp}_before", math.nan)),
+                ("substituted", lambda s, sp=split: s.get(f"{sp}_after", math.nan)),
+                ("change", lambda s, sp=split: s.get(f"{sp}_after", math.nan) - s.get(f"{sp}_before", math.nan)))}
+            # hardening is a promise of the annealed rows only (a learned-only λ is never meant to reach λ_target)
+            hardened = [r.hardness for r in rs if r.hardness is not None and r.annealed]
+            rows.append({"benchmark": bench, "mode": key, "kind": ROW_KINDS[_row_order(key)[0]][1], "metric": rs[0].metric,
+                         "seeds": len(rs),
+                         "epochs": rs[0].epochs, "select": sorted({r.select for r in rs}), **st,
+                         # the validation columns under their old names (side by side with the paper)
+                         "original": st["val_original"], "substituted": st["val_substituted"], "change": st["val_change"],
+                         "agreement": _stats(s.get("argmax_agreement", math.nan) for s in sw)[0],
+                         "not_hardened": sum(1 for r in rs if r.warning and r.annealed), "hardness_min": min(hardened) if hardened else None,
+                         "warnings": [f"{Path(r.run).name}: {r.warning}" for r in rs if r.warning and r.annealed]})
     return rows
+
+
+def comparisons(col: Collection) -> list[dict[str, Any]]:
+    """Paired differences (a − b) of the shipped networks' test metric after the swap, over the seeds both rows
+    ran, with a 95% t-interval, and what the interval says."""
+    out = []
+    for bench, recs in _by_benchmark(col).items():
+        groups = {k: {r.seed: r for r in rs} for k, rs in _grouped(recs).items()}
+        for a, b in COMPARISONS:
+            if a not in groups or b not in groups:
+                continue
+            seeds = sorted(set(groups[a]) & set(groups[b]))
+            diffs = [groups[a][k].swap.get("test_after", math.nan) - groups[b][k].swap.get("test_after", math.nan) for k in seeds]
+            mean, sd, half, n = _stats(diffs)
+            higher = METRICS[groups[a][seeds[0]].metric][1] if seeds else True
+            if n == 0:
+                verdict = "no paired test scores recorded"
+            elif n < 2:
+                verdict = "too few paired seeds for an interval"
+            elif abs(mean) <= half:
+                verdict = f"no difference detected with {n} seeds (the interval contains 0; it does not show equality)"
+            else:
+                better = (mean > 0) == higher
+                verdict = f"{a} is {'better' if better else 'worse'} (the interval excludes 0)"
+            out.append({"benchmark": bench, "a": a, "b": b, "metric": groups[a][seeds[0]].metric if seeds else "",
+                        "seeds": n, "difference": (mean, sd, half, n), "verdict": verdict})
+    return out
 
 
 def tc_grid(recs: list[Record]) -> dict[str, Any] | None:
@@ -343,17 +458,19 @@ def _num(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}f}"
 
 
-def _pm(ms: tuple[float, float] | None, digits: int = 4) -> str:
+def _pm(ms: tuple[float, ...] | None, digits: int = 4) -> str:
+    """mean ± the 95% t-interval's half-width (mean alone for one seed)."""
     if ms is None or math.isnan(ms[0]):
         return "-"
-    return _num(ms[0], digits) if math.isnan(ms[1]) else f"{_num(ms[0], digits)} ± {ms[1]:.1e}"
+    return _num(ms[0], digits) if math.isnan(ms[2]) else f"{_num(ms[0], digits)} ± {ms[2]:.1e}"
 
 
 def _digits(metric: str) -> int:
     return 2 if metric == "perplexity" else 4
 
 
-TABLE1_HEADER = ["Benchmark", "T", "Act.", "Mode", "t", "c", "BVS", "Ep.", "λ̄ (last epoch)", "Δλ̄ (V_λ)", "seeds"]
+TABLE1_HEADER = ["Benchmark", "T", "Act.", "Mode", "t", "c", "BVS (val)", "test at BVS", "Ep.", "λ̄ (last epoch)", "Δλ̄ (V_λ)",
+                 "seeds"]
 
 
 def table1_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -362,20 +479,62 @@ def table1_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
         d = _digits(r["metric"])
         out.append([f"{r['benchmark']} ({r['metric']})", str(r["epochs"]), r["act"], r["mode"],
                     _num(r["t"], 2) if r["t"] is not None else "-", _num(r["c"], 0) if r["c"] is not None else "-",
-                    _pm(r["bvs"], d), f"{r['epoch']:.1f}", _pm(r["lambda"], 2), _pm(r["drift"], 2), str(r["seeds"])])
+                    _pm(r["bvs"], d), _pm(r.get("test"), d), f"{r['epoch']:.1f}", _pm(r["lambda"], 2), _pm(r["drift"], 2),
+                    str(r["seeds"])])
     return out
 
 
-TABLE2_HEADER = ["Benchmark", "T", "Mode", "Original", "Substituted", "Change", "argmax agreement", "seeds"]
+TABLE2_HEADER = ["Benchmark", "T", "Row", "val original", "val swapped", "Δ val", "test original", "test swapped", "Δ test",
+                 "argmax agr. (val)", "not hardened", "seeds"]
 
 
 def table2_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
     out = []
     for r in rows:
         d = _digits(r["metric"])
-        out.append([f"{r['benchmark']} ({r['metric']})", str(r["epochs"]), r["mode"], _pm(r["original"], d),
-                    _pm(r["substituted"], d), _pm(r["change"], d), _num(r["agreement"], 4), str(r["seeds"])])
+        out.append([f"{r['benchmark']} ({r['metric']})", str(r["epochs"]), r["mode"],
+                    *(_pm(r[f"{sp}_{w}"], d) for sp in ("val", "test") for w in ("original", "substituted", "change")),
+                    _num(r["agreement"], 4), f"{r['not_hardened']}/{r['seeds']}" if r["hardness_min"] is not None else "-",
+                    str(r["seeds"])])
     return out
+
+
+COMPARISON_HEADER = ["Benchmark", "A", "B", "A − B (test, after the swap)", "paired seeds", "what the interval says"]
+
+
+def comparison_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [[f"{r['benchmark']} ({r['metric']})", r["a"], r["b"], _pm(r["difference"], _digits(r["metric"])), str(r["seeds"]),
+             r["verdict"]] for r in rows]
+
+
+def support_lines(t2: list[dict[str, Any]], comp: list[dict[str, Any]]) -> list[str]:
+    """What the numbers support and what they do not, in words, from the intervals (regenerated with them)."""
+    lines = []
+    for bench in dict.fromkeys(r["benchmark"] for r in t2):
+        rows = {r["mode"]: r for r in t2 if r["benchmark"] == bench}
+        parts = []
+        for key in ("GELU", "λ-GELU (annealed)"):
+            r = rows.get(key)
+            if r is None:
+                continue
+            m, _, h, n = r["test_change"]
+            what = ("too few seeds for an interval" if n < 2 else "no change detected" if abs(m) <= h
+                    else "a change (the interval excludes 0)")
+            parts.append(f"the swap of {key} changes test {r['metric']} by {_pm(r['test_change'], _digits(r['metric']))} "
+                         f"over {n} seeds: {what}")
+            if r["not_hardened"]:
+                parts.append(f"{r['not_hardened']} of {r['seeds']} {key} checkpoints were selected before λ reached λ_target")
+        for c in comp:
+            if c["benchmark"] == bench:
+                parts.append(f"{c['a']} − {c['b']} on test: {_pm(c['difference'], _digits(c['metric']))} ({c['verdict']})")
+        if parts:
+            lines.append(f"- **{bench}**: " + "; ".join(parts) + ".")
+    if lines:
+        lines += ["", ("What these numbers do not support: equality where an interval contains 0 (a wider seed count could "
+                  "still separate the rows); any claim about the validation columns as performance (the validation split "
+                  "chose the checkpoint, so they are optimistic: read the test columns); any claim beyond these data sets, "
+                  "models, epoch counts and selection rule (`harden.select` is listed per row in numbers.json).")]
+    return lines
 
 
 def paper_row(benchmark: str) -> str | None:
@@ -514,28 +673,43 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     t1, t2 = table1(col), table2(col)
     md = [f"# {title}", "", f"Runs read from: {', '.join(map(str, paths))} ({len(col.records)} finished variant runs).", ""]
-    numbers: dict[str, Any] = {"table1": t1, "table2": t2, "heatmaps": {}, "spearman": {}, "skipped": col.skipped}
+    numbers: dict[str, Any] = {"table1": t1, "table2": t2, "heatmaps": {}, "spearman": {}, "skipped": col.skipped,
+                               "confidence": CONFIDENCE}
 
     md += ["## Table I: best validation score, epoch, mean λ, drift (λ learned all training)", "",
-           "BVS is the best validation score over the epochs (max accuracy, min perplexity), mean ± std over seeds; "
-           "Ep. the mean epoch it was reached; λ̄ the mean over layers of λ at the last epoch; Δλ̄ the drift "
-           "V_λ = (1/L) Σ_ℓ Σ_e |λ_ℓ(e+1) − λ_ℓ(e)|; both mean ± std over seeds.", ""]
+           ("BVS is the best validation score over the epochs (max accuracy, min perplexity); test at BVS the held-out "
+           "test score of that checkpoint (where the swap stage ran and harden.select = best_val); Ep. the mean epoch "
+           "it was reached; λ̄ the mean over layers of λ at the last epoch; Δλ̄ the drift "
+           "V_λ = (1/L) Σ_ℓ Σ_e |λ_ℓ(e+1) − λ_ℓ(e)|; all mean ± 95% t-interval over seeds."), ""]
     cells1 = table1_cells(t1)
     md.append(render.table(TABLE1_HEADER, cells1) if cells1 else "_no finished runs with λ learned all along or baselines_")
     atomic_write_text(out / "table1.md", render.table(TABLE1_HEADER, cells1) + "\n")
     plot_table(TABLE1_HEADER, cells1, out / "table1.png", "Table I")
     md += ["", "![Table I](table1.png)", ""]
 
-    md += ["## Table II: original vs substituted (ReLU) metric at the best checkpoint", "",
-           "Validation split, no weight update after the swap; mean ± std over seeds. Change = substituted − original "
-           "(for perplexity, positive is worse). λ-GELU (annealed) follows Algorithm 1 (λ learned for the first "
-           "`switch_fraction` of the epochs, then annealed to λ_target); the not-annealed row swaps a λ-GELU that only "
-           "learned λ.", ""]
+    md += ["## Table II: original vs substituted (ReLU) metric of the selected checkpoint, validation and test", "",
+           "No weight update after the swap; mean ± 95% t-interval over seeds. Δ = swapped − original (for perplexity, "
+           "positive is worse). The validation split chose the checkpoint (its columns are optimistic); the test split "
+           "is held out. Rows: " + "; ".join(f"*activation{suffix}*: {what}" for suffix, what in ROW_KINDS) + ". For a ReLU network "
+           "the swap changes nothing (original = swapped); for the fine-tuned ablation the selected checkpoint is "
+           "usually ReLU already. *not hardened*: seeds whose selected checkpoint had λ below λ_target.", ""]
     cells2 = table2_cells(t2)
     md.append(render.table(TABLE2_HEADER, cells2) if cells2 else "_no finished runs with a swap stage_")
     atomic_write_text(out / "table2.md", render.table(TABLE2_HEADER, cells2) + "\n")
     plot_table(TABLE2_HEADER, cells2, out / "table2.png", "Table II")
     md += ["", "![Table II](table2.png)", ""]
+    comp = comparisons(col)
+    numbers["comparisons"] = comp
+    if comp:
+        md += ["## Paired comparisons of the shipped networks", "",
+               ("Difference of the test metric after the swap, seed by seed (the same seed gives the same data order "
+               "and initial weights), mean ± 95% t-interval."), "", render.table(COMPARISON_HEADER, comparison_cells(comp)), ""]
+    support = support_lines(t2, comp)
+    if support:
+        md += ["## What these numbers support", ""] + support + [""]
+    warned = [w for r in t2 for w in r["warnings"]]
+    if warned:
+        md += ["## Selected checkpoints not hardened to λ_target", ""] + [f"- {w}" for w in warned] + [""]
 
     for bench, recs in _by_benchmark(col).items():
         grid = tc_grid(recs)
@@ -569,8 +743,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
 
     s1, s2 = side_by_side(t1, t2)
     md += ["## Side by side with the paper", "",
-           "The paper's numbers are its Tables I and II (3 seeds, full training on GPUs); ours are the rows above. "
-           "A stand-in benchmark (marked in the first column) is compared on trends only.", ""]
+           ("The paper's numbers are its Tables I and II (3 seeds, full training on GPUs); ours are the rows above. "
+           "A stand-in benchmark (marked in the first column) is compared on trends only."), ""]
     if s1:
         md += [render.table(["ours", "paper row", "Act./mode", "BVS ours", "BVS paper", "Ep. ours/T", "Ep. paper", "λ̄ ours",
                     "λ̄ paper", "Δλ̄ ours", "Δλ̄ paper"], s1), ""]

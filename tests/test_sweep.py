@@ -151,7 +151,9 @@ def test_report_tables_match_the_runs(digits_sweep):
     assert row["seeds"] == 2 and row["bvs"][0] == pytest.approx(np.mean(bvs)) and row["bvs"][1] == pytest.approx(np.std(bvs, ddof=1))
     assert row["drift"][0] == pytest.approx(np.mean(drifts))
     modes = {r["mode"] for r in numbers["table2"]}
-    assert modes == {"GELU", "λ-GELU (annealed)", "λ-GELU (learned, not annealed)"}
+    assert modes == {"GELU", "ReLU (from scratch)", "λ-GELU (annealed)", "λ-GELU (learned, not annealed)"}
+    relu = next(r for r in numbers["table2"] if r["mode"] == "ReLU (from scratch)")  # no swap: original = swapped
+    assert relu["val_original"][0] == relu["val_substituted"][0] and relu["val_change"][0] == 0
     annealed = next(r for r in numbers["table2"] if r["mode"] == "λ-GELU (annealed)")
     swaps = [json.loads((digits_sweep / f"anneal-s{s}" / "swap" / "swap.json").read_text())["lambda_gelu"] for s in (0, 1)]
     assert annealed["original"][0] == pytest.approx(np.mean([s["val_before"] for s in swaps]))
