@@ -28,6 +28,12 @@ class DataConfig:
     eval_batch_size: int = 2048
     seq_len: int = 128  # text data sets: tokens per training sequence (the model's context length)
     augment: Literal["none", "flip_crop"] = "none"  # images: random 4-pixel-padded crop + horizontal flip (CIFAR recipe)
+    # Files of your own (name = csv | npz | image_folder); the other data sets take none of these.
+    path: str = ""  # the csv/npz file, or the image_folder root (root/<class>/*.png|jpg, or root/{train,test}/<class>/)
+    test_path: str = ""  # csv/npz: a test file with the same columns ("" = a fixed 20% hold-out of `path`)
+    label: str = ""  # csv: the label column; npz: the label array (classes = its sorted distinct values)
+    features: list[str] = field(default_factory=list)  # feature columns/arrays, in this order ([] = all but the label)
+    categorical: list[str] = field(default_factory=list)  # feature columns one-hot encoded (vocabulary from `path`)
 
 
 @dataclass

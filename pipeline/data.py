@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import functools
 import gzip
+import json
 import os
 import struct
 import urllib.request
-from dataclasses import astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from .config import Config, DataConfig, check_choice
+from .config import Config, DataConfig, check_choice, need
 from .errors import DataError
 
 SPLIT_SEED = 0  # the validation split is the same for every training seed
@@ -381,20 +382,22 @@ def load_cifar100(cfg: DataConfig) -> Dataset:
 TINYIMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 
 
-def _read_jpegs(paths: list[Path]) -> np.ndarray:
+def _read_jpegs(paths: list[Path], mode: str = "RGB") -> np.ndarray:
+    """uint8 [N, C, H, W] of image files of one size; mode "RGB" (C = 3) or "L" (greyscale, C = 1)."""
     try:
         from PIL import Image
     except ImportError:
-        raise DataError("tinyimagenet needs Pillow to decode its JPEG files: pip install pillow") from None
+        raise DataError("decoding image files needs Pillow: pip install pillow") from None
     out = None
     for i, p in enumerate(paths):
         try:
             with Image.open(p) as im:
-                a = np.asarray(im.convert("RGB"), dtype=np.uint8)  # a few images are greyscale
+                a = np.asarray(im.convert(mode), dtype=np.uint8)  # a few of TinyImageNet's images are greyscale
         except OSError as exc:
             raise DataError(f"{p} is not a readable image ({exc}); fetch the data set again") from None
+        a = a.reshape(*a.shape[:2], -1)  # [H, W, C]
         if out is None:
-            out = np.empty((len(paths), 3, *a.shape[:2]), dtype=np.uint8)
+            out = np.empty((len(paths), a.shape[2], *a.shape[:2]), dtype=np.uint8)
         if a.shape[:2] != out.shape[2:]:
             raise DataError(f"{p} is {a.shape[1]}x{a.shape[0]}, the other images are {out.shape[3]}x{out.shape[2]}")
         out[i] = a.transpose(2, 0, 1)
@@ -489,6 +492,277 @@ def load_wikitext2(cfg: DataConfig) -> Dataset:
     return Dataset(_lm_info("wikitext2", cfg, 256, str(d / "wikitext-2-raw"), []), _keep(train, cfg.subset), val, test)
 
 
+# ---------------------------------------------------------------------------------------------
+# Files of your own: csv and npz (tabular, as Adult: categoricals one-hot, standardization inside the model)
+# and image_folder (root/<class>/*.png|jpg). Paths are taken as given (relative to the working directory).
+
+FILE_DATASETS = ("csv", "npz", "image_folder")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes without colour
+
+
+@dataclass
+class _Table:
+    """Columns of one file: name -> [N] values (str for csv) or [N, k] numbers (npz), and where row i is."""
+
+    source: Path
+    columns: dict[str, np.ndarray]
+    where: Callable[[int], str]
+
+
+def _file(path: str, key: str, name: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"{name}: {key}={path} is not a file" + ("" if p.exists() else " (it does not exist)"))
+    return p
+
+
+def _read_csv(path: Path) -> _Table:
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            lines = [(i, row) for i, row in enumerate(csv.reader(f), start=1) if any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path} is not a readable UTF-8 CSV file ({exc})") from None
+    if len(lines) < 2:
+        raise DataError(f"{path} needs a header line and at least one row")
+    header = [h.strip() for h in lines[0][1]]
+    if len(set(header)) != len(header):
+        raise DataError(f"{path}: the header names a column twice: {', '.join(sorted({h for h in header if header.count(h) > 1}))}")
+    for n, row in lines[1:]:
+        if len(row) != len(header):
+            raise DataError(f"{path}, line {n}: {len(row)} fields, the header has {len(header)}")
+    cells = np.array([[c.strip() for c in row] for _, row in lines[1:]], dtype=object)
+    numbers = [n for n, _ in lines[1:]]
+    return _Table(path, {h: cells[:, j] for j, h in enumerate(header)}, lambda i: f"line {numbers[i]}")
+
+
+def _read_npz(path: Path) -> _Table:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            columns = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{path} is not a readable .npz file of plain arrays ({exc})") from None
+    sizes = {k: len(a) if a.ndim else None for k, a in columns.items()}
+    bad = [k for k, a in columns.items() if a.ndim not in (1, 2)]
+    if bad:
+        raise DataError(f"{path}: array {bad[0]!r} has shape {columns[bad[0]].shape}; every array must be [N] or [N, k] "
+                        "(images: use data.name=image_folder)")
+    if len(set(sizes.values())) > 1:
+        raise DataError(f"{path}: the arrays have different lengths: " + ", ".join(f"{k} {n}" for k, n in sizes.items()))
+    return _Table(path, columns, lambda i: f"row {i}")
+
+
+def _columns(t: _Table, cfg: DataConfig) -> list[str]:
+    """The feature columns (config order, or every column but the label), each checked to exist."""
+    missing = [c for c in [cfg.label, *cfg.features] if c not in t.columns]
+    if missing:
+        raise DataError(f"{t.source}: no column {missing[0]!r} (data.{'label' if missing[0] == cfg.label else 'features'}); "
+                        f"it has {', '.join(t.columns)}")
+    features = list(cfg.features) or [c for c in t.columns if c != cfg.label]
+    if cfg.label in cfg.features:
+        raise DataError(f"data.features lists the label column {cfg.label!r}")
+    if not features:
+        raise DataError(f"{t.source}: no feature columns beside the label {cfg.label!r}")
+    return features
+
+
+def _numbers(t: _Table, col: str) -> np.ndarray:
+    """A numeric column as float64 [N, k]; a non-number, an empty cell, NaN or ±inf is an error naming the row."""
+    a = t.columns[col]
+    try:
+        x = np.asarray(a, dtype=np.float64)
+    except ValueError:
+        x = None
+        for i, v in enumerate(a.reshape(len(a), -1)[:, 0] if a.ndim > 1 else a):
+            try:
+                float(v)
+            except ValueError:
+                what = ("is empty; fill it in or drop the row" if str(v) == "" else
+                        f"{str(v)!r} is not a number; fix it, or list the column in data.categorical to one-hot it")
+                raise DataError(f"{t.source}, {t.where(i)}, column {col!r}: {what}") from None
+        raise DataError(f"{t.source}: column {col!r} is not numeric; list it in data.categorical to one-hot it")
+    x = x.reshape(len(x), -1)
+    bad = np.argwhere(~np.isfinite(x))
+    if len(bad):
+        i, j = bad[0]
+        name = col if x.shape[1] == 1 else f"{col}[{j}]"
+        raise DataError(f"{t.source}, {t.where(int(i))}, column {name!r}: {x[i, j]} (missing or not finite); "
+                        "fill it in or drop the row")
+    return x
+
+
+def _strings(t: _Table, col: str) -> list[str]:
+    a = t.columns[col]
+    if a.ndim != 1:
+        raise DataError(f"{t.source}: {col!r} has shape {a.shape}; a label or categorical array must be [N]")
+    if a.dtype.kind == "f":  # npz labels stored as floats: 1.0 is class "1"
+        _numbers(t, col)  # NaN / inf are errors here too
+        if np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+    out = [str(v) for v in a.tolist()]
+    for i, v in enumerate(out):
+        if v in ("", "nan", "NaN"):
+            raise DataError(f"{t.source}, {t.where(i)}, column {col!r}: {'is empty' if v == '' else 'NaN'}; "
+                            "fill it in or drop the row")
+    return out
+
+
+def _sort_key(v: str) -> tuple:
+    try:
+        return (0, float(v), v)  # numbers in numeric order (2 before 10)
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def _encode(t: _Table, features: list[str], categorical: list[str], vocab: dict[str, list[str]] | None
+            ) -> tuple[torch.Tensor, list[str], dict[str, list[str]]]:
+    """Feature matrix [N, D] float32: numeric columns as they are, categorical ones one-hot over `vocab` (the
+    training file's sorted values, built here when None; an unseen value is all zeros, as for Adult)."""
+    vocab = {} if vocab is None else vocab
+    blocks, names = [], []
+    for col in features:
+        if col in categorical:
+            values = _strings(t, col)
+            cats = vocab.setdefault(col, sorted(set(values), key=_sort_key))
+            index = {v: i for i, v in enumerate(cats)}
+            onehot = np.zeros((len(values), len(cats)))
+            rows = [(r, index[v]) for r, v in enumerate(values) if v in index]
+            if rows:
+                onehot[tuple(np.array(rows).T)] = 1.0
+            blocks.append(onehot)
+            names += [f"{col}={v}" for v in cats]
+        else:
+            x = _numbers(t, col)
+            blocks.append(x)
+            names += [col] if x.shape[1] == 1 else [f"{col}[{j}]" for j in range(x.shape[1])]
+    return torch.tensor(np.concatenate(blocks, axis=1), dtype=torch.float32), names, vocab
+
+
+def _labels(t: _Table, col: str, classes: list[str] | None) -> tuple[torch.Tensor, list[str]]:
+    values = _strings(t, col)
+    classes = classes or sorted(set(values), key=_sort_key)
+    index = {v: i for i, v in enumerate(classes)}
+    unknown = next((i for i, v in enumerate(values) if v not in index), None)
+    if unknown is not None:
+        raise DataError(f"{t.source}, {t.where(unknown)}, column {col!r}: label {values[unknown]!r} is not among the "
+                        f"training file's classes {', '.join(classes)}")
+    return torch.tensor([index[v] for v in values], dtype=torch.int64), classes
+
+
+def _load_table(cfg: DataConfig, read: Callable[[Path], _Table]) -> Dataset:
+    t = read(_file(cfg.path, "data.path", cfg.name))
+    features = _columns(t, cfg)
+    x, names, vocab = _encode(t, features, cfg.categorical, None)
+    y, classes = _labels(t, cfg.label, None)
+    if len(classes) < 2:
+        raise DataError(f"{t.source}: column {cfg.label!r} holds one class ({classes[0]}); classification needs two or more")
+    test = None
+    if cfg.test_path:
+        tt = read(_file(cfg.test_path, "data.test_path", cfg.name))
+        _columns(tt, cfg)
+        missing = [c for c in features if c not in tt.columns]
+        if missing:
+            raise DataError(f"{tt.source}: no column {missing[0]!r} (the training file {t.source} has it)")
+        test = Split(_encode(tt, features, cfg.categorical, vocab)[0], _labels(tt, cfg.label, classes)[0])
+    return tabular_dataset(f"{cfg.name}:{t.source.name}", x, y, test, len(classes), cfg, str(t.source), names)
+
+
+def load_csv(cfg: DataConfig) -> Dataset:
+    """A CSV file with a header line: `data.label` the class column, `data.features` (default: all others),
+    `data.categorical` one-hot; an optional `data.test_path`, else a fixed 20% test hold-out."""
+    return _load_table(cfg, _read_csv)
+
+
+def load_npz(cfg: DataConfig) -> Dataset:
+    """A NumPy .npz of [N] / [N, k] arrays, each array a column (or k columns), as for `load_csv`."""
+    return _load_table(cfg, _read_npz)
+
+
+def _image_classes(root: Path) -> dict[str, list[Path]]:
+    dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not dirs:
+        raise DataError(f"image_folder: {root} holds no class folders; expected {root}/<class>/*.png|jpg")
+    out = {}
+    for d in dirs:
+        files = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not files:
+            raise DataError(f"image_folder: {d} holds no .png/.jpg files")
+        out[d.name] = files
+    return out
+
+
+def _image_mode(path: Path) -> str:
+    """Pillow's mode of an image file, read from its header."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return im.mode
+    except ImportError:
+        raise DataError("decoding image files needs Pillow: pip install pillow") from None
+    except OSError as exc:
+        raise DataError(f"{path} is not a readable image ({exc})") from None
+
+
+def load_image_folder(cfg: DataConfig) -> Dataset:
+    """root/<class>/*.png|jpg (a fixed 20% test hold-out), or root/train/<class>/ with root/test/<class>/.
+    Classes are the folder names in sorted order; every image must have the same size (none is resized);
+    greyscale when every image is, RGB otherwise; pixels in [0, 1], per-channel normalization in the model."""
+    root = Path(cfg.path).expanduser()
+    if not root.is_dir():
+        raise DataError(f"image_folder: data.path={cfg.path} is not a folder" + ("" if root.exists() else " (it does not exist)"))
+    split_dirs = (root / "train").is_dir()
+    train = _image_classes(root / "train" if split_dirs else root)
+    test = _image_classes(root / "test") if split_dirs and (root / "test").is_dir() else None
+    names = sorted(train)
+    extra = sorted(set(test or {}) - set(names))
+    if extra:
+        raise DataError(f"image_folder: {root / 'test'} has class folders that train/ lacks: {', '.join(extra)}")
+    every = [p for files in [*train.values(), *(test or {}).values()] for p in files]
+    mode = "L" if all(_image_mode(p) in GREY_MODES for p in every) else "RGB"
+
+    def read(classes: dict[str, list[Path]]) -> tuple[torch.Tensor, torch.Tensor]:
+        paths = [p for c in names for p in classes.get(c, [])]
+        y = [i for i, c in enumerate(names) for _ in classes.get(c, [])]
+        return _u8_images(_read_jpegs(paths, mode)), torch.tensor(y, dtype=torch.int64)
+
+    x, y = read(train)
+    if test is not None:
+        tx, ty = read(test)
+        if tx.shape[1:] != x.shape[1:]:
+            raise DataError(f"image_folder: test images are {tx.shape[3]}x{tx.shape[2]}, training images {x.shape[3]}x{x.shape[2]}")
+        held = Split(tx, ty)
+    else:  # no test folder: hold out a fixed 20% before the validation carve (as for digits)
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED + 1))
+        n_test = len(y) // 5
+        held, x, y = Split(x[perm[:n_test]], y[perm[:n_test]]), x[perm[n_test:]], y[perm[n_test:]]
+    return _image_dataset(f"image_folder:{root.name}", x, y, held, len(names), cfg, str(root))
+
+
+def _check_files(cfg: DataConfig) -> None:
+    """The file keys belong to the file data sets, and each of those has what it needs."""
+    given = [k for k in ("path", "test_path", "label", "features", "categorical") if getattr(cfg, k)]
+    if cfg.name not in BUILTIN_DATASETS:  # a plug-in's loader reads what it wants of them
+        return
+    if cfg.name not in FILE_DATASETS:
+        need(not given, f"data.{given[0] if given else ''} is for data.name={'/'.join(FILE_DATASETS)}; "
+                        f"data.name={cfg.name} reads its own files")
+        return
+    need(bool(cfg.path), f"data.name={cfg.name} needs data.path=<{'folder' if cfg.name == 'image_folder' else 'file'}>")
+    if cfg.name == "image_folder":
+        extra = [k for k in given if k != "path"]
+        need(not extra, f"data.{extra[0] if extra else ''} is for csv/npz; image_folder takes data.path only "
+                        "(classes are the folder names, a test/ folder is the test split)")
+        return
+    need(bool(cfg.label), f"data.name={cfg.name} needs data.label=<the class column>")
+    stray = [c for c in cfg.categorical if cfg.features and c not in cfg.features]
+    need(not stray, f"data.categorical names {stray[0] if stray else ''!r}, which data.features does not list")
+    need(cfg.label not in cfg.categorical, f"data.categorical lists the label column {cfg.label!r} (labels are classes already)")
+    need(len(set(cfg.features)) == len(cfg.features), f"data.features lists a column twice: {cfg.features}")
+
+
 DATASETS: dict[str, Callable[[DataConfig], Dataset]] = {
     "fashion_mnist": load_fashion_mnist,
     "adult": load_adult,
@@ -500,11 +774,16 @@ DATASETS: dict[str, Callable[[DataConfig], Dataset]] = {
     "tinyimagenet": load_tinyimagenet,
     "shakespeare": load_shakespeare,
     "wikitext2": load_wikitext2,
+    "csv": load_csv,
+    "npz": load_npz,
+    "image_folder": load_image_folder,
 }
+BUILTIN_DATASETS = frozenset(DATASETS)  # the rest come from plug-ins (pipeline.plugins)
 
 
 def check_config(cfg: DataConfig) -> None:
     check_choice("data.name", cfg.name, DATASETS)
+    _check_files(cfg)
 
 
 def load_dataset(cfg: DataConfig) -> Dataset:
@@ -512,13 +791,13 @@ def load_dataset(cfg: DataConfig) -> Dataset:
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_dataset(key: tuple) -> Dataset:
-    return load_dataset(DataConfig(*key))
+def _cached_dataset(key: str) -> Dataset:
+    return load_dataset(DataConfig(**json.loads(key)))
 
 
 def dataset_for(cfg: Config) -> Dataset:
     """The run's data set, loaded once per process (every stage of a run asks for it)."""
-    return _cached_dataset(astuple(cfg.data))
+    return _cached_dataset(json.dumps(asdict(cfg.data), sort_keys=True))  # a hashable key (the config has lists)
 
 
 def on_device(split: Split, device: torch.device) -> Split:
@@ -564,3 +843,33 @@ def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Ten
     cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # [N, 1, W]
     out = xp[torch.arange(n)[:, None, None], :, rows, cols]  # [N, H, W, C]
     return out.permute(0, 3, 1, 2).contiguous()
+
+
+def as_split(data) -> Split:
+    """A Split from what a user has: a Split; an (x, y) pair of tensors or arrays; a torch DataLoader, a map-style
+    torch Dataset, or any iterable of (x, y) batches (concatenated in memory). y must hold integer class labels
+    (or [N, T] token ids); floating x becomes float32. What the library entry points (swap_report, analysis.api)
+    take as `data`."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data import Dataset as TorchDataset
+
+    if isinstance(data, Split):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(hasattr(d, "shape") for d in data):
+        x, y = (torch.as_tensor(d) for d in data)
+    else:
+        if isinstance(data, TorchDataset) and hasattr(data, "__len__"):
+            data = DataLoader(data, batch_size=1024)
+        try:
+            pairs = list(data)
+        except TypeError:
+            raise DataError(f"cannot read data from a {type(data).__name__}: give a Split, (x, y) tensors, a DataLoader "
+                            "or an iterable of (x, y) batches") from None
+        if not pairs or not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+            raise DataError(f"a {type(data).__name__} of {type(pairs[0]).__name__ if pairs else 'nothing'}: expected (x, y) batches")
+        x, y = (torch.cat([torch.as_tensor(p[k]) for p in pairs]) for k in (0, 1))
+    if len(x) != len(y):
+        raise DataError(f"x has {len(x)} examples, y {len(y)}")
+    if y.is_floating_point() or y.is_complex():
+        raise DataError(f"y must hold integer class labels, got {y.dtype}")
+    return Split(x.float() if x.is_floating_point() else x, y.long())  # float32 inputs, as every loader here gives
