@@ -11,7 +11,7 @@ from torch import nn
 from . import checkpoint
 from .activations import Gate, Linked, gate_of, swapped_activation
 from .config import Config
-from .data import dataset_for
+from .data import as_split, dataset_for
 from .distributed import resolve_device
 from .errors import TrainingError
 from .evaluate import predict, score
@@ -45,6 +45,19 @@ def to_relu(model: nn.Module) -> nn.Module:
     pairing: its inner gate becomes ReLU, so the pair is CReLU."""
     return replace_modules(model, lambda m, _: gate_of(m) is not None,
                            lambda m, _: m.to_relu() if isinstance(m, Gate) else nn.ReLU())
+
+
+def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.device | str = "cpu",
+                metric: str = "accuracy") -> dict[str, float]:
+    """What swapping every gate to ReLU does to `model` on `data` (a Split, (x, y) tensors, a DataLoader:
+    `data.as_split`), the swap stage's numbers: the metric before and after, the top-1 agreement of the two
+    models and the largest |Δlogit|. `model` itself is not changed (a copy is swapped)."""
+    split = as_split(data)
+    before = predict(model, split, batch_size, device)
+    after = predict(to_relu(copy.deepcopy(model)), split, batch_size, device)
+    return {"before": score(before, split.y, metric)["metric"], "after": score(after, split.y, metric)["metric"],
+            "argmax_agreement": float((before.argmax(-1) == after.argmax(-1)).float().mean()),
+            "max_logit_change": float((before - after).abs().max())}
 
 
 def _mirrored(layer: nn.Module) -> nn.Module:
@@ -113,18 +126,12 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
                                    "argmax_agreement": 1.0, "max_logit_change": 0.0}
                 swapped_to[variant] = "no swap"
             continue
-        before = {s: predict(model, getattr(ds, s), bs, device) for s in ("val", "test")}
-        swapped = to_relu(model)  # the loaded copy is ours to change
-        after = {s: predict(swapped, getattr(ds, s), bs, device) for s in ("val", "test")}
+        val, test = (swap_report(model, getattr(ds, s), bs, device, m) for s in ("val", "test"))
         # Agreement and logit change on the validation split: the split the checkpoint was chosen on.
-        result[variant] = {
-            "val_before": score(before["val"], ds.val.y, m)["metric"],
-            "val_after": score(after["val"], ds.val.y, m)["metric"],
-            "test_before": score(before["test"], ds.test.y, m)["metric"],
-            "test_after": score(after["test"], ds.test.y, m)["metric"],
-            "argmax_agreement": float((before["val"].argmax(-1) == after["val"].argmax(-1)).float().mean()),
-            "max_logit_change": float((before["val"] - after["val"]).abs().max()),
-        }
+        result[variant] = {"val_before": val["before"], "val_after": val["after"], "test_before": test["before"],
+                           "test_after": test["after"], "argmax_agreement": val["argmax_agreement"],
+                           "max_logit_change": val["max_logit_change"]}
+        swapped = to_relu(model)  # the loaded copy is ours to change
         swapped_to[variant] = facts["swapped_to"]
         checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),
                         source_epoch=payload.get("epoch"), source=str(source.relative_to(run.path)))

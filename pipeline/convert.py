@@ -1,0 +1,320 @@
+"""Convert any model: its activations become hardenable gates, and `to_relu` turns them into ReLU.
+
+    model, report = to_gates(model)     # a copy (inplace=True changes `model` itself)
+    print(report)                       # what was converted, what was left and why
+    ...                                 # harden it in any loop: pipeline.harden.Hardener
+    relu = to_relu(model)               # every gate -> ReLU, in place (pipeline.swap.to_relu)
+
+Like torchao's `quantize_(model, config, filter_fn)`: `filter_fn(module, fqn)` chooses the sites, a
+`GateConfig` sets each gate's granularity (layer / channel / global), initial λ and temperature, and the one
+walker (`pipeline.swap.replace_modules`) puts the new modules in. What becomes what:
+
+- a gate of family g (`activations.gate_of`: torch's nn.GELU in its exact erf form, nn.SiLU, nn.Mish, the
+  registry's GELU / SiLU / SERF / Mish, a user's module declaring `GATE`) becomes the registry's hardenable
+  activation of that family (λ-GELU, λ-Swish, λ-SERF; `hardenable_for`), with λ(0) from the GateConfig. A
+  family without one (Mish today) is left and reported; a plug-in that registers one makes it convert;
+- a function held as a module attribute (HF transformers' `self.act = nn.functional.gelu`, a block's
+  `self.act_fn = F.silu`) becomes the same gate, set under that attribute name (a submodule now, called the
+  same way); `filter_fn` gets the owning module and the attribute's fqn;
+- a hardenable gate is kept as it is; ReLU is already the swapped form.
+
+Everything else that is an activation is listed in `report.left` with its reason, never skipped silently:
+nn.GELU(approximate='tanh') (x·Φ̃(x) with a tanh Φ̃: not the family Algorithm 1 bounds), activations that
+are no gate (Tanh, ELU, PReLU, ...), unknown activation classes (a leaf module whose class name says it is
+one), and, when an `example` input is given, F.gelu / F.silu / F.mish called inside some forward (not a
+module, so nothing can replace or swap it). `strict=True` raises `ConvertError` instead of leaving any.
+
+The converted model is not the same function: λ starts at `gate.init_lambda` (λ = 1 + softplus(s/t) is
+never exactly 1), so a pretrained model wants an init_lambda close to 1 and some fine-tuning.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from . import render
+from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, channel_axis, gate_of
+from .config import GateConfig
+from .errors import PipelineError
+from .swap import replace_modules, to_relu
+
+__all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hardenable_for"]
+
+FilterFn = Callable[[nn.Module, str], bool]
+
+# Functions that are gates when a module holds them as an attribute (F.gelu in its exact form).
+FUNCTIONAL_GATES: dict[Callable, str] = {F.gelu: "phi", F.silu: "sigmoid", F.mish: "mish"}
+# torch modules from nn.modules.activation that are no pointwise activation (attention, normalizations).
+NOT_ACTIVATIONS = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.Identity)
+# A user's leaf module whose class name says "activation": reported when nothing else knows it.
+ACTIVATION_NAME = re.compile(r"gelu|silu|swish|mish|relu|elu\b|sigmoid|tanh|softplus|activation", re.IGNORECASE)
+
+
+class ConvertError(PipelineError):
+    pass
+
+
+@dataclass(frozen=True)
+class Site:
+    """One activation site: where (fqn), what was there (source), what it became (target: a registry name,
+    None when left) and why it was left."""
+
+    fqn: str
+    source: str
+    target: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class ConvertReport:
+    converted: list[Site] = field(default_factory=list)  # now hardenable gates (target = registry name)
+    kept: list[Site] = field(default_factory=list)  # hardenable already
+    left: list[Site] = field(default_factory=list)  # activations that were not converted, with the reason
+    filtered: list[Site] = field(default_factory=list)  # convertible, excluded by filter_fn
+
+    @property
+    def unknown_types(self) -> list[str]:
+        """The activation types found and left, sorted."""
+        return sorted({s.source for s in self.left})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: [asdict(s) for s in getattr(self, k)] for k in ("converted", "kept", "left", "filtered")}
+
+    def __str__(self) -> str:
+        rows = [[s.fqn or "(root)", s.source, kind if s.target is None else f"{kind} → {s.target}", s.reason]
+                for kind in ("converted", "kept", "left", "filtered") for s in getattr(self, kind)]
+        head = (f"{len(self.converted)} converted, {len(self.kept)} already hardenable, {len(self.left)} left, "
+                f"{len(self.filtered)} excluded by filter_fn")
+        return head + ("\n\n" + render.table(["site", "was", "now", "why"], rows) if rows else "")
+
+
+def hardenable_for(family: str) -> str | None:
+    """The registry's hardenable activation (one output per unit) of gate family `family`, or None."""
+    return next((name for name, spec in ACTIVATIONS.items()
+                 if spec.hardenable and spec.gate == family and spec.expansion == 1), None)
+
+
+def _type_name(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _function_name(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        kw = ", ".join(f"{k}={v!r}" for k, v in fn.keywords.items())
+        return f"partial(F.{fn.func.__name__}{', ' + kw if kw else ''})"
+    return f"F.{getattr(fn, '__name__', repr(fn))}"
+
+
+def _classify(m: nn.Module) -> tuple[str, str]:
+    """(kind, detail) of a module: ("gate", family), ("hardenable", ""), ("left", reason) or ("other", "")."""
+    if isinstance(m, HardenableGate):
+        return "hardenable", ""
+    try:
+        g = gate_of(m)
+    except ValueError as exc:  # a user's class declaring a GATE no family has
+        return "left", str(exc)
+    if g is not None:
+        return "gate", g[0]
+    # ReLU is the swapped form already; a linked pair is no site itself (the walk reaches its inner gate)
+    if isinstance(m, (nn.ReLU, Linked, *NOT_ACTIVATIONS)):
+        return "other", ""
+    if isinstance(m, nn.GELU):  # gate_of refuses only the tanh form
+        return "left", "GELU with approximate='tanh' is not x·Φ(x): no λ form, and the swap leaves it"
+    if isinstance(m, activation_types()) or type(m).__module__ == "torch.nn.modules.activation":
+        return "left", "not a gate x·g(x) with a step g: no λ form, and the swap leaves it"
+    if not any(True for _ in m.children()) and ACTIVATION_NAME.search(type(m).__name__):
+        return "left", "unknown activation type: not converted (make it a gate, e.g. nn.GELU, or declare GATE on it)"
+    return "other", ""
+
+
+def _gate_function(fn: Any) -> str | None:
+    """The family of a gate function (by identity: attribute values need not be hashable)."""
+    return next((fam for f, fam in FUNCTIONAL_GATES.items() if fn is f), None)
+
+
+def _classify_function(fn: Any) -> tuple[str, str]:
+    """(kind, detail) of a module attribute's value: ("gate", family), ("left", reason) or ("other", "")."""
+    if _gate_function(fn) is not None:
+        return "gate", _gate_function(fn)
+    if isinstance(fn, functools.partial) and _gate_function(fn.func) is not None:
+        if fn.keywords.get("approximate", "none") != "none":
+            return "left", "GELU with approximate='tanh' is not x·Φ(x): no λ form"
+        return "left", "a partial of a gate function: not converted (hold the plain function or a module)"
+    return "other", ""
+
+
+class _Probe(nn.Module):
+    """Stands in for a site during the example forward: runs what was there, records its width."""
+
+    def __init__(self, inner: Any):
+        super().__init__()
+        self.inner = inner
+        self.widths: set[int] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.widths.add(int(x.shape[channel_axis(x)]) if x.dim() > 1 else 1)
+        return self.inner(x)
+
+
+class _Calls(TorchFunctionMode):
+    """Records F.gelu / F.silu / F.mish calls made by the forward of a module that is no activation."""
+
+    def __init__(self, stack: list[tuple[str, nn.Module]]):
+        super().__init__()
+        self.stack, self.found = stack, {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _gate_function(func) is not None and self.stack:
+            fqn, owner = self.stack[-1]
+            if not isinstance(owner, _Probe) and _classify(owner)[0] == "other":
+                form = kwargs.get("approximate", "none")
+                self.found.setdefault((fqn, _function_name(func) + (f"(approximate={form!r})" if form != "none" else "")), None)
+        return func(*args, **kwargs)
+
+
+def _probe_forward(model: nn.Module, example: Any) -> set[tuple[str, str]]:
+    """One no-grad forward on `example` with every module's fqn on a stack; returns the gate functions called
+    inside forward() of modules that are no activation, as (fqn, name)."""
+    stack: list[tuple[str, nn.Module]] = []
+    handles = []
+    for name, m in model.named_modules():
+        handles.append(m.register_forward_pre_hook(lambda mod, _, name=name: stack.append((name, mod))))
+        handles.append(m.register_forward_hook(lambda *_: stack.pop() and None))  # None: keep the output
+    calls = _Calls(stack)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()  # no running-statistics update, no dropout
+    try:
+        with torch.no_grad(), calls:
+            model(*example) if isinstance(example, tuple) else model(example)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.training = training
+    return set(calls.found)
+
+
+def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: FilterFn | None = None, *,
+            inplace: bool = False, strict: bool = False, example: Any = None) -> tuple[nn.Module, ConvertReport]:
+    """Replace the activations of `model` by hardenable gates; returns (the converted model, the report).
+
+    gate: granularity, init (uniform / increasing / decreasing with depth), init_lambda(_max), temperature of
+        the new gates (`GateConfig()` by default: one λ per layer, λ(0) = 1.05, t = 0.1).
+    filter_fn(module, fqn) -> bool: convert only the sites it accepts (the others are listed in `filtered`).
+    inplace: change `model` itself (else a deep copy is converted and returned).
+    strict: raise ConvertError when any activation is left.
+    example: an input batch (a tensor, or a tuple of forward's arguments). Needed for
+        granularity="channel" (each site's width is read from it); with it, gate functions called inside a
+        forward are reported too.
+    """
+    gate = gate or GateConfig()
+    if gate.granularity == "channel" and example is None:
+        raise ConvertError("gate.granularity='channel' needs example=<an input batch> to learn each site's width")
+    root = model if inplace else copy.deepcopy(model)
+    report = ConvertReport()
+    accept = filter_fn or (lambda m, fqn: True)
+
+    # 1. Plan: every site, in module order (the order λ's init ramp follows).
+    sites: list[tuple[str, str, nn.Module, str | None]] = []  # (fqn, family, owner-or-module, attribute)
+    seen_attrs: set[tuple[int, str]] = set()
+    # remove_duplicate=False: a module registered under two names is two sites (the walker visits both)
+    for fqn, m in root.named_modules(remove_duplicate=False):
+        if any(fqn.startswith(s[0] + ".") for s in sites if s[3] is None):
+            continue  # inside a site (a user's gate with children)
+        kind, detail = _classify(m)
+        if kind == "hardenable":
+            report.kept.append(Site(fqn, _type_name(m), None, "hardenable already"))
+        elif kind == "left":
+            report.left.append(Site(fqn, _type_name(m), None, detail))
+        elif kind == "gate":
+            sites.append((fqn, detail, m, None))
+        for attr, value in list(vars(m).items()):
+            if attr.startswith("__") or isinstance(value, (nn.Module, torch.Tensor)):
+                continue
+            fkind, fdetail = _classify_function(value)
+            if fkind == "other" or (id(m), attr) in seen_attrs:
+                continue
+            seen_attrs.add((id(m), attr))
+            afqn = f"{fqn}.{attr}" if fqn else attr
+            if fkind == "gate":
+                sites.append((afqn, fdetail, m, attr))
+            elif fkind == "left":
+                report.left.append(Site(afqn, _function_name(value), None, fdetail))
+
+    chosen = []
+    for fqn, fam, obj, attr in sites:
+        source = _function_name(getattr(obj, attr)) if attr else _type_name(obj)
+        target = hardenable_for(fam)
+        if not accept(obj, fqn):
+            report.filtered.append(Site(fqn, source, target, "excluded by filter_fn"))
+        elif target is None:
+            report.left.append(Site(fqn, source, None, f"gate family {fam!r} has no hardenable activation in the registry "
+                                                       "(it still swaps to ReLU; register one to harden it)"))
+        else:
+            chosen.append((fqn, obj, attr, source, target))
+
+    # 2. Probe (with an example): each site's width, and gate functions called inside a forward.
+    widths: dict[str, int] = {}
+    if example is not None:  # every planned site is probed, so a filtered attribute's calls are not reported again
+        where = {fqn: (obj, attr) for fqn, _, obj, attr in sites}
+        probes = {fqn: _Probe(getattr(obj, attr) if attr else obj) for fqn, (obj, attr) in where.items()}
+        _install(root, where, lambda fqn, _: probes[fqn])
+        try:
+            for fqn, name in sorted(_probe_forward(root, example)):
+                report.left.append(Site(fqn, name, None, "called inside forward(): not a module, so nothing can harden or "
+                                                         "swap it (hold it as a module or attribute, e.g. self.act = nn.GELU())"))
+        finally:
+            _install(root, where, lambda fqn, _: probes[fqn].inner)
+        for fqn, p in ((fqn, probes[fqn]) for fqn, *_ in chosen):
+            if gate.granularity == "channel" and len(p.widths) != 1:
+                raise ConvertError(f"{fqn}: " + ("not reached by the example's forward" if not p.widths else
+                                   f"called on {len(p.widths)} widths {sorted(p.widths)}") +
+                                   "; per-channel λ needs one width per site (use gate.granularity=layer)")
+            widths[fqn] = next(iter(p.widths), 1)
+
+    # 3. Build each gate through the registry (one shared scratch dict: the global λ lives there).
+    param = next(root.parameters(), None)
+    shared: dict = {}
+    gates: dict[str, nn.Module] = {}
+    for i, (fqn, _, _, source, target) in enumerate(chosen):
+        ctx = GateContext(widths.get(fqn, 1), i, len(chosen), gate, shared)
+        g = ACTIVATIONS[target].build(ctx)
+        gates[fqn] = g if param is None else g.to(param.device, param.dtype if param.is_floating_point() else None)
+        report.converted.append(Site(fqn, source, target))
+    root = _install(root, {fqn: (obj, attr) for fqn, obj, attr, _, _ in chosen}, lambda fqn, _: gates[fqn])
+
+    if strict and report.left:
+        raise ConvertError(f"{len(report.left)} activation(s) left: " +
+                           "; ".join(f"{s.fqn or '(root)'} ({s.source}): {s.reason}" for s in report.left))
+    return root, report
+
+
+def _install(root: nn.Module, where: dict[str, tuple[nn.Module, str | None]], make: Callable[[str, Any], nn.Module]) -> nn.Module:
+    """Put make(fqn, old) at every planned site: module sites through the one walker (`replace_modules`),
+    attribute sites on their owner (an nn.Module set as an attribute becomes a submodule)."""
+    modules = {fqn for fqn, (_, attr) in where.items() if attr is None}
+    root = replace_modules(root, lambda m, fqn: fqn in modules, lambda m, fqn: make(fqn, m))
+    for fqn, (owner, attr) in where.items():
+        if attr is not None:
+            old = owner._modules.get(attr) if attr in owner._modules else vars(owner).get(attr)
+            if attr in owner._modules:
+                del owner._modules[attr]
+            else:
+                delattr(owner, attr)
+            new = make(fqn, old)
+            if isinstance(new, nn.Module):
+                setattr(owner, attr, new)
+            else:  # back to the plain function (after the probe)
+                object.__setattr__(owner, attr, new)
+    return root
