@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--redo", action="append", default=[], metavar="STAGE", help="rerun STAGE and every later stage")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5")
     sub.add_parser("stages", help="list the stages in run order")
+    sub.add_parser("plugins", help="list the data sets, models and activations other installed packages register (entry points)")
     sw = sub.add_parser("sweep", help="run a grid of runs, one run directory per point; finished points are skipped")
     sw.add_argument("spec", nargs="?", help="sweep file (TOML/YAML/JSON: config, out_dir, set, [[grid]] blocks); see configs/sweeps/")
     sw.add_argument("-c", "--config", help="base config file (replaces the sweep file's `config`)")
@@ -105,6 +106,14 @@ def cmd_stages(args: argparse.Namespace) -> int:
     for name, st in STAGES.items():
         print(f"{name:<{width}}  {st.directory + '/':<12} {st.help}")
     return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from . import plugins
+
+    found = plugins.load(strict=False)
+    print(plugins.table(found) if found else f"no plug-ins installed (entry point groups: {', '.join(plugins.GROUPS.values())})")
+    return 1 if any(p.error for p in found) else 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -168,7 +177,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config, "analyze": cmd_analyze, "sweep": cmd_sweep, "report": cmd_report,
-            "zoo": cmd_zoo}
+            "zoo": cmd_zoo, "plugins": cmd_plugins}
 
 
 def main(argv: list[str] | None = None) -> int:

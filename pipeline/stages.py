@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import activations, data, models
+from . import activations, data, models, plugins
 from .config import Config, check_choice
 from .config import validate as validate_fields
 from .errors import PipelineError
@@ -66,8 +66,10 @@ def check_names(names: list[str], key: str = "stages") -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Everything a run checks before it starts: fields, registry names, and each stage's own hook."""
+    """Everything a run checks before it starts: fields, registry names (plug-ins registered first), and each
+    stage's own hook."""
     validate_fields(cfg)
+    plugins.load()
     data.check_config(cfg.data)
     models.check_config(cfg.model)
     activations.check_names(cfg.variants)
