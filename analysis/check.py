@@ -293,9 +293,10 @@ def _mark(ok: bool) -> str:
 def certificate_lines(cert: dict[str, Any]) -> list[str]:
     """What the certificate proved, statement by statement, never more."""
     lines = []
-    g = cert["global"]
-    lines.append(f"- global ({cert['about']['global']}): " + (f"bound **{g['bound_max']:.4g}**" if g["status"] == "sound"
-                                                               else f"refused: {g['reason']}"))
+    for key in ("global", "per_sample"):
+        g = cert[key]
+        lines.append(f"- {key} bound on max |Δlogit| ({cert['about'][key]}): "
+                     + (f"**{g['bound_max']:.4g}**" if g["status"] == "sound" else f"refused: {g['reason']}"))
     for key in ("float32", "float32_global"):
         s = cert[key]
         head = f"- {key} ({cert['about'][key]}): "

@@ -166,7 +166,7 @@ def test_refusals_are_reported_as_refusals():
         assert cert[key]["status"] == "refused" and "`sin`" in cert[key]["reason"], key
     assert "bound_max" not in cert  # nothing for readers of the old key either
     text = "\n".join(check.certificate_lines(cert))
-    assert "provably" not in text and text.count("refused") == 3
+    assert "provably" not in text and text.count("refused") == 4
 
 
 def test_check_stage_on_a_linked_gelu_run(tmp_path):

@@ -94,10 +94,10 @@ ULP_ELEMENTWISE = 4  # exp, log1p, erf, tanh, sqrt of the float32 library: withi
 K_GATE = 16  # |fl(f_λ(x)) − f_λ(x)| ≤ K_GATE·u·|x| for every gate family (module docstring)
 # The statements a certificate can make, for reports.
 ABOUT = {
-    "global": "every input, real arithmetic: max |logit_ReLU − logit_smooth| ≤ bound",
+    "global": "any input, real arithmetic",
     "per_sample": "each validation input, real arithmetic",
-    "float32": "each validation input, both networks evaluated in float32 as deployed (rounding of both included)",
-    "float32_global": "each validation input in float32: the global bound plus both networks' rounding on that input",
+    "float32": "each validation input, both networks evaluated in float32 as deployed, rounding included",
+    "float32_global": "each validation input in float32: the global bound plus both networks' rounding on it",
 }
 
 
@@ -154,7 +154,7 @@ def _per_unit(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _inf_for_nan(t: torch.Tensor) -> torch.Tensor:
     """A box that became NaN (0·∞) is unknown: ∞, never silently 0."""
-    return torch.where(torch.isnan(t), torch.full_like(t, math.inf), t)
+    return torch.nan_to_num(t, nan=math.inf, posinf=math.inf, neginf=-math.inf)
 
 
 # ---------------------------------------------------------------------------------------------
