@@ -12,6 +12,10 @@ against `sparsity.atol`, where only the removal can change anything (float32 cha
 order, hence ~1e-7 noise). On other inputs a unit dead on validation may fire; the test-set change
 is reported next to it rather than assumed to be zero.
 
+Apart from those, units *provably* dead or always active for every input in the data's valid range
+(`analysis.verification.stability.stable_units`: CROWN/α-CROWN bounds, IBP counts beside) are counted per
+layer (a conv channel when all its positions are): pruning those is lossless for every input.
+
 Writes `sparsity/apoz.csv` (one row per unit), `sparsity/sparsity.json` (per-layer summary, pruning
 results), and per variant `sparsity/<variant>/apoz_hist.png`, `pruned.pt` and `pruned.onnx`.
 """
@@ -28,7 +32,7 @@ import torch
 from torch import nn
 
 from pipeline import checkpoint, render
-from pipeline.activations import Linked, activation_sites
+from pipeline.activations import Linked, activation_sites, channel_axis
 from pipeline.config import Config
 from pipeline.data import Split, batches, dataset_for
 from pipeline.distributed import resolve_device
@@ -41,11 +45,6 @@ AFFINE = (nn.Linear, nn.Conv2d)
 
 class PruneError(PipelineError):
     pass
-
-
-def unit_axis(t: torch.Tensor) -> int:
-    """Features of [N, F], channels of [N, C, H, W]; the last axis of token sequences [N, T, C]."""
-    return t.dim() - 1 if t.dim() == 3 else 1
 
 
 @torch.no_grad()
@@ -61,8 +60,8 @@ def unit_stats(model: nn.Module, split: Split, batch_size: int, device: torch.de
         def fn(m, inputs, output):
             x = inputs[0]
             if isinstance(m, Linked):  # output j < C is g(z_j), output C + j is g(−z_j)
-                x = torch.cat([x, -x], dim=1)
-            axis = unit_axis(x)
+                x = torch.cat([x, -x], dim=channel_axis(x))
+            axis = channel_axis(x)
             dims = [d for d in range(x.dim()) if d != axis]  # every axis but the unit axis
             s = stats.setdefault(name, {"zero": 0, "nonpos": 0, "positions": 0})
             s["zero"] = s["zero"] + (output == 0).sum(dims).long().cpu()
@@ -245,11 +244,13 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
                              "apoz_min": float(a.min()), "apoz_max": float(a.max()),
                              "dead": int(dead.sum()), "always_active": int(alive.sum()),
                              **({"nonpos_smooth_mean": float(smooth_nonpos[layer].mean())} if smooth_nonpos is not None else {})}
+        provable = _provable(relu, ds.info, layers)
         units = sum(v["units"] for v in layers.values())
         entry: dict[str, Any] = {
             "layers": layers, "units": units, "dead": sum(v["dead"] for v in layers.values()),
             "always_active": sum(v["always_active"] for v in layers.values()),
             "apoz_mean": float(np.concatenate(list(relu_apoz.values())).mean()),
+            **provable,
         }
         _histogram(run.file("sparsity", variant, "apoz_hist.png"), variant, relu_apoz, smooth_nonpos, scfg.bins)
         if scfg.prune:
@@ -262,6 +263,32 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
     result = {"split": "val", "samples": len(ds.val), "variants": summary}
     atomic_write_json(run.file("sparsity", "sparsity.json"), result)
     return result
+
+
+def _provable(relu: nn.Module, info, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Units dead / always active over the whole input domain by the tight bounds (and by IBP), added to `layers`
+    per layer; the totals, or a note when the bounds cannot be computed (an unbounded domain, an unread module)."""
+    from analysis.verification.network import UnsupportedModel
+    from analysis.verification.stability import stable_units
+
+    try:
+        sites = {r["site"]: r for r in stable_units(relu, info.input_shape, info.input_low, info.input_high)}
+    except (UnsupportedModel, ValueError) as e:
+        return {"provable_note": f"not computed: {e}"}
+    keys = ("dead", "active", "dead_ibp", "active_ibp")
+    for name, layer in layers.items():
+        r = sites.get(name)
+        if r is None:
+            continue
+        per = r["units"] // layer["units"]  # a conv channel: every position of it
+        dead, active = (np.asarray(r[m]).reshape(layer["units"], per).all(1) for m in ("dead_mask", "active_mask"))
+        counts = {"dead": int(dead.sum()), "active": int(active.sum())}
+        if per == 1:
+            counts.update(dead_ibp=r["dead_ibp"], active_ibp=r["active_ibp"])
+        layer.update({f"provably_{k}": counts.get(k) for k in keys})
+    total = {f"provably_{k}": sum(v.get(f"provably_{k}") or 0 for v in layers.values()) for k in keys}
+    return {**total, "provable_method": next(iter(sites.values()))["method"] if sites else None,
+            "provable_domain": [info.input_low, info.input_high]}
 
 
 def _unprunable(spec: dict[str, Any]) -> str | None:
@@ -313,13 +340,19 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
             notes.append(f"`{v}`: {e.get('note', 'no ReLU layers')}.")
             continue
         pr = e.get("pruning") or {}
-        rows.append([v, e["units"], e["apoz_mean"], e["dead"], e["always_active"], pr.get("removed_total", pr.get("note", "—")),
-                     pr.get("params_before"), pr.get("params_after"), pr.get("test_argmax_agreement")])
+        provable = "—" if "provably_dead" not in e else \
+            f"{e['provably_dead']} / {e['provably_active']} (IBP {e['provably_dead_ibp']} / {e['provably_active_ibp']})"
+        rows.append([v, e["units"], e["apoz_mean"], e["dead"], e["always_active"], provable,
+                     pr.get("removed_total", pr.get("note", "—")), pr.get("params_before"), pr.get("params_after"),
+                     pr.get("test_argmax_agreement")])
     return "\n\n".join([
         "## Sparsity (APoZ of the swapped ReLU models)",
         f"Counted on the {sp['split']} split ({sp['samples']} samples): a dead unit is zero on every one of them, so pruning "
-        "it is lossless on that split only (the test-set agreement is measured, not assumed).",
-        render.table(["variant", "units", "mean APoZ", "dead", "always active", "pruned units", "params before", "params after",
+        "it is lossless on that split only (the test-set agreement is measured, not assumed). Provably dead / always "
+        "active: for every input in the data's valid range, by CROWN/α-CROWN bounds (IBP in brackets); pruning those is "
+        "lossless everywhere.",
+        render.table(["variant", "units", "mean APoZ", "dead (validation)", "always active (validation)",
+                      "provably dead / always active", "pruned units", "params before", "params after",
                       "argmax agreement after pruning (test)"], rows),
         *notes,
     ])

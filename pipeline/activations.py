@@ -238,6 +238,16 @@ class LambdaSERF(HardenableGate):
     expression = staticmethod(lambda x, lam: lambda_serf(x, lam))
 
 
+class PReLU(nn.PReLU):
+    """nn.PReLU with its per-unit slopes on the channel axis of token inputs [B, T, C] too (torch's applies
+    them along dim 1, which is T there)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3 and self.num_parameters > 1:
+            return super().forward(x.transpose(1, 2)).transpose(1, 2)
+        return super().forward(x)
+
+
 class LogSigmoid(nn.Module):
     """log σ(x) = −softplus(−x). torch's exporter writes nn.LogSigmoid as Log(Sigmoid(x)), and onnxruntime's
     Sigmoid has an absolute (not relative) error, so the Log amplifies it to ~1e-3 for x ≪ 0: this form
@@ -249,7 +259,7 @@ class LogSigmoid(nn.Module):
 
 class Linked(nn.Module):
     """Linked neurons with the mirror linkage (Riera & Pujol, Eq. 6): f(z) = (g(z), g(−z)), concatenated
-    on dim 1, so C units give 2C outputs that share input weights (CReLU when g = ReLU). `inner` is
+    along the channel axis (`channel_axis`), so C units give 2C outputs that share input weights (CReLU when g = ReLU). `inner` is
     called on z and on −z, so a per-unit λ or PReLU slope is shared by the pair.
 
     Not a Gate itself: the swap walker descends into it and swaps `inner`, which yields the linked ReLU
@@ -261,7 +271,7 @@ class Linked(nn.Module):
         self.inner = inner
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:  # [N, C, ...] -> [N, 2C, ...]
-        return torch.cat([self.inner(z), self.inner(-z)], dim=1)
+        return torch.cat([self.inner(z), self.inner(-z)], dim=channel_axis(z))  # the last dim of [B, T, C] tokens
 
     def to_relu(self) -> "Linked":
         return Linked(self.inner.to_relu() if isinstance(self.inner, Gate) else self.inner)
@@ -322,7 +332,7 @@ def _hardness_param(ctx: GateContext) -> nn.Parameter:
     return nn.Parameter(torch.full((n,), s0))
 
 
-def _gate_spec(cls: type[Gate]) -> ActivationSpec:
+def gate_spec(cls: type[Gate]) -> ActivationSpec:
     """A gate: built plainly, or with a hardness parameter when it is hardenable; swaps to ReLU."""
     if issubclass(cls, HardenableGate):
         return ActivationSpec(build=lambda ctx: cls(_hardness_param(ctx), ctx.cfg.temperature), module=cls, swap_to="relu")
@@ -331,14 +341,14 @@ def _gate_spec(cls: type[Gate]) -> ActivationSpec:
 
 ACTIVATIONS: dict[str, ActivationSpec] = {
     "relu": ActivationSpec(build=lambda ctx: nn.ReLU(), module=nn.ReLU),
-    "gelu": _gate_spec(GELU),
-    "lambda_gelu": _gate_spec(LambdaGELU),
+    "gelu": gate_spec(GELU),
+    "lambda_gelu": gate_spec(LambdaGELU),
     # Self-gated activations and their λ forms (see `lambda_swish`, `lambda_serf`).
-    "silu": _gate_spec(SiLU),
-    "serf": _gate_spec(SERF),
-    "mish": _gate_spec(Mish),
-    "lambda_swish": _gate_spec(LambdaSwish),
-    "lambda_serf": _gate_spec(LambdaSERF),
+    "silu": gate_spec(SiLU),
+    "serf": gate_spec(SERF),
+    "mish": gate_spec(Mish),
+    "lambda_swish": gate_spec(LambdaSwish),
+    "lambda_serf": gate_spec(LambdaSERF),
 }
 
 # The GELU analysis paper's zoo (torch defaults). Not gates: the swap leaves them unchanged. PReLU has
@@ -351,7 +361,7 @@ ACTIVATIONS.update({name: ActivationSpec(build=lambda ctx, cls=cls, kw=kw: cls(*
     "hardswish": (nn.Hardswish, lambda ctx: {}),
     "leaky_relu": (nn.LeakyReLU, lambda ctx: {}),
     "logsigmoid": (LogSigmoid, lambda ctx: {}),
-    "prelu": (nn.PReLU, lambda ctx: {"num_parameters": ctx.channels}),
+    "prelu": (PReLU, lambda ctx: {"num_parameters": ctx.channels}),
     "relu6": (nn.ReLU6, lambda ctx: {}),
     "rrelu": (nn.RReLU, lambda ctx: {}),
     "selu": (nn.SELU, lambda ctx: {}),
@@ -367,13 +377,13 @@ ACTIVATIONS.update({name: ActivationSpec(build=lambda ctx, cls=cls, kw=kw: cls(*
 RELU_FORMS = ("relu", "linked_relu")  # what a swapped model's activation is: the one notion of "already ReLU"
 
 
-def _linked(base: ActivationSpec) -> ActivationSpec:
+def linked(base: ActivationSpec) -> ActivationSpec:
     return ActivationSpec(build=lambda ctx: Linked(base.build(ctx)), module=base.module, expansion=2 * base.expansion,
                           swap_to="linked_relu" if base.swap_to else None)
 
 
 # Linked neurons for every activation above: linked_<name> = (g(z), g(−z)); linked_relu is CReLU.
-ACTIVATIONS.update({f"linked_{name}": _linked(spec) for name, spec in list(ACTIVATIONS.items())})
+ACTIVATIONS.update({f"linked_{name}": linked(spec) for name, spec in list(ACTIVATIONS.items())})
 
 
 def check_names(variants: list[str]) -> None:

@@ -20,6 +20,7 @@ TARGETS = {
     "analyze_write": "analysis.analyze:write",
     "zoo": "analysis.zoo:run_zoo",
     "zoo_config": "analysis.zoo:zoo_config",
+    "vnncomp": "analysis.verification.vnncomp:main",
 }
 
 EPILOG = """examples:
@@ -48,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--redo", action="append", default=[], metavar="STAGE", help="rerun STAGE and every later stage")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5")
     sub.add_parser("stages", help="list the stages in run order")
+    vc = sub.add_parser("vnncomp", help="verify a VNN-COMP benchmark folder (instances.csv, ONNX, VNN-LIB) and write results.csv",
+                        add_help=False)
+    vc.add_argument("args", nargs="*", help="arguments of the VNN-COMP runner (`pipeline vnncomp --help`)")
     sub.add_parser("plugins", help="list the data sets, models and activations other installed packages register (entry points)")
     sw = sub.add_parser("sweep", help="run a grid of runs, one run directory per point; finished points are skipped")
     sw.add_argument("spec", nargs="?", help="sweep file (TOML/YAML/JSON: config, out_dir, set, [[grid]] blocks); see configs/sweeps/")
@@ -116,6 +120,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 1 if any(p.error for p in found) else 0
 
 
+def cmd_vnncomp(args: argparse.Namespace) -> int:
+    return resolve(TARGETS["vnncomp"])(args.args)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(json.dumps(validate(config_mod.load(args.config, args.overrides)).to_dict(), indent=2))
     return 0
@@ -177,11 +185,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config, "analyze": cmd_analyze, "sweep": cmd_sweep, "report": cmd_report,
-            "zoo": cmd_zoo, "plugins": cmd_plugins}
+            "zoo": cmd_zoo, "plugins": cmd_plugins, "vnncomp": cmd_vnncomp}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "vnncomp":  # its own options (and --help) belong to the runner
+        args.args = [*args.args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
     except PipelineError as exc:  # the user's to fix: one line that names the fix

@@ -49,7 +49,7 @@ def _as_activation(obj: Any) -> activations.ActivationSpec:
     if isinstance(obj, activations.ActivationSpec):
         return obj
     if isinstance(obj, type) and issubclass(obj, activations.Gate):
-        return activations._gate_spec(obj)  # the registry's own constructor for a gate class
+        return activations.gate_spec(obj)  # the registry's own constructor for a gate class
     raise TypeError(f"is a {type(obj).__name__}; expected an ActivationSpec or a Gate subclass")
 
 
@@ -85,7 +85,7 @@ def _register(kind: str, ep: importlib.metadata.EntryPoint) -> Plugin:
         return Plugin(**{**plugin.__dict__, "error": f"{where}: {type(exc).__name__}: {why}"})
     registry[ep.name] = value
     if kind == "activations":
-        registry[f"linked_{ep.name}"] = activations._linked(value)
+        registry[f"linked_{ep.name}"] = activations.linked(value)
         activations.activation_types.cache_clear()  # the module classes that count as activations changed
     _added.setdefault(kind, []).extend(names)
     return plugin

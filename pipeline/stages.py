@@ -50,8 +50,8 @@ STAGES: dict[str, Stage] = {
                   report="quantize.int8:report_section"),
     "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported",
                       report="analysis.sparsity:report_section"),
-    "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped float ReLU models (VNN-COMP layout, Marabou/MILP, unstable ReLUs)",
-                    report="analysis.verify:report_section"),
+    "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped ReLU and the smooth models (VNN-COMP layout, staged verifier, tight bounds)",
+                    report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
     "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above"),
 }
 

@@ -127,7 +127,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
     code = _sweep(tmp_path, "variants=gelu", "train.epochs=1", "--grid", "train.lr=1e30,0.1")
     assert code == 1
     index = {p["name"]: p for p in json.loads((tmp_path / "sweep.json").read_text())["points"]}
-    assert index["lr1e30"]["status"] == "failed" and "loss is" in index["lr1e30"]["error"]
+    assert index["lr1e30"]["status"] == "failed" and "non-finite at epoch 1" in index["lr1e30"]["error"]
     assert index["lr0.1"]["status"] == "done"
 
 

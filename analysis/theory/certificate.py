@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline import gates
-from pipeline.activations import Gate, LogSigmoid, gate_of
+from pipeline.activations import Gate, LogSigmoid, PReLU, channel_axis, gate_of, per_channel
 
 U32 = 2.0**-24  # float32 unit roundoff
 SAFETY = 2.0  # every local rounding bound, doubled (see the module docstring)
@@ -143,13 +143,11 @@ def _gate_lipschitz(gate: str) -> float:
 
 
 def _per_unit(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Broadcast a [1] (per layer) or [C] (per channel, dim 1) tensor against `like` [N, C, ...]; the gates'
-    own convention (`HardenableGate._lam_for`)."""
-    if value.numel() == 1:
-        return value.reshape(())
-    if like.dim() < 2 or like.shape[1] != value.numel():
+    """Broadcast a [1] (per layer) or [C] (per channel) tensor against `like` along its channel axis, the
+    gates' own convention (`pipeline.activations.per_channel`: dim 1, the last dim of [B, T, C] tokens)."""
+    if value.numel() > 1 and (like.dim() < 2 or like.shape[channel_axis(like)] != value.numel()):
         raise Refused(f"per-channel λ of size {value.numel()} does not match activations of shape {tuple(like.shape)}")
-    return value.view(1, -1, *([1] * (like.dim() - 2)))
+    return per_channel(value, like)
 
 
 def _inf_for_nan(t: torch.Tensor) -> torch.Tensor:
@@ -619,6 +617,8 @@ ACTIVATION_RULES: dict[type[nn.Module], ActivationRule] = {
     nn.LeakyReLU: ActivationRule(lambda m: max(1.0, abs(m.negative_slope)), lambda m: m.negative_slope >= 0, ulps=1),
     nn.PReLU: ActivationRule(lambda m: torch.clamp(m.weight.detach().abs().to(torch.float64), min=1.0),
                              lambda m: bool((m.weight >= 0).all()), ulps=1),
+    PReLU: ActivationRule(lambda m: torch.clamp(m.weight.detach().abs().to(torch.float64), min=1.0),
+                          lambda m: bool((m.weight >= 0).all()), ulps=1),  # slopes on the channel axis of tokens
     nn.RReLU: ActivationRule(lambda m: max(1.0, abs(_slope(m))), lambda m: _slope(m) >= 0, ulps=1),
     nn.ELU: ActivationRule(lambda m: max(1.0, abs(m.alpha)), lambda m: m.alpha >= 0, ULP_ELEMENTWISE + 2, lambda m: abs(m.alpha)),
     nn.CELU: ActivationRule(lambda m: 1.0, lambda m: True, ULP_ELEMENTWISE + 3, lambda m: abs(m.alpha)),  # e^{x/α} ≤ 1 for x < 0
