@@ -195,12 +195,7 @@ def read_run(path: Path) -> tuple[list[Record], list[str]]:
         lams = np.array([[_float(r[k]) for k in lam_cols] for r in vrows[:T]], dtype=np.float64).reshape(T, len(lam_cols))
         hardenable = len(lam_cols) > 0
         sel = selected.get(variant) or {}
-        entry = swap.get(variant)
-        if entry is None and variant in RELU_FORMS and sel.get("best_epoch"):
-            # PENDING (lead, pipeline/swap.py): the swap stage writes no entry for a network that is ReLU already.
-            # Its validation score at the selected epoch is in metrics.csv; its test score is not recorded anywhere.
-            v = float(vrows[int(sel["best_epoch"]) - 1][metric_col])
-            entry = {"val_before": v, "val_after": v, "argmax_agreement": 1.0}
+        entry = swap.get(variant)  # a ReLU baseline too: the swap stage records it with before = after
         out.append(Record(
             run=str(path), benchmark=_benchmark(cfg), variant=variant,
             mode=cfg["gate"]["init"] if hardenable else "-",

@@ -55,7 +55,8 @@ def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.de
     split = as_split(data)
     before = predict(model, split, batch_size, device)
     after = predict(to_relu(copy.deepcopy(model)), split, batch_size, device)
-    return {"before": score(before, split.y, metric)["metric"], "after": score(after, split.y, metric)["metric"],
+    b, a = score(before, split.y, metric), score(after, split.y, metric)
+    return {"before": b["metric"], "after": a["metric"], "loss_before": b["loss"], "loss_after": a["loss"],
             "argmax_agreement": float((before.argmax(-1) == after.argmax(-1)).float().mean()),
             "max_logit_change": float((before - after).abs().max())}
 
@@ -104,36 +105,34 @@ def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source)
 
 
 def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
+    """swap.json: per variant the metric before and after the swap on val and test, the argmax agreement and
+    largest |Δlogit| on val (the split the checkpoint was chosen on), and the test loss before and after. A
+    variant with nothing to swap (a ReLU baseline, a non-gate like Tanh) is recorded too, before = after: its
+    numbers are what the swapped networks are compared with."""
     device = resolve_device(cfg.device)
     ds = dataset_for(cfg)
     bs = cfg.data.eval_batch_size
     m = ds.info.metric  # accuracy, or perplexity for language models
-    result: dict[str, dict[str, float]] = {}  # swap.json: exactly the six numbers per variant
-    swapped_to: dict[str, str] = {}  # what each variant's gates became ("no swap": not a gate, e.g. Tanh)
+    result: dict[str, dict[str, float]] = {}
+    swapped_to: dict[str, str] = {}  # what each variant's gates became
     for variant in cfg.variants:
         facts = run.variant(variant)
         source = run.file("train", variant, "best.pt")
         model, payload = checkpoint.load_model(source, device)
         _refuse_diverged(payload, cfg, variant, source)
-        if facts["swapped_to"] in (None, facts["activation"]):
-            # Nothing to swap: a ReLU baseline's best checkpoint is already its ReLU model, and a non-gate
-            # (Tanh, ELU, ...) is left as it is (recorded with equal before/after numbers, said as "no swap").
-            checkpoint.save(run.file("swap", variant, "relu.pt"), model, payload["spec"], source_epoch=payload.get("epoch"),
-                            source=str(source.relative_to(run.path)))
-            if facts["swapped_to"] is None:
-                val, test = (score(predict(model, getattr(ds, s), bs, device), getattr(ds, s).y, m)["metric"] for s in ("val", "test"))
-                result[variant] = {"val_before": val, "val_after": val, "test_before": test, "test_after": test,
-                                   "argmax_agreement": 1.0, "max_logit_change": 0.0}
-                swapped_to[variant] = "no swap"
-            continue
         val, test = (swap_report(model, getattr(ds, s), bs, device, m) for s in ("val", "test"))
-        # Agreement and logit change on the validation split: the split the checkpoint was chosen on.
         result[variant] = {"val_before": val["before"], "val_after": val["after"], "test_before": test["before"],
                            "test_after": test["after"], "argmax_agreement": val["argmax_agreement"],
-                           "max_logit_change": val["max_logit_change"]}
-        swapped = to_relu(model)  # the loaded copy is ours to change
-        swapped_to[variant] = facts["swapped_to"]
-        checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, relu_spec(payload["spec"]),
-                        source_epoch=payload.get("epoch"), source=str(source.relative_to(run.path)))
+                           "max_logit_change": val["max_logit_change"], "test_loss_before": test["loss_before"],
+                           "test_loss_after": test["loss_after"]}
+        if facts["swapped_to"] in (None, facts["activation"]):
+            # Nothing to swap: a ReLU baseline's checkpoint already is its ReLU model; a non-gate stays as it is.
+            swapped, spec = model, payload["spec"]
+            swapped_to[variant] = "no swap (not a gate)" if facts["swapped_to"] is None else "already ReLU"
+        else:
+            swapped, spec = to_relu(model), relu_spec(payload["spec"])  # the loaded copy is ours to change
+            swapped_to[variant] = facts["swapped_to"]
+        checkpoint.save(run.file("swap", variant, "relu.pt"), swapped, spec, source_epoch=payload.get("epoch"),
+                        source=str(source.relative_to(run.path)))
     atomic_write_json(run.file("swap", "swap.json"), result)
     return {**result, "swapped_to": swapped_to}

@@ -182,7 +182,8 @@ def test_gpu_config_runs_train_harden_swap_at_tiny_size(cfg_name, tmp_path, monk
     assert code == 0
     run = tmp_path / "tiny"
     swap = json.loads((run / "swap" / "swap.json").read_text())
-    assert set(swap) == {"lambda_gelu", "gelu"}  # the ReLU baseline has nothing to swap
+    assert set(swap) == {"lambda_gelu", "gelu", "relu"}
+    assert swap["relu"]["val_before"] == swap["relu"]["val_after"]  # the ReLU baseline has nothing to swap
     header = (run / "train" / "metrics.csv").read_text().splitlines()[0].split(",")
     metric = "val_perplexity" if len(shape) == 1 else "val_accuracy"
     assert metric in header

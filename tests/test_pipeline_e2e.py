@@ -21,7 +21,8 @@ from pipeline.stages import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-c", str(ROOT / "configs" / "digits-tiny.toml")]
-SWAP_KEYS = {"val_before", "val_after", "test_before", "test_after", "argmax_agreement", "max_logit_change"}
+SWAP_KEYS = {"val_before", "val_after", "test_before", "test_after", "argmax_agreement", "max_logit_change",
+             "test_loss_before", "test_loss_after"}
 SWAP_DROP_TOL = 0.02  # hardened λ-GELU → ReLU on digits: at most one validation example in ~50 may flip
 
 
