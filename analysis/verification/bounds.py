@@ -139,25 +139,27 @@ SMOOTH_GATES: dict[str, SmoothGate] = {
 
 
 def _roots(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor, steps: int):
-    """Per monotone piece of F': (root of F' = a or NaN where none in [L, U] ∩ piece, bracket slack)."""
+    """Per monotone piece of F' (stacked on a leading axis of 3): (root of F' = a, or NaN where there is none in
+    [L, U] ∩ piece; bracket slack). One bisection over the three pieces at once: the tensors are small, so the
+    cost is the number of calls."""
     y1, y2 = gate.inflections
-    inf = math.inf
-    out = []
-    for p0, q0, increasing in ((-inf, y1, False), (y1, y2, True), (y2, inf, False)):
-        p, q = L.clamp(min=p0), U.clamp(max=q0)
-        valid = p < q
-        fp, fq = gate.dF(p) - a, gate.dF(q) - a
-        has = valid & ((fp <= 0) & (fq >= 0) if increasing else (fp >= 0) & (fq <= 0))
-        lo, hi = torch.where(has, p, L), torch.where(has, q, L)
-        for _ in range(steps):
-            mid = 0.5 * (lo + hi)
-            below = (gate.dF(mid) - a) < 0  # the root lies above mid on an increasing piece, below it otherwise
-            go_up = below if increasing else ~below
-            lo, hi = torch.where(go_up, mid, lo), torch.where(go_up, hi, mid)
-        root = torch.where(has, 0.5 * (lo + hi), torch.full_like(lo, math.nan))
-        slack = torch.where(has, (hi - lo) * torch.maximum((gate.dF(lo) - a).abs(), (gate.dF(hi) - a).abs()), torch.zeros_like(lo))
-        out.append((root, slack))
-    return out
+    p0 = torch.tensor([-math.inf, y1, y2], dtype=DTYPE).view(3, *([1] * L.dim()))
+    q0 = torch.tensor([y1, y2, math.inf], dtype=DTYPE).view_as(p0)
+    increasing = torch.tensor([False, True, False]).view_as(p0)
+    p, q = torch.maximum(L, p0), torch.minimum(U, q0)  # [3, ...]
+    fp, fq = gate.dF(p) - a, gate.dF(q) - a
+    has = (p < q) & torch.where(increasing, (fp <= 0) & (fq >= 0), (fp >= 0) & (fq <= 0))
+    Lx = L.expand_as(p)
+    lo, hi = torch.where(has, p, Lx), torch.where(has, q, Lx)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        below = (gate.dF(mid) - a) < 0  # the root lies above mid on an increasing piece, below it otherwise
+        go_up = below == increasing
+        lo, hi = torch.where(go_up, mid, lo), torch.where(go_up, hi, mid)
+    root = torch.where(has, 0.5 * (lo + hi), torch.full_like(lo, math.nan))
+    slack = torch.where(has, (hi - lo) * torch.maximum((gate.dF(lo) - a).abs(), (gate.dF(hi) - a).abs()),
+                        torch.zeros_like(lo))
+    return root, slack
 
 
 def intercepts(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor,
@@ -167,13 +169,9 @@ def intercepts(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tens
     L, U, a = torch.broadcast_tensors(L, U, a)
     with torch.no_grad():
         ad = a.detach()
-        pts = [L, U]
-        slacks = [torch.zeros_like(L), torch.zeros_like(L)]
-        for root, slack in _roots(gate, L, U, ad, steps):
-            pts.append(torch.where(torch.isnan(root), L, root))
-            slacks.append(slack)
-        P = torch.stack(pts)  # [candidates, ...]
-        S = torch.stack(slacks)
+        root, slack = _roots(gate, L, U, ad, steps)
+        P = torch.cat([L[None], U[None], torch.where(torch.isnan(root), L, root)])  # [5 candidates, ...]
+        S = torch.cat([torch.zeros_like(L)[None].expand(2, *L.shape), slack])
         FP = gate.F(P)
         E = FP - ad * P
         tol = ROUNDING * (FP.abs() + (ad * P).abs()) + S
@@ -204,7 +202,8 @@ def default_slopes(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[
     mid = 0.5 * (L + U)
     secant = torch.where(width > 1e-12 * (1 + L.abs()), (gate.F(U) - gate.F(L)) / width.clamp(min=1e-300), gate.dF(mid))
     cands = torch.stack([secant, gate.dF(L), gate.dF(mid), gate.dF(U)])
-    lo, hi = intercepts(gate, L.expand_as(cands), U.expand_as(cands), cands)
+    # a coarse bisection is enough to choose (the chosen lines get exact intercepts where they are used)
+    lo, hi = intercepts(gate, L.expand_as(cands), U.expand_as(cands), cands, OPT_BISECT_STEPS)
     # the area between line and curve is width·(line(mid)) − ∫F: compare the lines at the midpoint
     up = torch.argmin(cands * mid + hi, dim=0, keepdim=True)
     dn = torch.argmax(cands * mid + lo, dim=0, keepdim=True)
@@ -353,9 +352,9 @@ class Bounder:
         else:
             a_lo, a_up = slopes
         steps = BISECT_STEPS if exact else OPT_BISECT_STEPS
-        b_lo, _ = intercepts(gate, L, U, a_lo, steps)
-        _, b_up = intercepts(gate, L, U, a_up, steps)
-        return a_lo, b_lo / lam, a_up, b_up / lam
+        a_lo, a_up = torch.broadcast_tensors(a_lo, a_up)
+        lo, hi = intercepts(gate, L, U, torch.stack([a_lo, a_up]), steps)  # one call for both lines
+        return a_lo, lo[0] / lam, a_up, hi[1] / lam
 
     def initial_slopes(self, s: int, rows: int):
         """Starting point of α-CROWN for site s with `rows` query rows: CROWN's own choice, one copy per row."""
@@ -434,6 +433,8 @@ class Bounder:
         for s, k in enumerate(self.sites):
             if self.expired():
                 return
+            if k == 1:  # one affine layer from the box: its interval bounds are already the exact range
+                continue
             idx = self._query(s)
             if idx.numel() == 0:
                 continue

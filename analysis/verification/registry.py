@@ -453,8 +453,10 @@ class MilpVerifier(Verifier):
 
     requires = ("scipy",)
 
-    def __init__(self, margin: float = 1e-4, lp_first: bool = True, tighten: bool = True, steps: int = 20) -> None:
+    def __init__(self, margin: float = 1e-4, lp_first: bool = True, tighten: bool = True, steps: int = 20,
+                 skip_closed: bool = True) -> None:
         self.margin, self.lp_first, self.tighten, self.steps = float(margin), bool(lp_first), bool(tighten), int(steps)
+        self.skip_closed = bool(skip_closed)  # False: every disjunct through the MILP, even those the bounds closed
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
@@ -462,16 +464,16 @@ class MilpVerifier(Verifier):
             st.bounder.crown()
             st.update(st.bounder.spec_bounds(st.spec))
             st.level = "crown"
-        if not st.open:
+        if not st.open and self.skip_closed:
             return st.answer("bounds", problem)
         if self.tighten and st.level != "alpha-milp":
             st.bounder.alpha_intermediate(self.steps)
             st.update(st.bounder.spec_bounds(st.spec))
             st.level = "alpha-milp"
-            if not st.open:
+            if not st.open and self.skip_closed:
                 return st.answer("α-CROWN (intermediate)", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
-        opn = st.open
+        opn = st.open if self.skip_closed else list(range(st.n))
         order = [max(float(st.lower[i]) for i, j in enumerate(st.owner) if j == d) for d in opn]
         return milp.solve(st.bounder.net, problem.specs[k], st.bounder.pre, opn, budget.left, self.margin,
                           self.lp_first, order)
@@ -543,8 +545,13 @@ class ViaReluVerifier(Verifier):
 
         ex, margin, gap = certified(lower)
         method = "CROWN"
-        # α-CROWN tightens the margin and the intervals (so the gap); worth it unless the gap alone dwarfs the margin
-        hopeless = bool(torch.any(margin < -2 * (rows.C.abs() @ gap)))
+        # α-CROWN tightens the margin and the intervals (so the gap) by tens of percent, not by orders of magnitude:
+        # hopeless when, for some disjunct, every row's gap term exceeds twice its ReLU margin bound (GELU, λ = 1)
+        term = rows.C.abs() @ gap
+        beyond = [True] * n
+        for v, t, j in zip(lower.tolist(), term.tolist(), owner):
+            beyond[j] = beyond[j] and t > 2 * abs(v)
+        hopeless = any(beyond)
         if not all(ex) and not hopeless and not budget.expired():
             b.alpha_intermediate(self.steps, self.lr)  # tighter intervals shrink the gap too
             lower = torch.maximum(lower, b.alpha_spec(rows, owner, self.steps, self.lr))

@@ -18,7 +18,10 @@ from .bounds import Bounder
 from .network import Network, ReLU, read
 
 
-def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: Any, method: str = "alpha-crown",
+AUTO_ALPHA_UNITS = 4096  # "auto": α-CROWN up to this many ReLUs (the default MLP's 1024 take ~4 s), CROWN beyond
+
+
+def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: Any, method: str = "auto",
                  steps: int = 20) -> list[dict[str, Any]]:
     """Per ReLU site of a swapped (ReLU) model, in forward order, over the box [low, high] (scalars or arrays
     broadcast to the input shape, the data's valid range, e.g. [0, 1]^784):
@@ -26,12 +29,17 @@ def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: 
     {"site": module name (or index), "units", "dead", "active" (tight counts), "dead_ibp", "active_ibp",
      "dead_mask", "active_mask" (bool arrays of the tight result)}.
 
-    `model`: an nn.Module (with `input_shape`), an ONNX path or a `Network`; `method`: "ibp", "crown" or
-    "alpha-crown"."""
+    `model`: an nn.Module (with `input_shape`), an ONNX path or a `Network`; `method`: "ibp", "crown",
+    "alpha-crown", or "auto" (α-CROWN up to `AUTO_ALPHA_UNITS` ReLUs, CROWN beyond). An unbounded domain (an
+    infinite `low`/`high`) proves nothing: ValueError."""
     net: Network = read(model, input_shape)
+    if method == "auto":
+        method = "alpha-crown" if net.num_relus <= AUTO_ALPHA_UNITS else "crown"
     shape = net.input_shape
     lo = np.broadcast_to(np.asarray(low, dtype=np.float64), shape).reshape(-1)
     hi = np.broadcast_to(np.asarray(high, dtype=np.float64), shape).reshape(-1)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        raise ValueError("the input domain is unbounded (the data set declares no finite valid range): no unit is provably stable")
     b = Bounder(net, lo, hi)
     if method in ("crown", "alpha-crown"):
         b.crown()
