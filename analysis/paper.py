@@ -44,7 +44,7 @@ from pipeline.evaluate import METRICS
 from pipeline.hardness import switch_epoch
 from pipeline.rundir import atomic_write_text
 
-from . import hardness
+from . import hardness, studies
 
 # (data.name, model.name) -> how the paper and this report name the benchmark
 LABELS = {
@@ -207,21 +207,26 @@ def read_run(path: Path) -> tuple[list[Record], list[str]]:
     return out, skipped
 
 
-def collect(paths: Iterable[str | Path]) -> Collection:
-    """Every run directory under `paths` (a path may itself be a run directory)."""
-    col = Collection()
-    seen: set[Path] = set()
+def run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Every run directory under `paths` (a path may itself be a run directory), once, in a stable order."""
+    out: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise PipelineError(f"{p} does not exist; give run directories or folders holding them")
         for cfg_file in sorted([p / "config.json"] if (p / "config.json").is_file() else p.rglob("config.json")):
             run = cfg_file.parent.resolve()
-            if run in seen or "superseded" in run.parts:
-                continue
-            seen.add(run)
-            recs, skipped = read_run(run)
-            col.records += recs
-            col.skipped += skipped
+            if run not in out and "superseded" not in run.parts:
+                out.append(run)
+    return out
+
+
+def collect(paths: Iterable[str | Path]) -> Collection:
+    """The records of every run directory under `paths`."""
+    col = Collection()
+    for run in run_dirs(paths):
+        recs, skipped = read_run(run)
+        col.records += recs
+        col.skipped += skipped
     return col
 
 
@@ -735,6 +740,9 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
                            [[k, str(v["n"])] + [_num(float(v["mean"][e - 1]), 2) for e in picks] for k, v in sp.items()]), ""]
             md += [f"![Figure 3]({name})", ""]
             md += _lambda_profiles(recs, tc, bench, out)
+
+    study_md, numbers["studies"] = studies.sections(run_dirs(paths))
+    md += study_md
 
     s1, s2 = side_by_side(t1, t2)
     md += ["## Side by side with the paper", "",

@@ -218,6 +218,7 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
 
     scfg = cfg.sparsity
     ds = dataset_for(cfg)
+    split = getattr(ds, scfg.split)
     device = resolve_device(cfg.device)
     bs = cfg.data.eval_batch_size
     rows: list[dict[str, Any]] = []
@@ -228,11 +229,12 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
         if facts["swapped_to"] is None:  # not a gate: the swap left it, no ReLU to count
             summary[variant] = {"note": f"no swap ({facts['activation']} is not a gate): no APoZ", "layers": {}}
             continue
-        relu_apoz = apoz(unit_stats(relu, ds.val, bs, device))
+        relu_apoz = apoz(unit_stats(relu, split, bs, device))
         smooth_nonpos = None
         if facts["smooth"]:
             smooth, _ = checkpoint.load_model(run.file("train", variant, "best.pt"))
-            smooth_nonpos = nonpositive_fraction(unit_stats(smooth, ds.val, bs, device))
+            smooth_nonpos = nonpositive_fraction(unit_stats(smooth, split, bs, device))
+        linked_sites = {n for n, m in activation_sites(relu) if isinstance(m, Linked)}
         layers = {}
         for layer, a in relu_apoz.items():
             dead, alive = a == 1.0, a == 0.0
@@ -243,6 +245,8 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
             layers[layer] = {"units": len(a), "apoz_mean": float(a.mean()), "apoz_median": float(np.median(a)),
                              "apoz_min": float(a.min()), "apoz_max": float(a.max()),
                              "dead": int(dead.sum()), "always_active": int(alive.sum()),
+                             # a linked unit (g(z), g(−z)) is dead only when both of its outputs are (Riera & Pujol)
+                             **({"dead_pairs": int((dead[:len(a) // 2] & dead[len(a) // 2:]).sum())} if layer in linked_sites else {}),
                              **({"nonpos_smooth_mean": float(smooth_nonpos[layer].mean())} if smooth_nonpos is not None else {})}
         provable = _provable(relu, ds.info, layers)
         units = sum(v["units"] for v in layers.values())
@@ -250,17 +254,20 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
             "layers": layers, "units": units, "dead": sum(v["dead"] for v in layers.values()),
             "always_active": sum(v["always_active"] for v in layers.values()),
             "apoz_mean": float(np.concatenate(list(relu_apoz.values())).mean()),
+            "dead_units": sum(v.get("dead_pairs", v["dead"]) for v in layers.values()),  # pairs counted once
             **provable,
         }
         _histogram(run.file("sparsity", variant, "apoz_hist.png"), variant, relu_apoz, smooth_nonpos, scfg.bins)
         if scfg.prune:
-            why_not = _unprunable(payload["spec"])
+            why_not = _unprunable(payload["spec"]) or (
+                "not pruned: sparsity.split=test (pruning is checked lossless on the validation split it counts on)"
+                if scfg.split != "val" else None)
             entry["pruning"] = ({"note": why_not} if why_not else
                                 _prune_variant(cfg, run, ds, variant, relu, payload, relu_apoz, export_mod))
         summary[variant] = entry
     atomic_write_csv(run.file("sparsity", "apoz.csv"), rows,
                      ["variant", "layer", "unit", "apoz", "dead", "always_active", "nonpos_smooth"])
-    result = {"split": "val", "samples": len(ds.val), "variants": summary}
+    result = {"split": scfg.split, "samples": len(split), "variants": summary}
     atomic_write_json(run.file("sparsity", "sparsity.json"), result)
     return result
 

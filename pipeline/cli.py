@@ -18,8 +18,6 @@ TARGETS = {
     "report": "analysis.paper:write_report",
     "analyze": "analysis.analyze:analyze",
     "analyze_write": "analysis.analyze:write",
-    "zoo": "analysis.zoo:run_zoo",
-    "zoo_config": "analysis.zoo:zoo_config",
     "vnncomp": "analysis.verification.vnncomp:main",
 }
 
@@ -30,7 +28,7 @@ EPILOG = """examples:
   pipeline run --resume runs/<name>              # continue a killed run where it stopped
   pipeline stages                                # list the stages in run order
   pipeline analyze --run runs/<name>             # activation properties + the papers' claims table
-  pipeline zoo                                   # 23 activations on the pre-activation ResNet, Table 1 style
+  pipeline sweep configs/sweeps/zoo-fmnist.toml --report   # the GELU analysis paper's activation zoo (Table 1)
   torchrun --nproc_per_node=4 -m pipeline.cli run -c configs/cifar10-resnet18.toml   # DDP, one GPU per process
   pipeline sweep configs/sweeps/tc-grid-fmnist.toml  # a grid of runs, finished points skipped
   pipeline report runs-paper/tc-grid-fmnist        # Table I/II, Figures 1-3 (Markdown + PNG)
@@ -69,10 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("paths", nargs="+", metavar="DIR", help="run directories, or folders holding them (searched recursively)")
     rp.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/paper-report)")
     rp.add_argument("--title", default="λ-GELU: the paper's tables on these runs")
-    z = sub.add_parser("zoo", help="the GELU analysis paper's activation zoo (Table 1) on Fashion-MNIST: test loss/accuracy table")
-    z.add_argument("-c", "--config", help="config file applied on top of the zoo's defaults (analysis/zoo.py)")
-    z.add_argument("--test-samples", type=int, default=0, metavar="N", help="evaluate on the first N test images (0 = all)")
-    z.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 data.subset=0 out_dir=runs")
     an = sub.add_parser("analyze", help="activation properties and the seed papers' claims (derived, with verdicts)")
     an.add_argument("--run", metavar="RUN_DIR", help="write analysis/analysis.{md,json} into this run directory")
     an.add_argument("--out", metavar="DIR", help="or into this directory (default: print only)")
@@ -163,14 +157,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_zoo(args: argparse.Namespace) -> int:
-    cfg = resolve(TARGETS["zoo_config"])()
-    if args.config:
-        config_mod.apply(cfg, config_mod.read_file(args.config))
-    resolve(TARGETS["zoo"])(validate(config_mod.apply_overrides(cfg, args.overrides)), test_samples=args.test_samples)
-    return 0
-
-
 def cmd_analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -185,7 +171,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config, "analyze": cmd_analyze, "sweep": cmd_sweep, "report": cmd_report,
-            "zoo": cmd_zoo, "plugins": cmd_plugins, "vnncomp": cmd_vnncomp}
+            "plugins": cmd_plugins, "vnncomp": cmd_vnncomp}
 
 
 def main(argv: list[str] | None = None) -> int:

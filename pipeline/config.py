@@ -148,6 +148,7 @@ class QuantizeConfig:
 class SparsityConfig:
     """APoZ and dead-unit pruning (analysis/sparsity.py)."""
 
+    split: Literal["val", "test"] = "val"  # where APoZ and dead units are counted (the linked-neurons study uses test)
     prune: bool = True  # remove dead units, check and export the pruned model
     atol: float = 1e-6  # pruned vs original logits on the validation set (float64)
     bins: int = 20  # histogram bins over 0..100%

@@ -290,7 +290,10 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
         if progress:
             log(f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
                 f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s")
-    return _variant_summary(state, hardener, facts, cfg, variant, log if world.main else None)
+    summary = _variant_summary(state, hardener, facts, cfg, variant, log if world.main else None)
+    hard = {id(p) for g in hardener.gates for p in (g.s,)}
+    summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
+    return summary
 
 
 def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Module:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pipeline.activations import (
-    ACTIVATIONS, GateContext, HardenableGate, LambdaGELU, hardenable_gates, lambda_from_s, lambda_gelu,
+    ACTIVATIONS, GateContext, LambdaGELU, hardenable_gates, lambda_from_s, lambda_gelu,
     lambda_gelu_reference, s_from_lambda,
 )
 from pipeline.config import GateConfig

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline import checkpoint, data, train
+from pipeline import checkpoint, data
 from pipeline.activations import Gate, hardenable_gates, layer_lambdas
 from pipeline.cli import main
 from pipeline.config import GateConfig, ModelConfig

@@ -4,6 +4,7 @@ ResNet, dead-unit counts, and the bounds of every gate (σ, SERF, Mish) with λ_
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -13,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.linked import dead_units
 from analysis.theory import symbolic as S
-from analysis.zoo import PAPER_TABLE1, ZOO, render_markdown
+from analysis.studies import PAPER_TABLE1, ZOO, zoo_markdown
 from pipeline.activations import (
     activation_sites,
     ACTIVATIONS, RELU_FORMS, GateContext, LambdaSwish, Linked, hardenable_gates, lambda_serf, lambda_swish, serf,
@@ -227,6 +227,10 @@ def test_preact_resnet_layout_and_linked_widths():
 
 
 def test_dead_units_match_brute_force():
+    """The sparsity stage's counts (`unit_stats`/`apoz`, dead pairs as run_sparsity counts them) against one
+    sample at a time."""
+    from analysis.sparsity import apoz, unit_stats
+
     torch.manual_seed(0)
     info = _info()
     x = torch.rand(37, 1, 8, 8)
@@ -237,7 +241,12 @@ def test_dead_units_match_brute_force():
             net.fc0.bias[:4] = -100.0  # dead on [0, 1] inputs: z < 0 always
             net.fc1.bias[:3] = -100.0
             net.fc1.bias[3] = 100.0  # always positive: alive in single, its mirror dead in linked
-        got = dead_units(net, split, batch_size=10)
+        got = {}
+        for name, a in apoz(unit_stats(net, split, batch_size=10)).items():
+            dead = a == 1.0
+            c = len(a) // 2 if act.startswith("linked") else len(a)
+            got[name] = {"outputs": len(a), "dead_outputs": int(dead.sum()),
+                         "dead_units": int((dead[:c] & dead[c:]).sum()) if act.startswith("linked") else int(dead.sum())}
         brute = {}
         for name, mod in activation_sites(net):
             outs = []
@@ -250,7 +259,7 @@ def test_dead_units_match_brute_force():
             dead_out = [all(float(out[n, j]) == 0.0 for n in range(len(x))) for j in range(out.shape[1])]
             c = out.shape[1] // 2 if isinstance(mod, Linked) else out.shape[1]
             units = [dead_out[j] and dead_out[j + c] for j in range(c)] if isinstance(mod, Linked) else dead_out
-            brute[name] = {"units": c, "outputs": out.shape[1], "dead_outputs": sum(dead_out), "dead_units": sum(units)}
+            brute[name] = {"outputs": out.shape[1], "dead_outputs": sum(dead_out), "dead_units": sum(units)}
         assert got == brute, act
         if act == "relu":
             assert got["act0"]["dead_units"] >= 4 and got["act1"]["dead_units"] >= 3
@@ -327,10 +336,12 @@ def test_numeric_gate_minimum_and_lipschitz_on_samples():
 def test_zoo_lists_the_papers_activations_and_renders():
     assert set(PAPER_TABLE1) <= set(ZOO) and {"serf", "mish", "lambda_gelu"} <= set(ZOO) and len(ZOO) == 23
     assert all(name in ACTIVATIONS for name in ZOO)
-    rows = [{"activation": "relu", "loss": 0.5, "accuracy": 0.8, "paper_cifar10": PAPER_TABLE1["relu"]},
-            {"activation": "lambda_gelu", "loss": 0.4, "accuracy": 0.85, "accuracy_swapped": 0.84, "lambda_final": 159.6}]
-    md = render_markdown({"data": "fashion_mnist", "train_subset": 6000, "val_fraction": 0.1, "test_samples": 100,
-                          "model": "preact_resnet", "channels": [8, 16, 32], "epochs": 3, "optimizer": "adamw",
-                          "batch_size": 128, "seed": 0, "threads": 1, "seconds": 60.0, "rows": rows})
-    assert "**3 epochs**" in md and "| relu | <u>0.5000</u> | <u>80.00</u> | no swap | 0.4478 | 87.19 |" in md
+    sweep = (Path(__file__).resolve().parent.parent / "configs" / "sweeps" / "zoo-fmnist.toml").read_text()
+    assert "variants=" + ",".join(ZOO) in sweep  # the sweep file trains exactly the zoo
+    rows = [{"activation": "relu", "loss": 0.5, "accuracy": 0.8, "accuracy_swapped": None, "lambda_final": None,
+             "paper_cifar10": PAPER_TABLE1["relu"]},
+            {"activation": "lambda_gelu", "loss": 0.4, "accuracy": 0.85, "accuracy_swapped": 0.84, "lambda_final": 159.6,
+             "paper_cifar10": None}]
+    md = "\n".join(zoo_markdown(rows))
+    assert "| relu | <u>0.5000</u> | <u>80.00</u> | no swap | 0.4478 | 87.19 |" in md
     assert "| lambda_gelu (λ = 160) | **0.4000** | **85.00** | 84.00 | – | – |" in md
