@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from pipeline import render
 from pipeline.activations import RELU_FORMS
@@ -45,6 +44,8 @@ from pipeline.hardness import switch_epoch
 from pipeline.rundir import atomic_write_text
 
 from . import hardness, studies
+from .stats import CONFIDENCE
+from .stats import mean_ci as _stats
 
 # (data.name, model.name) -> how the paper and this report name the benchmark
 LABELS = {
@@ -247,21 +248,6 @@ def _by_benchmark(col: Collection) -> dict[str, list[Record]]:
     for r in col.records:
         groups[r.benchmark].append(r)
     return {b: _dedupe_baselines(rs) for b, rs in groups.items()}
-
-
-CONFIDENCE = 0.95  # two-sided level of every interval in the tables
-
-
-def _stats(xs: Iterable[float]) -> tuple[float, float, float, int]:
-    """(mean, sample std, half-width of the 95% t-interval of the mean, n) over seeds; NaNs left out.
-    One seed has no spread: std and interval are NaN (shown as no interval, never as ± 0)."""
-    a = np.array([x for x in xs if not math.isnan(x)], dtype=np.float64)
-    if a.size == 0:
-        return math.nan, math.nan, math.nan, 0
-    if a.size == 1:
-        return float(a[0]), math.nan, math.nan, 1
-    sd = float(a.std(ddof=1))
-    return float(a.mean()), sd, float(sps.t.ppf(0.5 + CONFIDENCE / 2, a.size - 1) * sd / math.sqrt(a.size)), int(a.size)
 
 
 def _learned_tc(recs: list[Record]) -> list[tuple[float, float]]:

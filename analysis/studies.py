@@ -4,6 +4,8 @@
 - the activation zoo of the GELU analysis paper (its Table 1): every registered activation on one model,
   side by side (configs/sweeps/zoo-fmnist.toml). Test loss and accuracy of the selected checkpoint (the sweep
   selects the last epoch, as the paper's curves end) and, for a gate, its accuracy after a direct swap to ReLU.
+- which checkpoint ships (`harden.select`, configs/sweeps/select-study.toml): the same training under each rule,
+  the shipped (swapped) network's test metric, how often the rule picked a checkpoint below λ_target.
 - linked neurons (Riera & Pujol): g at given widths, at √2 × the widths, widened to the linked parameter count,
   linked g, and linked g narrowed to the single parameter count (configs/sweeps/linked-fmnist-mlp.toml); test
   metrics, the swapped network's accuracy and its dead units in the paper's sense (zero on every sample of the
@@ -16,11 +18,14 @@ linked table when it has a linked variant or matched widths.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from pipeline import render
 from pipeline.activations import ACTIVATIONS
+
+from .stats import mean_ci
 
 ZOO = ("elu", "hardshrink", "hardsigmoid", "hardtanh", "hardswish", "leaky_relu", "logsigmoid", "prelu", "relu",
        "relu6", "rrelu", "selu", "celu", "gelu", "sigmoid", "softplus", "softshrink", "softsign", "tanh", "tanhshrink",
@@ -102,6 +107,50 @@ def linked_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def select_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per data set, variant and selection rule (with its hold), over seeds: the shipped network's test metric
+    (after the swap), the smooth one's, the selected epoch and the fraction of seeds selected below λ_target.
+    Only settings trained under two or more rules take part."""
+    groups: dict[tuple, list[tuple[dict, str]]] = {}
+    for run in runs:
+        cfg = run["cfg"]
+        rule = cfg["harden"].get("select", "best_val") + (f" (hold {cfg['harden']['hold']})" if cfg["harden"].get("hold") else "")
+        for v in cfg["variants"]:
+            if v in run["swap"]:
+                key = (cfg["data"]["name"], cfg["model"]["name"], cfg["train"]["epochs"], v)
+                groups.setdefault(key, []).append((run, rule))
+    out = []
+    for (data, model, epochs, v), members in sorted(groups.items()):
+        rules = sorted({rule for _, rule in members})
+        if len(rules) < 2:
+            continue
+        for rule in rules:
+            sel = [run for run, r in members if r == rule]
+            h = [_harden_metrics(run, v) for run in sel]
+            hardness = [m.get("selected_hardness") for m in h if m.get("selected_hardness") is not None]
+            out.append({"data": data, "model": model, "epochs": epochs, "variant": v, "select": rule, "seeds": len(sel),
+                        "test_after": mean_ci(run["swap"][v]["test_after"] for run in sel),
+                        "test_before": mean_ci(run["swap"][v]["test_before"] for run in sel),
+                        "epoch": mean_ci(float(m.get("best_epoch") or math.nan) for m in h),
+                        "not_hardened": (sum(x < 1 - 1e-6 for x in hardness) / len(hardness)) if hardness else None})
+    return out
+
+
+def select_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    pm = lambda m: "—" if m[0] != m[0] else f"{100 * m[0]:.2f}" + ("" if m[2] != m[2] else f" ± {100 * m[2]:.2f}")  # noqa: E731
+    cells = [[f"{r['data']}/{r['model']} ({r['epochs']} ep.)", r["variant"], r["select"], str(r["seeds"]), pm(r["test_after"]),
+              pm(r["test_before"]), render.fmt(r["epoch"][0], 1),
+              "—" if r["not_hardened"] is None else f"{100 * r['not_hardened']:.0f}%"] for r in rows]
+    return ["## Which checkpoint ships (harden.select)", "",
+            ("The same training under each selection rule (the rule only picks the epoch; best_hardened also holds λ at "
+             "λ_target for the last epochs). 'shipped' = the swapped ReLU network's test accuracy; mean ± 95% "
+             "t-interval over seeds; 'below λ_target' = seeds whose selected checkpoint was not hardened."), "",
+            render.table(["setting", "variant", "harden.select", "seeds", "shipped test acc (%)", "smooth test acc (%)",
+                          "selected epoch", "below λ_target"], cells), ""]
+
+
 def _marks(values: list[float], higher_better: bool) -> dict[int, str]:
     """Best in bold, second best underlined (the zoo paper's convention)."""
     order = sorted(range(len(values)), key=lambda i: -values[i] if higher_better else values[i])
@@ -152,5 +201,6 @@ def linked_markdown(rows: list[dict[str, Any]]) -> list[str]:
 def sections(paths: list[Path]) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines and the numbers of every study found among these run directories."""
     runs = [_run(p) for p in paths if (p / "config.json").is_file()]
-    zoo, linked = zoo_rows(runs), linked_rows(runs)
-    return zoo_markdown(zoo) + linked_markdown(linked), {"zoo": zoo, "linked": linked}
+    zoo, linked, select = zoo_rows(runs), linked_rows(runs), select_rows(runs)
+    return (select_markdown(select) + zoo_markdown(zoo) + linked_markdown(linked),
+            {"select": select, "zoo": zoo, "linked": linked})

@@ -128,7 +128,7 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         if facts["swapped_to"] in (None, facts["activation"]):
             # Nothing to swap: a ReLU baseline's checkpoint already is its ReLU model; a non-gate stays as it is.
             swapped, spec = model, payload["spec"]
-            swapped_to[variant] = "no swap (not a gate)" if facts["swapped_to"] is None else "already ReLU"
+            swapped_to[variant] = "no swap" if facts["swapped_to"] is None else "already ReLU"
         else:
             swapped, spec = to_relu(model), relu_spec(payload["spec"])  # the loaded copy is ours to change
             swapped_to[variant] = facts["swapped_to"]

@@ -134,18 +134,16 @@ def _ddp_step(model, x: torch.Tensor, y: torch.Tensor, world: distributed.World,
 # Checkpoint selection (harden.select)
 
 
-def _candidate(select: str, metric: str, smooth: float, swapped: float | None, hardened: bool) -> float | None:
-    """The value `select` ranks this epoch by (None: not eligible)."""
-    if select == "best_hardened" and not hardened:
-        return None
-    return swapped if select == "best_swapped" else smooth
-
-
-def _better_or_tie(new: float, best: float | None, metric: str, select: str) -> bool:
-    """Ties go to the later epoch (more hardened); `last` takes every epoch."""
-    if select == "last" or best is None:
+def _selects(select: str, metric: str, value: float, hardened: bool, best: dict[str, Any]) -> bool:
+    """Does this epoch replace the selected checkpoint? `value` is what `select` ranks by (the smooth or the
+    swapped validation metric). Ties go to the later epoch (more hardened); `last` takes every epoch. Under
+    best_hardened a hardened epoch beats any unhardened one: until the first, best.pt holds the best
+    validation epoch so far (so a stage reading it mid-run finds one)."""
+    if select == "last" or best["value"] is None:
         return True
-    return new >= best if METRICS[metric][1] else new <= best
+    if select == "best_hardened" and hardened != bool(best.get("hardened")):
+        return hardened
+    return value >= best["value"] if METRICS[metric][1] else value <= best["value"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,9 +271,10 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
         state["history"].append(row)
         state["epoch"] = epoch
         hardened = hardener.hardened()
-        value = _candidate(cfg.harden.select, metric, val["metric"], swapped, hardened)
-        if value is not None and _better_or_tie(value, state["best"]["value"], metric, cfg.harden.select):
-            state["best"] = {"epoch": epoch, "value": value, "metric": val["metric"], "hardness": hardener.hardness()}
+        value = swapped if cfg.harden.select == "best_swapped" else val["metric"]
+        if _selects(cfg.harden.select, metric, value, hardened, state["best"]):
+            state["best"] = {"epoch": epoch, "value": value, "metric": val["metric"], "hardness": hardener.hardness(),
+                             "hardened": hardened}
             checkpoint.save(vdir / "best.pt", model, spec, epoch=epoch, val_metric=val["metric"], metric=metric,
                             lambdas=lams, select=cfg.harden.select, selected_by=value, hardened=hardened,
                             hardness=hardener.hardness(), train_loss=stats["train_loss"], initial_loss=state["initial_loss"])
@@ -346,9 +345,11 @@ def _variant_summary(state: dict[str, Any], hardener: Hardener, facts: dict[str,
         if best["epoch"] and best["hardness"] is not None and state["epoch"] == cfg.train.epochs:
             out["selected_hardness"] = ratio = best["hardness"]
             if ratio < 1 - HARDENED_RTOL:
+                fix = ("harden.select=best_hardened avoids this" if cfg.harden.select not in ("best_hardened", "last")
+                       else "no epoch reached it: the run has no anneal phase (train.switch_fraction=1)")
                 msg = (f"{variant}: the selected checkpoint (epoch {best['epoch']}, harden.select={cfg.harden.select}) is not "
                        f"hardened: its smallest λ is {100 * ratio:.1f}% of λ_target {facts['lambda_target']:.4g}, so the "
-                       f"ε = {cfg.harden.epsilon:g} bound does not cover its swap (harden.select=best_hardened or last avoids this)")
+                       f"ε = {cfg.harden.epsilon:g} bound does not cover its swap ({fix})")
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 if log:
                     log(f"    WARNING: {msg}")

@@ -129,7 +129,7 @@ def test_selection_before_annealing_is_warned_and_reported(tmp_path):
     """breast_cancer's validation split has 46 samples: best validation lands before annealing on it (the audit
     saw it on every seed), and the swap then is GELU's. The run must say so, loudly."""
     args = ["run", "-c", str(ROOT / "configs" / "digits-tiny.toml"), f"out_dir={tmp_path}", "name=b", "data.name=breast_cancer",
-            "variants=lambda_gelu", "model.hidden=16,16", "train.epochs=12", "train.lr=0.2", "seed=2",
+            "variants=lambda_gelu", "model.hidden=16,16", "train.epochs=12", "train.lr=0.2", "seed=2", "harden.select=best_val",
             "stages=train,harden,swap,report"]  # seed 2, lr 0.2: validation peaks (1.0) at e_s = 3 and not after
     with pytest.warns(RuntimeWarning, match="is not hardened"):
         assert main(args) == 0
@@ -142,7 +142,7 @@ def test_selection_before_annealing_is_warned_and_reported(tmp_path):
     # best_hardened on the same data cannot skip hardening
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        assert main([*args[:5], "name=h", *args[6:], "harden.select=best_hardened", "harden.hold=2"]) == 0
+        assert main([*args[:5], "name=h", *args[6:-1], "harden.select=best_hardened", "harden.hold=2"]) == 0
     assert _payload(tmp_path / "h")["hardened"]
 
 

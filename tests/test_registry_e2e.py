@@ -44,8 +44,9 @@ def _check(run: Path, act: str) -> None:
     swap = json.loads((run / "swap" / "swap.json").read_text())
     swapped_to = json.loads((run / "manifest.json").read_text())["stages"]["swap"]["metrics"]["swapped_to"]
     relu, payload = checkpoint.load_model(run / "swap" / act / "relu.pt")  # the saved spec rebuilds the model
-    if act in RELU_FORMS:
-        assert act not in swap and payload["spec"]["activation"] == act  # already ReLU: nothing to swap
+    if act in RELU_FORMS:  # already ReLU: nothing to swap, recorded with before = after
+        assert swapped_to[act] == "already ReLU" and payload["spec"]["activation"] == act
+        assert swap[act]["val_before"] == swap[act]["val_after"] and swap[act]["max_logit_change"] == 0.0
     elif target is None:
         assert swapped_to[act] == "no swap" and payload["spec"]["activation"] == act
         assert swap[act]["max_logit_change"] == 0.0
