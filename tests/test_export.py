@@ -20,12 +20,7 @@ OPSET = 20
 CASES = [("lambda_gelu", "mlp"), ("gelu", "mlp"), ("relu", "mlp"), ("lambda_gelu", "cnn"), ("relu", "cnn")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -27,12 +27,7 @@ OUTPUT_SQNR_MIN_DB = 20.0  # logits of a 3-layer int8 net vs fp32
 CASES = [("relu", "mlp"), ("gelu", "mlp"), ("lambda_gelu", "mlp"), ("relu", "cnn")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

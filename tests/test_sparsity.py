@@ -27,12 +27,7 @@ FP32_ATOL = ex.FP32_ATOL
 STREAM_BATCH = 7  # not a divisor of the split: the last batch is short
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
