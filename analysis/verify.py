@@ -462,7 +462,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     main = s["verifiers"][0]
     out = ["## Verification (L∞ local robustness)",
            f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
-           f"clipped to the input range {s['input_range']}. Limit: {s['timeout_s']:g} {clock} seconds per property (and "
+           f"clipped to the input range {s['input_range']}. Limit: {s['timeout_s']:g} s of {clock} time per property (and "
            f"per smooth certificate). Certified = unsat (proved); falsified = sat (a counterexample, re-checked on the "
            f"network itself; a sample the network already misclassifies counts as falsified)."]
     eps_cols = [f"ε = {e:g}" for e in s["epsilons"]]

@@ -21,9 +21,9 @@ from analysis.verification.bab import bab
 from analysis.verification.bounds import Bounder
 from analysis.verification.network import from_torch
 from analysis.verification.registry import (BOX_TOL, STAGED, VERIFIERS, Budget, MarabouVerifier, MilpVerifier, Problem,
-                                            Result, Verifier, available_verifiers, check_counterexample, check_name,
+                                            Result, Verifier, available_verifiers, check_name,
                                             get_verifier)
-from analysis.verification.vnnlib import VnnlibSpec, read_vnnlib, robustness_spec, write_robustness_vnnlib
+from analysis.verification.vnnlib import read_vnnlib, robustness_spec, write_robustness_vnnlib
 from quantize.export import export_for_verifiers
 from quantize.ort import forward_flat
 
@@ -369,3 +369,17 @@ def test_milp_and_marabou_agree_on_random_networks(tmp_path):
         assert t.status == a.status and z.status == a.status, (seed, t, z)
         seen.add(a.status)
     assert used == 6 and seen == {"unsat", "sat"}
+
+
+def test_an_affine_network_is_decided_by_branch_and_bound_and_the_milp():
+    """No ReLU at all: nothing to branch on, one LP decides (both answers)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).eval()
+    net = from_torch(model, (3,))
+    x0 = np.full(3, 0.5)
+    c = int(np.argmax(net.forward(x0).numpy()))
+    for eps, want in ((1e-4, "unsat"), (10.0, "sat")):
+        spec = robustness_spec(x0, eps, -20.0, 20.0, c, 2)
+        for name in ("bab", "milp"):
+            r = get_verifier(name).run(Problem([spec], network=net), Budget(TIMEOUT_S))
+            assert r.status == want, (name, eps, r)

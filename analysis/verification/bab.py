@@ -99,6 +99,9 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
     C = torch.as_tensor(A, dtype=DTYPE)
     d = -torch.as_tensor(bvec, dtype=DTYPE)
     sizes = [b.pre[s][0].numel() for s in range(len(b.sites))]
+    if not sizes:  # no ReLU: the network is affine and one LP decides
+        status, x, msg = milp.solve(b.net, spec, [], [disjunct], left)
+        return status, x, f"an affine network: {msg}", {"domains": 1, "rounds": 0, "leaf_lps": 1, "max_queue": 1}
     queue: list[tuple[float, list[torch.Tensor]]] = [(-np.inf, [torch.zeros(n, dtype=torch.int8) for n in sizes])]
     stats = {"domains": 0, "rounds": 0, "leaf_lps": 0, "max_queue": 1}
     t0 = time.perf_counter()
