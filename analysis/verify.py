@@ -50,7 +50,6 @@ import torch
 from pipeline.render import table
 from analysis.verification import network as netmod
 from analysis.verification import registry
-from analysis.verification.vnncomp import FIELDS as RESULT_FIELDS
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, robustness_spec, write_instances_csv, write_vnnlib
 from pipeline import checkpoint
@@ -496,7 +495,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                "—" if r["mean_unstable_tight"] is None else f"{r['mean_unstable_tight']:.0f}", r["relus"]]
               for r in s["table"]]
     out.append("How the swapped ReLU networks were decided (unstable ReLUs: the input interval crosses 0 over the box; "
-               f"IBP vs the tight bounds the MILP uses):\n\n" + table(
+               "IBP vs the tight CROWN/α-CROWN bounds branch and bound starts from):\n\n" + table(
                    ["model", "ε", "verifier", "properties", "unsat", "sat", "timeout", "unknown/error", "decided",
                     f"median {s['clock']} s", f"max {s['clock']} s", "unstable (IBP)", "unstable (tight)", "ReLUs"], detail))
     for v, m in s["models"].items():

@@ -107,7 +107,7 @@ def _stats(results: list[registry.Result]) -> dict[str, Any]:
 
 
 def section_goal(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
-    cfg, ds = _setup(run_dir)
+    _cfg, ds = _setup(run_dir)
     nets = {v: _relu_net(run_dir, v, ds, tmp) for v in VARIANTS}
     ks = _samples(ds, {v: n.forward for v, (_, n) in nets.items()}, args.samples)
     verifier = registry.get_verifier("auto")
@@ -142,7 +142,7 @@ def section_crosscheck(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     goal section decided by branch and bound (the hard ones)."""
     from analysis.verification.vnnlib import write_vnnlib
 
-    cfg, ds = _setup(run_dir)
+    _cfg, ds = _setup(run_dir)
     nets = {v: _relu_net(run_dir, v, ds, tmp) for v in VARIANTS}
     ks = _samples(ds, {v: n.forward for v, (_, n) in nets.items()}, args.samples)
     todo = [(v, k, eps) for eps in (0.005, 0.01) for v in VARIANTS for k in ks[: args.crosscheck]]
@@ -182,7 +182,7 @@ def section_crosscheck(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
 
 
 def section_certified(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
-    cfg, ds = _setup(run_dir)
+    _cfg, ds = _setup(run_dir)
     nets = {v: _relu_net(run_dir, v, ds, tmp) for v in VARIANTS}
     smooth = {}
     for v in SMOOTH:
@@ -246,10 +246,9 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
 def section_vnncomp(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     """Generate (once) and run a Fashion-MNIST benchmark shaped like VNN-COMP's mnist_fc."""
     from analysis.verification.vnncomp import run_benchmark, summary
-    from analysis.verification.vnnlib import write_instances_csv, write_vnnlib
 
     folder = Path(args.vnncomp_dir)
-    cfg, ds = _setup(run_dir)
+    _cfg, ds = _setup(run_dir)
     if not (folder / "instances.csv").is_file():
         _make_fc_benchmark(folder, ds, args, log)
     load0 = common.load()

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.verification.bounds import (SMOOTH_GATES, Bounder, Spec, default_slopes, gate_range, intercepts,
                                           slope_range, swap_gap, swap_gap_unit)
-from analysis.verification.network import Gate, Linear, Network, ReLU, Scale, from_torch
+from analysis.verification.network import Linear, Network, ReLU, Scale, from_torch
 from pipeline.activations import GELU, SERF, LambdaGELU, LambdaSERF, LambdaSwish, Linked, SiLU
 
 GATES = list(SMOOTH_GATES)

@@ -76,7 +76,7 @@ def bench(tmp_path_factory):
     dist = np.where(other, np.max(np.abs(xs - x0), axis=1), np.inf)
     iw = int(np.argmin(dist))
     eps_fail = float(dist[iw]) * 1.001  # the nearest sample another class wins clearly lies inside this ball
-    holds = write_robustness_vnnlib(root / "vnnlib" / "holds.vnnlib", x0, 1e-3, 0.0, 1.0, c, NUM_CLASSES)
+    write_robustness_vnnlib(root / "vnnlib" / "holds.vnnlib", x0, 1e-3, 0.0, 1.0, c, NUM_CLASSES)
     fails = write_robustness_vnnlib(root / "vnnlib" / "fails.vnnlib", x0, eps_fail, 0.0, 1.0, c, NUM_CLASSES)
     assert fails.in_box(xs[iw]) and fails.violation(ys[iw]) <= -WITNESS_MARGIN
     assert get_verifier("ibp").verify(onnx_path, root / "vnnlib" / "holds.vnnlib", TIMEOUT_S).status == "unsat"

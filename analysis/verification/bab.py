@@ -28,7 +28,7 @@ import torch
 
 from . import milp
 from .bounds import Bounder
-from .network import DTYPE, ReLU
+from .network import DTYPE
 from .vnnlib import VnnlibSpec
 
 
@@ -37,7 +37,6 @@ def _bound_batch(b: Bounder, splits: list[torch.Tensor], C: torch.Tensor, d: tor
     """Bounds of D domains (splits[s]: [D, n_s] in {−1, 0, +1}) for the R rows C y + d.
     Returns (lower [D, R], input minimizers [D·R, n_in], branching scores per site [D, n_s])."""
     D, R = splits[0].shape[0], C.shape[0]
-    rows = D * R
     bounds, signs, cross = {}, {}, {}
     for s, t in enumerate(splits):
         l, u = b.pre[s]
@@ -118,7 +117,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
             ys = b.net.forward(xstar).numpy()
         for j in range(ys.shape[0]):
             if spec.violation(ys[j]) <= 0:
-                return "sat", xstar[j].numpy(), f"branch and bound: a domain's bound minimizer is a counterexample", stats
+                return "sat", xstar[j].numpy(), "branch and bound: a domain's bound minimizer is a counterexample", stats
         closed = lower.max(1).values > 0
         flat = torch.cat(scores, dim=1)  # [D, Σ n_s]
         offsets = np.cumsum([0] + sizes)

@@ -136,7 +136,7 @@ class Conv:
     def back(self, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A (rows, C_out·Ho·Wo) -> (A·Conv as a matrix, via conv_transpose2d, and A·bias)."""
         rows = A.shape[0]
-        c, h, w = self.in_shape
+        _c, h, w = self.in_shape
         kh, kw = self.weight.shape[2:]
         _, ho, wo = self.out_shape
         # conv_transpose2d may come out short of the input size where the stride skipped the last rows
@@ -159,7 +159,7 @@ class Conv:
         from scipy import sparse
 
         co, ci_g, kh, kw = self.weight.shape
-        c, h, w = self.in_shape
+        _c, h, w = self.in_shape
         _, ho, wo = self.out_shape
         g_out = co // self.groups
         o, i, a, b, y, x = np.meshgrid(np.arange(co), np.arange(ci_g), np.arange(kh), np.arange(kw),
@@ -569,8 +569,8 @@ def from_onnx(model: Any) -> Network:
                     layers.append(pending_matmul)
                     pending_matmul = None
                 one, zero = np.ones_like(v), np.zeros_like(v)
-                layers.append({"Add": lambda: Scale(one, v), "Sub": lambda: Scale(one, -v),
-                               "Mul": lambda: Scale(v, zero), "Div": lambda: Scale(1.0 / v, zero)}[op]())
+                scale, shift = {"Add": (one, v), "Sub": (one, -v), "Mul": (v, zero), "Div": (1.0 / v, zero)}[op]
+                layers.append(Scale(scale, shift))
         elif op == "Conv":
             if len(shape) != 3:
                 raise unsupported(node, f"a 2-d Conv on a tensor of shape {shape}")
