@@ -245,7 +245,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > hardener.switch and not state["swapped"]:
             model, spec = _swap_for_finetune(model, spec, opt, device)
-            hardener = Hardener(model, T, cfg.train.switch_fraction)  # no gates left: plain training
+            hardener = Hardener(model, T, cfg.train.switch_fraction, hold=cfg.harden.hold)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
@@ -290,7 +290,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
             log(f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
                 f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s")
     summary = _variant_summary(state, hardener, facts, cfg, variant, log if world.main else None)
-    hard = {id(p) for g in hardener.gates for p in (g.s,)}
+    hard = {id(g.s) for g in hardener.gates}
     summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
     return summary
 
