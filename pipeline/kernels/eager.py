@@ -8,13 +8,10 @@ from .common import INV_SQRT2, INV_SQRT_2PI, PDF_CLAMP, sum_to
 
 
 def forward(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """x·Φ(λx) with Φ from erfc (relative accuracy in the left tail, where GELU's 1 + erf cancels); x is zeroed
-    where λx = ±∞ before the product (x·Φ is x or 0 there: the `where` restores x at +∞)."""
-    z = torch.mul(x, lam)
-    inf = torch.isinf(z)
-    xs = torch.where(inf, 0.0, x)
-    y = torch.mul(xs, lam).mul_(-INV_SQRT2).erfc_().mul_(0.5).mul_(xs)
-    return torch.where(inf & (z > 0), x, y)
+    """x·Φ(λx) = x·erfc(−λx/√2)/2: erfc keeps relative accuracy in the left tail, where GELU's 1 + erf cancels.
+    x is clamped below at −max before the product: at x = −inf, Φ is 0 and the product is −0, not inf·0."""
+    t = torch.mul(x, lam * -INV_SQRT2).erfc_()
+    return t.mul_(x.clamp(min=-torch.finfo(x.dtype).max)).mul_(0.5)
 
 
 def backward(grad: torch.Tensor, x: torch.Tensor, lam: torch.Tensor, need_x: bool, need_lam: bool):
