@@ -184,8 +184,9 @@ class Config:
     out_dir: str = "runs"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # torch intra-op CPU threads. 0 = auto: the cores not already busy when the run starts (cores − 1-minute
-    # load, at least 1), so a shared machine is not oversubscribed; the count used is in the manifest. Float
+    # torch intra-op CPU threads. 0 = auto: the cores not already busy when the run starts (cores minus the busy
+    # share of /proc/stat over half a second, at least 1), so a shared machine is not oversubscribed; the count
+    # used is in the manifest. Float
     # sums can depend on it: set it for bit-identical reruns across machines and loads.
     threads: int = 0
     # Models trained side by side: the hardened λ-gate model and the baselines it is compared to

@@ -257,3 +257,18 @@ def test_progress_lines_go_to_a_redirected_log(tmp_path):
                          cwd=ROOT, capture_output=True, text=True)
     assert log.returncode == 0
     assert "lambda_gelu epoch 8/8 (anneal)" in log.stdout and "[harden] done in" in log.stdout
+
+
+def test_auto_threads_leave_the_busy_cores_alone(monkeypatch):
+    """threads=0 counts the cores other work keeps busy now (not the load average, which remembers a job that
+    just ended): all cores when idle, one when a competitor fills every core."""
+    from pipeline import runner
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(runner, "_busy_cores", lambda: 0.02)
+    assert runner.choose_threads(0) == cores and runner.choose_threads(3) == 3
+    monkeypatch.setattr(runner, "_busy_cores", lambda: float(cores))
+    assert runner.choose_threads(0) == 1
+    assert runner._busy_cores.__module__  # the real sampler reads /proc/stat here:
+    monkeypatch.undo()
+    assert 0.0 <= runner._busy_cores() <= cores + 1e-9
