@@ -370,6 +370,20 @@ class _BoundsState:
     def update(self, lower: torch.Tensor) -> None:
         self.lower = torch.maximum(self.lower, lower)
 
+    def crown(self) -> None:
+        """CROWN bounds for every layer and the rows, once per property (later links start from them)."""
+        if self.level == "ibp":
+            self.bounder.crown()
+            self.update(self.bounder.spec_bounds(self.spec))
+            self.level = "crown"
+
+    def alpha_intermediate(self, steps: int) -> None:
+        """α-CROWN-optimized bounds of the ReLU layers (what a MILP's big-M and a branch need), once."""
+        if self.level != "alpha-milp":
+            self.bounder.alpha_intermediate(steps)
+            self.update(self.bounder.spec_bounds(self.spec))
+            self.level = "alpha-milp"
+
     @property
     def open(self) -> list[int]:
         ex = bounds.excluded(self.lower, self.owner, self.n)
@@ -415,10 +429,7 @@ class CrownVerifier(Verifier):
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
-        if st.level == "ibp":
-            st.bounder.crown()
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "crown"
+        st.crown()
         return st.answer("CROWN", problem)
 
 
@@ -433,10 +444,7 @@ class AlphaCrownVerifier(Verifier):
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
-        if st.level == "ibp":
-            st.bounder.crown()
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "crown"
+        st.crown()
         if st.open and st.level == "crown":
             if self.intermediate:
                 st.bounder.alpha_intermediate(max(1, self.steps * 2 // 3), self.lr)
@@ -460,16 +468,12 @@ class MilpVerifier(Verifier):
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
-        if st.level == "ibp" and self.tighten:
-            st.bounder.crown()
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "crown"
+        if self.tighten:
+            st.crown()
         if not st.open and self.skip_closed:
             return st.answer("bounds", problem)
         if self.tighten and st.level != "alpha-milp":
-            st.bounder.alpha_intermediate(self.steps)
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "alpha-milp"
+            st.alpha_intermediate(self.steps)
             if not st.open and self.skip_closed:
                 return st.answer("α-CROWN (intermediate)", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
@@ -580,14 +584,9 @@ class BabVerifier(Verifier):
         from . import bab
 
         st = _state(problem, k, budget)
-        if st.level == "ibp":
-            st.bounder.crown()
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "crown"
-        if st.open and st.level != "alpha-milp":
-            st.bounder.alpha_intermediate(self.steps)
-            st.update(st.bounder.spec_bounds(st.spec))
-            st.level = "alpha-milp"
+        st.crown()
+        if st.open:
+            st.alpha_intermediate(self.steps)
         if not st.open:
             return st.answer("bounds", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
