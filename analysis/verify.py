@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.render import table
+from pipeline.render import pct, table
 from analysis.verification import network as netmod
 from analysis.verification import registry
 from analysis.verification.vnncomp import witness_path, write_results
@@ -439,10 +439,6 @@ def conflicts(rows: list[dict[str, Any]]) -> list[str]:
 # report
 
 
-def _pct(x: float | None) -> str:
-    return "—" if x is None or x != x else f"{100 * x:.0f}%"
-
-
 def _sec(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -470,7 +466,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         cells = []
         for e in s["epsilons"]:
             r = next((t for t in s["table"] if t["variant"] == v and t["eps"] == e and t["verifier"] == main), None)
-            cells.append("—" if r is None else f"{_pct(r['certified_fraction'])} ({_pct(r['falsified_fraction'])} sat)")
+            cells.append("—" if r is None else f"{pct(r['certified_fraction'])} ({pct(r['falsified_fraction'])} sat)")
         label = f"{v} (ReLU from the start)" if s["models"][v].get("activation") in ("relu", "linked_relu") else f"{v} swapped to ReLU"
         rows.append([label, "ReLU ONNX", f"`{s['chains'][main]}`", *cells])
     for v in s.get("smooth_models", {}):
@@ -478,7 +474,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
             cells = []
             for e in s["epsilons"]:
                 r = next((t for t in s["smooth_table"] if t["variant"] == v and t["eps"] == e and t["route"] == route), None)
-                cells.append("—" if r is None else f"{_pct(r['certified_fraction'])} ({_pct(r['falsified_fraction'])} sat)")
+                cells.append("—" if r is None else f"{pct(r['certified_fraction'])} ({pct(r['falsified_fraction'])} sat)")
             how = ("bounds through its gates (CROWN, α-CROWN)" if route == "direct"
                    else "via the swap: ReLU margin minus the smooth-to-ReLU gap bound")
             rows.append([f"{v} smooth", "smooth (train best.pt)", how, *cells])
@@ -490,7 +486,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                "(per logit, from the pre-activation bounds; each unit adds at most c/λ, exponentially less when its "
                "interval stays away from 0).")
     detail = [[r["variant"], f"{r['eps']:g}", r["verifier"], r["properties"], r["unsat"], r["sat"], r["timeout"],
-               r["unknown"] + r["error"], _pct(r["decided_fraction"]), _sec(r["median_seconds"]), _sec(r["max_seconds"]),
+               r["unknown"] + r["error"], pct(r["decided_fraction"]), _sec(r["median_seconds"]), _sec(r["max_seconds"]),
                "—" if r["mean_unstable_ibp"] is None else f"{r['mean_unstable_ibp']:.0f}",
                "—" if r["mean_unstable_tight"] is None else f"{r['mean_unstable_tight']:.0f}", r["relus"]]
               for r in s["table"]]

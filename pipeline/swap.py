@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable
 
 import torch
@@ -99,9 +100,12 @@ def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source)
     """The divergence rule of the train stage, applied again to the checkpoint that would ship: a model whose
     training loss ran away (however it got selected) is not swapped, exported or verified."""
     f, loss, init = cfg.train.divergence_factor, payload.get("train_loss"), payload.get("initial_loss")
-    if loss is not None and not loss == loss or (f > 0 and init and loss is not None and loss > f * init):
+    if loss is None:
+        return  # a checkpoint saved outside the train stage (the API's) carries no training losses
+    if not math.isfinite(loss) or (f > 0 and init and loss > f * init):
+        untrained = f"{init:.4g}" if init else "not recorded"
         raise TrainingError(f"{variant}: {source} comes from a diverged training (mean loss {loss:.4g}, untrained "
-                            f"{init:.4g}); lower train.lr and rerun training (`--redo train`) before swapping it")
+                            f"{untrained}); lower train.lr and rerun training (`--redo train`) before swapping it")
 
 
 def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
