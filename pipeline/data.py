@@ -816,9 +816,10 @@ def on_device(split: Split, device: torch.device) -> Split:
 def batches(split: Split, batch_size: int, generator: torch.Generator | None = None):
     """Yield (x, y) minibatches; shuffled when a generator is given (deterministic per seed)."""
     n = len(split)
-    order = torch.randperm(n, generator=generator) if generator is not None else None
+    # The order is drawn on the host (the same for any device) and copied once to where the data lives.
+    order = torch.randperm(n, generator=generator).to(split.x.device) if generator is not None else None
     for i in range(0, n, batch_size):
-        idx = order[i : i + batch_size].to(split.x.device) if order is not None else slice(i, i + batch_size)
+        idx = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
         yield split.x[idx], split.y[idx]
 
 
