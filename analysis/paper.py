@@ -356,7 +356,7 @@ def table2(col: Collection) -> list[dict[str, Any]]:
                          "original": st["val_original"], "substituted": st["val_substituted"], "change": st["val_change"],
                          "agreement": _stats(s.get("argmax_agreement", math.nan) for s in sw)[0],
                          "not_hardened": sum(1 for r in rs if r.warning and r.annealed), "hardness_min": min(hardened) if hardened else None,
-                         "warnings": [f"{Path(r.run).name}: {r.warning}" for r in rs if r.warning and r.annealed]})
+                         "warnings": [f"{bench}, {Path(r.run).name}: {r.warning}" for r in rs if r.warning and r.annealed]})
     return rows
 
 
@@ -373,17 +373,18 @@ def comparisons(col: Collection) -> list[dict[str, Any]]:
             diffs = [groups[a][k].swap.get("test_after", math.nan) - groups[b][k].swap.get("test_after", math.nan) for k in seeds]
             mean, sd, half, n = _stats(diffs)
             higher = METRICS[groups[a][seeds[0]].metric][1] if seeds else True
+            outcome = "none" if n < 2 else "no difference" if abs(mean) <= half else \
+                "better" if (mean > 0) == higher else "worse"
             if n == 0:
                 verdict = "no paired test scores recorded"
             elif n < 2:
                 verdict = "too few paired seeds for an interval"
-            elif abs(mean) <= half:
+            elif outcome == "no difference":
                 verdict = f"no difference detected with {n} seeds (the interval contains 0; it does not show equality)"
             else:
-                better = (mean > 0) == higher
-                verdict = f"{a} is {'better' if better else 'worse'} (the interval excludes 0)"
+                verdict = f"{a} is {outcome} (the interval excludes 0)"
             out.append({"benchmark": bench, "a": a, "b": b, "metric": groups[a][seeds[0]].metric if seeds else "",
-                        "seeds": n, "difference": (mean, sd, half, n), "verdict": verdict})
+                        "seeds": n, "difference": (mean, sd, half, n), "outcome": outcome, "verdict": verdict})
     return out
 
 
@@ -510,9 +511,16 @@ def support_lines(t2: list[dict[str, Any]], comp: list[dict[str, Any]]) -> list[
                          f"over {n} seeds: {what}")
             if r["not_hardened"]:
                 parts.append(f"{r['not_hardened']} of {r['seeds']} {key} checkpoints were selected before λ reached λ_target")
-        for c in comp:
-            if c["benchmark"] == bench:
-                parts.append(f"{c['a']} − {c['b']} on test: {_pm(c['difference'], _digits(c['metric']))} ({c['verdict']})")
+        mine = [c for c in comp if c["benchmark"] == bench]
+        for c in mine:
+            if c["outcome"] in ("better", "worse"):
+                parts.append(f"the shipped {c['a']} is {c['outcome']} than {c['b']} on test "
+                             f"({_pm(c['difference'], _digits(c['metric']))}, the interval excludes 0)")
+        same = [c for c in mine if c["outcome"] == "no difference"]
+        if same:
+            seeds = "/".join(str(n) for n in sorted({c["seeds"] for c in same}))
+            parts.append(f"no test difference detected with {seeds} seeds (which does not show equality) for "
+                         + ", ".join(f"{c['a']} vs {c['b']}" for c in same))
         if parts:
             lines.append(f"- **{bench}**: " + "; ".join(parts) + ".")
     if lines:

@@ -85,6 +85,8 @@ def test_paired_comparisons_and_what_they_say():
     assert "no difference detected with 3 seeds" in frozen["verdict"] and "does not show equality" in frozen["verdict"]
     text = "\n".join(paper.support_lines(paper.table2(_collection()), list(comp.values())))
     assert "**B**" in text and "What these numbers do not support" in text and "1 of 3 λ-GELU (annealed) checkpoints" in text
+    assert "the shipped λ-GELU (annealed) is better than GELU on test" in text
+    assert "no test difference detected with 3 seeds (which does not show equality) for λ-GELU (annealed) vs λ-GELU (annealed, λ not learned)" in text
 
 
 def test_baselines_trained_differently_are_not_merged():
