@@ -264,6 +264,8 @@ def table1(col: Collection) -> list[dict[str, Any]]:
     for bench, recs in _by_benchmark(col).items():
         groups: dict[tuple, list[Record]] = defaultdict(list)
         for r in recs:
+            if r.method == "swap":  # the fine-tuning ablation: swapped to ReLU mid-training, not a Table I run
+                continue
             if not r.hardenable:
                 groups[(r.variant.upper() if r.variant != "gelu" else "GELU", "-", None, None)].append(r)
             elif not r.annealed:
@@ -626,7 +628,8 @@ def plot_figure3(recs: list[Record], tc: tuple[float, float], path: Path, title:
     left.set_ylabel(f"validation {recs[0].metric}")
     left.grid(alpha=0.3)
     left.legend(fontsize=7)
-    for i, (pair, s) in enumerate(spearman_curves(recs, tc).items()):
+    curves = spearman_curves(recs, tc)
+    for i, (pair, s) in enumerate(curves.items()):
         e = np.arange(1, len(s["mean"]) + 1)
         right.plot(e, s["mean"], color=f"C{i}", label=f"{pair} (n={s['n']})")
         right.fill_between(e, s["mean"] - s["std"], s["mean"] + s["std"], color=f"C{i}", alpha=0.2)
@@ -634,7 +637,10 @@ def plot_figure3(recs: list[Record], tc: tuple[float, float], path: Path, title:
     right.set_ylabel("Spearman ρ_S of layerwise λ")
     right.set_ylim(-1.05, 1.05)
     right.grid(alpha=0.3)
-    right.legend(fontsize=7)
+    if curves:
+        right.legend(fontsize=7)
+    else:  # ρ_S compares init modes: a sweep that ran one mode has none to compare
+        right.text(0.5, 0.5, "one init mode ran:\nno ρ_S to compare", ha="center", va="center", transform=right.transAxes)
     fig.suptitle(title, fontsize=9)
     return render.save(fig, path)
 

@@ -115,3 +115,9 @@ def test_regenerate_script_runs_every_study():
     assert listed == studies
     offline = {p.stem.removeprefix("offline-") for p in (ROOT / "configs" / "sweeps").glob("offline-*.toml")}
     assert all(name in script for name in offline)  # the paper's tables too: one command regenerates all
+
+
+def test_table1_baselines_leave_out_the_fine_tuning_ablation():
+    """A GELU swapped to ReLU at e_s and fine-tuned trained as ReLU for most epochs: not a GELU baseline of Table I."""
+    rows = {r["act"]: r for r in paper.table1(_collection())}
+    assert rows["GELU"]["seeds"] == 3 and rows["ReLU"]["seeds"] == 3
