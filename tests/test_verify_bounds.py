@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from analysis.verification.bounds import (SMOOTH_GATES, Bounder, Spec, default_slopes, gate_range, intercepts,
                                           slope_range, swap_gap, swap_gap_unit)
 from analysis.verification.network import Linear, Network, ReLU, Scale, from_torch
+from _modules import Affine
 from pipeline.activations import GELU, SERF, LambdaGELU, LambdaSERF, LambdaSwish, Linked, SiLU
 
 GATES = list(SMOOTH_GATES)
@@ -121,16 +122,6 @@ def test_swap_gap_closed_form_is_the_sup(gate, box, lam):
 # networks
 
 
-class Norm(nn.Module):
-    def __init__(self, scale, shift):
-        super().__init__()
-        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
-        self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32))
-
-    def forward(self, x):
-        return x * self.scale + self.shift
-
-
 def _lambda_gate(cls, lam: torch.Tensor) -> nn.Module:
     gate = cls(nn.Parameter(torch.zeros(lam.numel())), 0.1)
     gate.freeze(lam)
@@ -152,7 +143,7 @@ def mlp(kind: str, seed: int, per_channel: bool = False, linked: bool = False) -
     shape = (6,)
     act = (lambda c: Linked(_act(kind, c, per_channel))) if linked else (lambda c: _act(kind, c, per_channel))
     w = 2 if linked else 1
-    model = nn.Sequential(Norm(torch.linspace(-2, 2, 6), torch.linspace(0.3, -0.3, 6)), nn.Linear(6, 12), act(12),
+    model = nn.Sequential(Affine(torch.linspace(-2, 2, 6), torch.linspace(0.3, -0.3, 6)), nn.Linear(6, 12), act(12),
                           nn.Linear(12 * w, 10), nn.BatchNorm1d(10), act(10), nn.Linear(10 * w, 4)).eval()
     with torch.no_grad():
         bn = model[4]
@@ -168,7 +159,7 @@ def cnn(kind: str, seed: int, per_channel: bool = True, linked: bool = False) ->
     shape = (2, 7, 6)
     act = (lambda c: Linked(_act(kind, c, per_channel))) if linked else (lambda c: _act(kind, c, per_channel))
     w = 2 if linked else 1
-    model = nn.Sequential(Norm(torch.tensor([1.5, -0.5]).reshape(2, 1, 1), torch.tensor([0.2, 0.1]).reshape(2, 1, 1)),
+    model = nn.Sequential(Affine(torch.tensor([1.5, -0.5]).reshape(2, 1, 1), torch.tensor([0.2, 0.1]).reshape(2, 1, 1)),
                           nn.Conv2d(2, 4, 3, stride=1, padding=1), nn.BatchNorm2d(4), act(4),
                           nn.Conv2d(4 * w, 4, 3, stride=2, padding=1, dilation=1), act(4),
                           nn.Conv2d(4 * w, 4, 2, stride=1, padding=0, dilation=2, groups=2), act(4),

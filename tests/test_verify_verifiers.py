@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from _modules import Affine
 from analysis.verification import milp
 from analysis.verification.bab import bab
 from analysis.verification.bounds import Bounder
@@ -37,16 +38,6 @@ KILL_SLACK_S = 5.0  # extra wall time allowed over timeout + grace for the hard-
 ENUM_TOL = 1e-6  # brute-force minima this close to 0 are left out (either answer is right within tolerance)
 
 
-class Normalize(nn.Module):
-    def __init__(self, scale, shift):
-        super().__init__()
-        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
-        self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32))
-
-    def forward(self, x):
-        return x * self.scale + self.shift
-
-
 def to_onnx(model: nn.Module, shape: tuple[int, ...], path):
     x = torch.rand(8, *shape, generator=torch.Generator().manual_seed(0))
     return export_for_verifiers(model, shape, path, x)["path"]
@@ -54,7 +45,7 @@ def to_onnx(model: nn.Module, shape: tuple[int, ...], path):
 
 def tiny_model() -> nn.Sequential:
     torch.manual_seed(0)  # this seed predicts two classes over [0, 1]^4 (many seeds give one)
-    return nn.Sequential(Normalize([2.0, 1.0, 0.5, 3.0], [-1.0, 0.0, 0.5, -0.2]),
+    return nn.Sequential(Affine([2.0, 1.0, 0.5, 3.0], [-1.0, 0.0, 0.5, -0.2]),
                          nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, NUM_CLASSES)).eval()
 
 
