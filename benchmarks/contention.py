@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         idle = _train_harden(Path(tmp), "idle", overrides)
         hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            time.sleep(60)  # let the 1-minute load average see the competitor, as a run started on a busy machine would
+            time.sleep(5)  # the competitor at full speed before the run samples the busy cores (threads=0)
             load_busy = os.getloadavg()
             busy = _train_harden(Path(tmp), "busy", overrides)
         finally:

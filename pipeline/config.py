@@ -186,8 +186,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # torch intra-op CPU threads. 0 = auto: the cores not already busy when the run starts (cores minus the busy
     # share of /proc/stat over half a second, at least 1), so a shared machine is not oversubscribed; the count
-    # used is in the manifest. Float
-    # sums can depend on it: set it for bit-identical reruns across machines and loads.
+    # used is in the manifest. Float sums can depend on it: set it for bit-identical reruns across machines and loads.
     threads: int = 0
     # Models trained side by side: the hardened λ-gate model and the baselines it is compared to
     # (GELU swapped directly; ReLU trained from the start, which the verify stage compares against).
