@@ -88,39 +88,47 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
     return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked}
 
 
-def verify(model: Any, data: Any, epsilons: Sequence[float], low: Any = -math.inf, high: Any = math.inf,
-           verifier: str = "auto", timeout_s: float = 2.0, samples: int = 10, input_shape: Sequence[int] | None = None,
-           clock: str = "wall") -> dict[str, Any]:
+def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: Any = -math.inf, high: Any = math.inf,
+           verifier: str | None = None, timeout_s: float | None = None, samples: int | None = None,
+           input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1) -> dict[str, Any]:
     """L∞ robustness of the first `samples` examples of `data` at each radius, with the verify stage's verifiers
-    (`analysis.verification.registry`: "auto" = its staged chain, attack first then bounds then a complete
-    method; or any registered name or chain "a+b"). `model`: an nn.Module (the swapped ReLU model, or a smooth one with gates the bounds relax) read in
-    float64 by `analysis.verification.network.read`, or an ONNX file. The box is [max(x0 − eps, low),
-    min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
+    through its property loop (`analysis.verification.harness`; "auto" = the staged chain, attack first, then bounds,
+    then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
+    (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
+    read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
+    [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
 
     Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error,
     "certified": {eps: fraction unsat}}. The verify stage itself (VNN-LIB files, instances.csv, witnesses)
     stays a stage over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder."""
-    from .verification import network as netmod
-    from .verification import registry
+    from pipeline.config import VerifyConfig
+
+    from .verification import harness, registry
+    from .verification.readers import read
     from .verification.vnnlib import robustness_spec
 
+    defaults = VerifyConfig()
+    epsilons = list(defaults.epsilons if epsilons is None else epsilons)
+    verifier = verifier or defaults.verifiers[0]
+    samples = defaults.samples if samples is None else samples
+    timeout_s = timeout_s if timeout_s is not None else (defaults.timeout_s or defaults.budget_s / max(1, samples * len(epsilons)))
+    registry.check_name(verifier)
     split = as_split(data)
     n = min(samples, len(split))
     shape = tuple(input_shape or split.x.shape[1:])
     if isinstance(model, nn.Module):
         with _as_given(model):
-            net = netmod.read(copy.deepcopy(model).cpu().eval(), shape)
+            net = read(model, shape)
+            recheck = harness.ModuleRecheck(copy.deepcopy(model).cpu().float(), shape)
     else:
-        net = netmod.read(model)
-    solver = registry.get_verifier(verifier)
+        net, recheck = read(model), (harness.OnnxRecheck(model) if isinstance(model, (str, Path)) else None)
     xs = split.x[:n].double().reshape(n, -1).numpy()
-    classes = net.num_outputs
-    rows = []
-    for eps in epsilons:
-        for k in range(n):
-            spec = robustness_spec(xs[k], eps, low, high, int(split.y[k]), classes)
-            res = solver.run(registry.Problem([spec], network=net), registry.Budget(timeout_s, clock))
-            rows.append({"sample": k, "eps": eps, "label": int(split.y[k]), "result": res.status, "stage": res.stage,
-                         "seconds": res.seconds, "message": res.message})
+    tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck,
+                              specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
+             for eps in epsilons for k in range(n)]
+    outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock)
+    rows = [{"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": o.result.status,
+             "stage": o.result.stage, "seconds": o.result.seconds, "message": o.result.message} for o in outcomes]
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}
     return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified}

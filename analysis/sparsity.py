@@ -275,7 +275,7 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
 def _provable(relu: nn.Module, info, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Units dead / always active over the whole input domain by the tight bounds (and by IBP), added to `layers`
     per layer; the totals, or a note when the bounds cannot be computed (an unbounded domain, an unread module)."""
-    from analysis.verification.network import UnsupportedModel
+    from analysis.verification.ops import UnsupportedModel
     from analysis.verification.stability import stable_units
 
     try:

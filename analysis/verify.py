@@ -6,37 +6,40 @@ Which network a certificate is about:
   ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself), input
   normalization folded into its first Gemm (`quantize.export.export_for_verifiers`), evaluated in float64 with
   its float32 weights. Decided by the staged verifier (`verify.verifiers`, default "auto": PGD attack →
-  CROWN → α-CROWN → branch and bound on the unstable ReLUs those bounds leave); every
-  counterexample is re-checked in onnxruntime and written as a VNN-COMP witness.
-- **smooth** (`smooth.csv`): the model of ``train/<variant>/best.pt`` with its λ-GELU/GELU gates, in float64.
-  Two routes, each recorded on its own: ``direct`` (attack, then CROWN and α-CROWN through the gates' linear
-  relaxations; a counterexample is re-checked on the torch model in float32) and ``via-relu`` (the same
-  weights with ReLU: its margin lower bound minus a sound bound on |smooth − ReLU| over the box, from the
-  pre-activation bounds; `analysis.verification.bounds.swap_gap`).
+  CROWN → α-CROWN → branch and bound on the unstable ReLUs those bounds leave); every counterexample is
+  re-checked in onnxruntime on the float32 point its witness states (`analysis.verification.problem`).
+- **smooth** (`smooth.csv`): the model of ``train/<variant>/best.pt`` with its λ-GELU/GELU gates, read through its
+  ONNX export, in float64. Two routes, each recorded on its own: ``direct`` (bounds through the gates' linear
+  relaxations, then the attack; a counterexample is re-checked on the torch model in float32) and ``via-relu``
+  (the same weights with ReLU: its margin lower bound minus a sound bound on |smooth − ReLU| over the box;
+  `analysis.verification.bounds.swap_gap`).
 Neither is about the int8 model (its QDQ graph rounds differently and drops ReLUs).
 
 Properties: for each of the first ``verify.samples`` validation examples ``x0`` (the same for every variant)
 and each ``eps`` in ``verify.epsilons``, the box ``[max(x0 − eps, lo), min(x0 + eps, hi)]`` (``lo``/``hi``: the
-data's valid range) must keep the true class's logit above every other. A sample the network already gets
-wrong is ``sat`` with ``x0`` itself as the witness (stage "clean"; no verifier runs).
+data's valid range; ε is in the data's own input units) must keep the true class's logit above every other. A
+sample the network already gets wrong is ``sat`` with ``x0`` itself as the witness (stage "clean"; no verifier
+runs).
+
+Time: one wall-clock budget for the whole stage (``verify.budget_s``), shared by every property through the one
+property loop (`analysis.verification.harness.StageBudget`): rounds of growing per-property limits, so easy
+properties finish first and the time they leave goes to the hard ones; ``verify.timeout_s`` > 0 caps any one
+property. ``verify.jobs`` worker processes (0: the run's thread count) solve properties side by side.
 
 Layout under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``, ``instances.csv``
-(``onnx,vnnlib,timeout``), ``results.csv`` (VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the
-category being the variant), ``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per
-property: stage that decided, wall and CPU seconds, unstable ReLUs by IBP and by the tight bounds, margin
-lower bound, message), ``smooth.csv``, ``summary.json``. A further verifier in ``verify.verifiers`` writes
-``results.<name>.csv`` beside.
+(``onnx,vnnlib,timeout``: the budget's fair share per property, or the cap), ``results.csv`` (VNN-COMP:
+``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
+``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, wall
+and CPU seconds, unstable ReLUs by IBP and by the tight bounds, margin lower bound, message), ``smooth.csv``,
+``summary.json``. A further verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
 
-Limits: ``timeout_s`` per property counts wall-clock seconds (or CPU seconds with ``verify.cpu_time``), the
-same limit for each smooth route. Resumable per property: ``details.csv`` and ``smooth.csv`` are rewritten
-after every property and a rerun keeps the rows it finds.
+Resumable per property: ``details.csv`` and ``smooth.csv`` are rewritten as answers arrive; a rerun keeps the
+rows marked final and solves the rest.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -47,22 +50,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.render import pct, table
-from analysis.verification import network as netmod
-from analysis.verification import registry
+from analysis.verification import harness, registry
+from analysis.verification.ops import Gate, UnsupportedModel
+from analysis.verification.problem import Result
+from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, robustness_spec, write_instances_csv, write_vnnlib
 from pipeline import checkpoint
 from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
+from pipeline.render import pct, table
 from pipeline.rundir import RunDir, atomic_write_csv, atomic_write_json, atomic_write_text
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
 DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "result", "stage", "seconds",
-                 "cpu_seconds", "unstable_ibp", "unstable_tight", "relus", "margin_lb", "vnnlib", "witness", "message"]
-SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "seconds",
-                 "margin_lb", "gap_max", "message"]
+                 "cpu_seconds", "prepare_seconds", "unstable_ibp", "unstable_tight", "relus", "margin_lb", "vnnlib",
+                 "witness", "final", "message"]
+SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "stage", "seconds",
+                 "margin_lb", "gap_max", "final", "message"]
 # direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs ~0.2 s and the attack on
 # the smooth network ~0.3 s, and most properties are certified (measured on the default model at ε = 0.005)
 ROUTES = {"direct": "crown+pgd+alpha-crown", "via-relu": "via-relu"}
@@ -85,16 +91,20 @@ except BaseException as e:
 
 
 # ---------------------------------------------------------------------------------------------
-# config and run facts
+# config
 
 
 def validate_config(cfg: Config) -> None:
-    """ConfigError (one line) for bad verify.* settings."""
+    """ConfigError (one line) for bad verify.* settings: the one validation of this section."""
     v = cfg.verify
     if v.samples < 1:
         raise ConfigError(f"verify.samples must be >= 1, got {v.samples}")
-    if not v.timeout_s > 0:
-        raise ConfigError(f"verify.timeout_s must be > 0 (seconds per property), got {v.timeout_s}")
+    if not v.budget_s > 0:
+        raise ConfigError(f"verify.budget_s must be > 0 (wall seconds for the whole stage), got {v.budget_s}")
+    if v.timeout_s < 0:
+        raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
+    if v.jobs < 0:
+        raise ConfigError(f"verify.jobs must be >= 0 (0 = the run's thread count), got {v.jobs}")
     if not v.epsilons or not all(e > 0 for e in v.epsilons):
         raise ConfigError(f"verify.epsilons must be a non-empty list of radii > 0, got {v.epsilons}")
     if not v.verifiers:
@@ -106,16 +116,11 @@ def validate_config(cfg: Config) -> None:
             raise ConfigError(f"verify.verifiers: {e}") from None
 
 
-def variant_facts(run: RunDir, variant: str) -> dict[str, Any]:
-    """What the train stage decided about a variant (activation, smooth, swapped_to, ...): the manifest's record
-    (`RunDir.variant`), or, for a run recorded before the train stage wrote one, its checkpoint's spec."""
-    try:
-        return run.variant(variant)
-    except Exception:  # an older run directory: no facts in its manifest
-        from pipeline.activations import RELU_FORMS, swapped_activation
+def _facts(run: RunDir, variant: str):
+    from types import SimpleNamespace
 
-        act = checkpoint.load_payload(run.file("train", variant, "best.pt"))["spec"]["activation"]
-        return {"activation": act, "smooth": act not in RELU_FORMS, "swapped_to": swapped_activation(act)}
+    f = run.variant(variant)
+    return f if not isinstance(f, dict) else SimpleNamespace(**f)
 
 
 def property_name(variant: str, sample: int, eps: float) -> str:
@@ -123,6 +128,8 @@ def property_name(variant: str, sample: int, eps: float) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
     if not path.is_file():
         return []
     with open(path, newline="") as f:
@@ -131,6 +138,14 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def _clean(msg: str) -> str:
     return msg.replace("\n", " ")
+
+
+def _r(v: Any) -> Any:
+    return "" if v is None else round(float(v), 6)
+
+
+def _final(row: dict[str, Any]) -> bool:
+    return str(row.get("final", "1")) in ("1", "True", "true", "")  # rows of an older stage version carry no flag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,49 +165,91 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     hi = np.asarray(info.input_high, dtype=np.float64)
     clock = "cpu" if vcfg.cpu_time else "wall"
     names = list(dict.fromkeys(vcfg.verifiers))
-    solvers = {name: registry.get_verifier(name) for name in names}
+    jobs = vcfg.jobs or torch.get_num_threads()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: one thread is as fast, and the machine is shared
+    torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
     try:
-        models, pending, instances = _prepare(cfg, run, out, ds, xs, labels, lo, hi, n)
-        write_instances_csv(out / "instances.csv", instances)
-        rows = _solve_relu(vcfg, out, pending, names, solvers, xs, labels, clock)
-        smooth_rows, smooth_models = (_solve_smooth(cfg, run, out, info, xs, labels, lo, hi, n, clock)
-                                      if vcfg.smooth else ([], {}))
+        relu = _relu_properties(cfg, run, out, ds, xs, labels, lo, hi, n, names)
+        smooth = _smooth_properties(cfg, run, out, info, xs, labels, lo, hi, n) if vcfg.smooth else _Kind("smooth", {}, [], {})
+        relu_count = sum(1 for t in relu.tasks if t.known is None)
+        share = vcfg.timeout_s or vcfg.budget_s / max(1, relu_count + sum(1 for t in smooth.tasks if t.known is None))
+        write_instances_csv(out / "instances.csv", [(o, v, round(share, 3)) for o, v in relu.instances])
+        started = time.perf_counter()
+        _solve(vcfg, out, names, relu, smooth, clock, jobs)
+        seconds = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)
     probe = _probe(cfg, run) if vcfg.probe_smooth else {}
-    verified = [v for v in cfg.variants if models.get(v, {}).get("onnx")]
+    verified = [v for v in cfg.variants if relu.models.get(v, {}).get("onnx")]
+    relu_rows = [relu.rows[k] for k in sorted(relu.rows, key=relu.order.__getitem__)]
+    smooth_rows = [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)]
+    table_ = [r for r in harness.summarize(relu_rows, ("variant", "eps", "verifier")) if r["variant"] in verified]
+    for r in table_:
+        r["eps"] = float(r["eps"])
+        r["relus"] = relu.models[r["variant"]]["relus"]
+    smooth_table = harness.summarize(smooth_rows, ("variant", "eps", "route"))
+    for r in smooth_table:
+        r["eps"] = float(r["eps"])
     summary = {
         "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK},
         "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
         "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
-        "timeout_s": vcfg.timeout_s, "clock": clock, "verifiers": names,
-        "chains": {v: registry.resolve(v) for v in names},
-        "models": models, "smooth_models": smooth_models,
-        "table": summarize(rows, verified, vcfg.epsilons, names),
-        "smooth_table": summarize_smooth(smooth_rows, list(smooth_models), vcfg.epsilons),
-        "conflicts": conflicts(rows), "probe": probe, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "eps_units": _eps_units(info),
+        "budget_s": vcfg.budget_s, "timeout_s": vcfg.timeout_s, "jobs": jobs, "solve_seconds": round(seconds, 3),
+        "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
+        "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
+        "decided": {"relu": _decided(relu_rows), "smooth": _decided(smooth_rows)},
+        "conflicts": conflicts(relu_rows), "probe": probe, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_json(out / "summary.json", summary)
-    return {"verifiers": names, "samples": n, "conflicts": len(summary["conflicts"]),
+    return {"verifiers": names, "samples": n, "conflicts": len(summary["conflicts"]), "solve_seconds": round(seconds, 3),
+            "decided": summary["decided"],
             "certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['verifier']}": round(r["certified_fraction"], 4)
-                          for r in summary["table"]},
+                          for r in table_},
             "smooth_certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['route']}": round(r["certified_fraction"], 4)
-                                 for r in summary["smooth_table"]}}
+                                 for r in smooth_table}}
 
 
-def _prepare(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: list[int], lo, hi, n: int):
-    """Every ONNX, property file and instances row first: the benchmark exists before any solving."""
+def _eps_units(info) -> str:
+    if getattr(info, "feature_names", None):
+        return "raw feature units of each input column (the model standardizes inside)"
+    return f"the input's own units (valid range {info.input_low} to {info.input_high})"
+
+
+def _decided(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    d = sum(r["result"] in ("sat", "unsat") for r in rows)
+    return {"properties": len(rows), "decided": d, "fraction": d / len(rows) if rows else None}
+
+
+class _Kind:
+    """One family of properties of the stage (the swapped ReLU networks; the smooth ones): its models, tasks and
+    rows, the CSV it is written to."""
+
+    def __init__(self, name: str, models: dict[str, Any], tasks: list[harness.Task], rows: dict[Any, dict[str, Any]],
+                 instances: list[tuple[str, str]] | None = None):
+        self.name, self.models, self.tasks, self.rows = name, models, tasks, rows
+        self.instances = instances or []
+        self.order = {t.key: i for i, t in enumerate(tasks)}
+        for k in rows:
+            self.order.setdefault(k, len(self.order))
+
+
+def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: list[int], lo, hi, n: int,
+                     names: list[str]) -> _Kind:
+    """Every ONNX, property file and instances row first (the benchmark exists before any solving), and a task per
+    property and verifier; the rows a previous run finished are kept."""
     vcfg, info = cfg.verify, ds.info
+    done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["verifier"]): r
+            for r in read_rows(out / "details.csv") if _final(r)}
     models: dict[str, Any] = {}
-    pending = []
-    instances: list[tuple[str, str, float]] = []
+    tasks: list[harness.Task] = []
+    rows: dict[Any, dict[str, Any]] = {}
+    instances: list[tuple[str, str]] = []
     for variant in cfg.variants:
         onnx_rel = Path("onnx") / f"{variant}.onnx"
         onnx_path = out / onnx_rel
-        facts = variant_facts(run, variant)
-        if facts.get("swapped_to") is None and facts.get("activation") not in ("relu", "linked_relu"):
+        facts = _facts(run, variant)
+        if facts.swapped_to is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
         if not onnx_path.is_file():
@@ -201,14 +258,16 @@ def _prepare(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: li
                                             cfg.export.opset, cfg.export.atol, cfg.export.rtol)
         t0 = time.perf_counter()
         try:
-            net = netmod.from_onnx(onnx_path)
-        except netmod.UnsupportedModel as e:
+            net = from_onnx(onnx_path)
+        except UnsupportedModel as e:
             models[variant] = {"onnx": None, "note": f"not verified: {e}"}
             continue
         read_s = time.perf_counter() - t0
         sess = ort_util.session(onnx_path)
         predicted = [int(np.argmax(ort_util.forward_flat(sess, x))) for x in xs]
-        specs = []
+        models[variant] = {"onnx": onnx_rel.as_posix(), "activation": facts.activation, "relus": net.num_relus,
+                           "read_seconds": round(read_s, 4),
+                           "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
         for eps in vcfg.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
@@ -216,127 +275,112 @@ def _prepare(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: li
                 if not (out / rel).is_file():
                     write_vnnlib(out / rel, spec, comment=f"L-inf robustness of validation sample {k}: eps={format_real(eps)}, "
                                                           f"true class {labels[k]} of {info.num_classes}; model {onnx_rel.as_posix()}")
-                instances.append((onnx_rel.as_posix(), rel.as_posix(), vcfg.timeout_s))
-                specs.append((k, eps, spec, rel))
-        models[variant] = {"onnx": onnx_rel.as_posix(), "activation": facts.get("activation"), "relus": net.num_relus,
-                           "read_seconds": round(read_s, 4),
-                           "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
-        pending.append((variant, onnx_path, onnx_rel, net, sess, specs, predicted))
-    return models, pending, instances
+                instances.append((onnx_rel.as_posix(), rel.as_posix()))
+                for name in names:
+                    key = (variant, k, format_real(eps), name)
+                    base = {"variant": variant, "sample": k, "eps": format_real(eps), "verifier": name, "label": labels[k],
+                            "predicted": predicted[k], "relus": net.num_relus, "vnnlib": rel.as_posix()}
+                    if key in done:
+                        rows[key] = done[key]
+                        continue
+                    known = None
+                    if predicted[k] != labels[k]:  # the sample itself is the counterexample
+                        x32 = xs[k].astype(np.float32).astype(np.float64)
+                        known = Result("sat", 0.0, x32, ort_util.forward_flat(sess, x32),
+                                       f"the network predicts {predicted[k]} at the sample itself (true class {labels[k]}); "
+                                       "no verifier ran", "clean")
+                    tasks.append(harness.FileTask(key=key, verifier=name, timeout=vcfg.timeout_s or None, known=known,
+                                                  onnx=onnx_path, vnnlib=out / rel))
+                    rows[key] = {**base, "result": "", "final": 0}
+    return _Kind("relu", models, tasks, rows, instances)
 
 
-def _solve_relu(vcfg, out: Path, pending, names: list[str], solvers: dict, xs: np.ndarray, labels: list[int],
-                clock: str) -> list[dict]:
-    """Every property of every swapped ReLU network, one at a time; details.csv and the results files are
-    rewritten after each. Order: eps, sample, variant, so that a stopped stage still compares the variants
-    on the same properties."""
-    path = out / "details.csv"
-    done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["verifier"]): r for r in read_rows(path)}
-    rows: list[dict[str, Any]] = []
-    order = {p[0]: i for i, p in enumerate(pending)}
-    eps_rank = {format_real(e): i for i, e in enumerate(vcfg.epsilons)}
-
-    def save() -> None:
-        rows.sort(key=lambda r: (order[r["variant"]], eps_rank[format_real(float(r["eps"]))], int(r["sample"]),
-                                 names.index(r["verifier"])))
-        atomic_write_csv(path, rows, DETAIL_FIELDS)
-        for i, name in enumerate(names):
-            mine = [r for r in rows if r["verifier"] == name]
-            file = out / ("results.csv" if i == 0 else f"results.{name}.csv")
-            write_results(file, [{"category": r["variant"], "onnx": f"onnx/{r['variant']}.onnx", "vnnlib": r["vnnlib"],
-                                  "prepare_time": 0.0, "result": r["result"], "run_time": r["seconds"]} for r in mine])
-
-    tasks = sorted(((eps_rank[format_real(eps)], k, order[variant]), variant, onnx_path, onnx_rel, net, sess, predicted[k], k, eps,
-                    spec, rel)
-                   for variant, onnx_path, onnx_rel, net, sess, specs, predicted in pending for k, eps, spec, rel in specs)
-    for _, variant, onnx_path, onnx_rel, net, sess, pred, k, eps, spec, rel in tasks:
-        for name, solver in solvers.items():
-            prev = done.get((variant, k, format_real(eps), name))
-            if prev is not None:
-                rows.append(prev)
-                continue
-            row: dict[str, Any] = {"variant": variant, "sample": k, "eps": format_real(eps), "verifier": name,
-                                   "label": labels[k], "predicted": pred, "relus": net.num_relus, "vnnlib": rel.as_posix()}
-            wfile = witness_path(out / "results.csv", onnx_rel.as_posix(), rel.as_posix())
-            if pred != labels[k]:  # the sample itself is the counterexample
-                atomic_write_text(wfile, format_witness(xs[k], ort_util.forward_flat(sess, xs[k])))
-                row.update(result="sat", stage="clean", seconds=0.0, cpu_seconds=0.0, witness=wfile.relative_to(out).as_posix(),
-                           message=f"the network predicts {pred} at the sample itself (true class {labels[k]}); no verifier ran")
-            else:
-                problem = registry.Problem([spec], network=net, onnx=onnx_path, vnnlib_path=out / rel)
-                problem.cache["session"] = sess
-                res = solver.run(problem, registry.Budget(vcfg.timeout_s, clock))
-                row.update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
-                           cpu_seconds=round(res.cpu_seconds, 4), message=_clean(res.message),
-                           unstable_ibp=res.info.get("unstable_ibp", ""), unstable_tight=res.info.get("unstable_tight", ""),
-                           margin_lb=_r(res.info.get("margin_lb")), witness="")
-                if res.status == "sat":
-                    atomic_write_text(wfile, format_witness(res.counterexample, res.output))
-                    row["witness"] = wfile.relative_to(out).as_posix()
-            rows.append(row)
-            save()
-    save()
-    return rows
-
-
-def _r(v: Any) -> Any:
-    return "" if v is None else round(float(v), 6)
-
-
-def _solve_smooth(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray, labels: list[int], lo, hi, n: int,
-                  clock: str) -> tuple[list[dict], dict]:
-    """Both routes for every variant that has a smooth model; smooth.csv rewritten after each certificate."""
+def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray, labels: list[int], lo, hi,
+                       n: int) -> _Kind:
+    """A task per property and route for every variant with a smooth model; rows a previous run finished are kept."""
     vcfg = cfg.verify
-    path = out / "smooth.csv"
-    done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r for r in read_rows(path)}
-    rows: list[dict[str, Any]] = []
+    done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r
+            for r in read_rows(out / "smooth.csv") if _final(r)}
     models: dict[str, Any] = {}
-    verifiers = {route: registry.get_verifier(name) for route, name in ROUTES.items()}
+    tasks: list[harness.Task] = []
+    rows: dict[Any, dict[str, Any]] = {}
     for variant in cfg.variants:
-        facts = variant_facts(run, variant)
-        if not facts.get("smooth"):
+        facts = _facts(run, variant)
+        if not facts.smooth:
             continue
         src = run.file("train", variant, "best.pt")
         model, _ = checkpoint.load_model(src)
         try:
-            net = netmod.from_torch(model, info.input_shape)
-        except netmod.UnsupportedModel as e:
+            net = from_torch(model, info.input_shape)
+        except UnsupportedModel as e:
             models[variant] = {"network": None, "note": f"not certified: {e}"}
             continue
-        lam = [float(layer.lam.mean()) for layer in net.layers if isinstance(layer, netmod.Gate)]
-        models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.get("activation"),
+        lam = [float(node.op.lam.mean()) for node in net.nodes if isinstance(node.op, Gate)]
+        models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.activation,
                            "mean_lambda_per_layer": [round(v, 4) for v in lam]}
-
-        def recheck(x: np.ndarray, model=model) -> np.ndarray:
-            with torch.no_grad():
-                return model(torch.as_tensor(x, dtype=torch.float32).reshape(1, *info.input_shape)).double().numpy().reshape(-1)
-
+        recheck = harness.ModuleRecheck(model, info.input_shape, checkpoint=src)
         with torch.no_grad():
             predicted = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(n, *info.input_shape)).argmax(1)]
         models[variant]["clean_correct"] = int(sum(p == c for p, c in zip(predicted, labels)))
         for eps in vcfg.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
-                for route, solver in verifiers.items():
-                    prev = done.get((variant, k, format_real(eps), route))
-                    if prev is not None:
-                        rows.append(prev)
+                for route, chain in ROUTES.items():
+                    key = (variant, k, format_real(eps), route)
+                    if key in done:
+                        rows[key] = done[key]
                         continue
-                    row: dict[str, Any] = {"variant": variant, "sample": k, "eps": format_real(eps), "route": route,
-                                           "network": f"smooth {facts.get('activation')} ({src.relative_to(run.path)})",
-                                           "label": labels[k], "predicted": predicted[k]}
+                    known = None
                     if predicted[k] != labels[k]:
-                        row.update(result="sat", seconds=0.0, margin_lb="", gap_max="",
-                                   message=f"the smooth network predicts {predicted[k]} at the sample itself")
-                    else:
-                        problem = registry.Problem([spec], network=net, recheck=recheck)
-                        res = solver.run(problem, registry.Budget(vcfg.timeout_s, clock))
-                        row.update(result=res.status, seconds=round(res.seconds, 4), margin_lb=_r(res.info.get("margin_lb")),
-                                   gap_max=_r(res.info.get("gap_max")), message=_clean(res.message))
-                    rows.append(row)
-                    atomic_write_csv(path, rows, SMOOTH_FIELDS)
-    atomic_write_csv(path, rows, SMOOTH_FIELDS)
-    return rows, models
+                        known = Result("sat", 0.0, message=f"the smooth network predicts {predicted[k]} at the sample itself",
+                                       stage="clean")
+                    tasks.append(harness.SpecTask(key=key, verifier=chain, timeout=vcfg.timeout_s or None, known=known,
+                                                  net=net, specs=[spec], recheck=recheck))
+                    rows[key] = {"variant": variant, "sample": k, "eps": format_real(eps), "route": route,
+                                 "network": f"smooth {facts.activation} ({src.relative_to(run.path)})",
+                                 "label": labels[k], "predicted": predicted[k], "result": "", "final": 0}
+    return _Kind("smooth", models, tasks, rows)
+
+
+def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock: str, jobs: int) -> None:
+    """Every open property through the one property loop under the stage budget; the CSVs rewritten as answers come."""
+    tasks = relu.tasks + smooth.tasks
+    is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
+
+    def save() -> None:
+        rows = [relu.rows[k] for k in sorted(relu.rows, key=relu.order.__getitem__)]
+        atomic_write_csv(out / "details.csv", rows, DETAIL_FIELDS)
+        for i, name in enumerate(names):
+            mine = [r for r in rows if r["verifier"] == name and r["result"]]
+            write_results(out / ("results.csv" if i == 0 else f"results.{name}.csv"),
+                          [{"category": r["variant"], "onnx": f"onnx/{r['variant']}.onnx", "vnnlib": r["vnnlib"],
+                            "prepare_time": r.get("prepare_seconds") or 0.0, "result": r["result"], "run_time": r["seconds"]}
+                           for r in mine])
+        atomic_write_csv(out / "smooth.csv", [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)],
+                         SMOOTH_FIELDS)
+
+    def done(o: harness.Outcome) -> None:
+        res = o.result
+        if is_relu[o.key]:
+            row = relu.rows[o.key]
+            wfile = witness_path(out / "results.csv", f"onnx/{row['variant']}.onnx", row["vnnlib"])
+            row.update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
+                       cpu_seconds=round(res.cpu_seconds, 4), prepare_seconds=round(o.prepare_seconds, 4),
+                       unstable_ibp=res.info.get("unstable_ibp", ""), unstable_tight=res.info.get("unstable_tight", ""),
+                       margin_lb=_r(res.info.get("margin_lb")), witness="", final=int(o.final), message=_clean(res.message))
+            if res.status == "sat" and o.final:
+                atomic_write_text(wfile, format_witness(res.counterexample, res.output))
+                row["witness"] = wfile.relative_to(out).as_posix()
+        else:
+            smooth.rows[o.key].update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
+                                      margin_lb=_r(res.info.get("margin_lb")), gap_max=_r(res.info.get("gap_max")),
+                                      final=int(o.final), message=_clean(res.message))
+        save()
+
+    save()
+    if tasks:
+        harness.run(tasks, harness.StageBudget(vcfg.budget_s), jobs=jobs, clock=clock, on_done=done)
+    save()
 
 
 def _probe(cfg: Config, run: RunDir) -> dict[str, Any]:
@@ -350,7 +394,7 @@ def _probe(cfg: Config, run: RunDir) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {"onnx": str(path.relative_to(run.path)),
                                  "ops": sorted({node.op_type for node in onnx.load(str(path)).graph.node})}
-        if registry.MarabouVerifier.available():
+        if registry.VERIFIERS["marabou"].available():
             try:
                 proc = subprocess.run([sys.executable, "-c", _READ_ONNX, str(path)], capture_output=True, text=True,
                                       timeout=SMOOTH_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
@@ -362,68 +406,11 @@ def _probe(cfg: Config, run: RunDir) -> dict[str, Any]:
         else:
             entry["marabou"] = {"ok": False, "message": "maraboupy is not installed"}
         try:
-            netmod.from_onnx(path)
+            from_onnx(path)
             entry["ours"] = {"ok": True, "message": "read"}
-        except netmod.UnsupportedModel as e:
+        except UnsupportedModel as e:
             entry["ours"] = {"ok": False, "message": str(e).split(";")[0]}
         out[variant] = entry
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# summaries
-
-
-def _counts(sel: Sequence[dict[str, Any]]) -> dict[str, int]:
-    return {s: sum(r["result"] == s for r in sel) for s in registry.RESULTS}
-
-
-def summarize(rows: list[dict[str, Any]], variants: Sequence[str], epsilons: Sequence[float],
-              verifiers: Sequence[str]) -> list[dict[str, Any]]:
-    """Per variant × eps × verifier: counts, fractions over all properties (a misclassified sample counts as
-    sat), median wall and CPU seconds over the properties a verifier ran on, mean unstable ReLUs."""
-    out = []
-    for v in variants:
-        for eps in epsilons:
-            for name in verifiers:
-                sel = [r for r in rows if r["variant"] == v and format_real(float(r["eps"])) == format_real(eps)
-                       and r["verifier"] == name]
-                if not sel:
-                    continue
-                c = _counts(sel)
-                ran = [r for r in sel if r["stage"] != "clean"]
-                m = len(sel)
-
-                def mean(key: str) -> float | None:
-                    vals = [float(r[key]) for r in ran if str(r.get(key, "")) != ""]
-                    return statistics.fmean(vals) if vals else None
-
-                out.append({"variant": v, "eps": float(eps), "verifier": name, "properties": m, **c,
-                            "misclassified": sum(r["stage"] == "clean" for r in sel),
-                            "certified_fraction": c["unsat"] / m, "falsified_fraction": c["sat"] / m,
-                            "decided_fraction": (c["sat"] + c["unsat"]) / m,
-                            "median_seconds": statistics.median(float(r["seconds"]) for r in ran) if ran else None,
-                            "median_cpu_seconds": statistics.median(float(r["cpu_seconds"]) for r in ran) if ran else None,
-                            "max_seconds": max(float(r["seconds"]) for r in ran) if ran else None,
-                            "mean_unstable_ibp": mean("unstable_ibp"), "mean_unstable_tight": mean("unstable_tight"),
-                            "relus": int(sel[0]["relus"])})
-    return out
-
-
-def summarize_smooth(rows: list[dict[str, Any]], variants: Sequence[str], epsilons: Sequence[float]) -> list[dict[str, Any]]:
-    out = []
-    for v in variants:
-        for eps in epsilons:
-            for route in ROUTES:
-                sel = [r for r in rows if r["variant"] == v and format_real(float(r["eps"])) == format_real(eps)
-                       and r["route"] == route]
-                if not sel:
-                    continue
-                c = _counts(sel)
-                ran = [float(r["seconds"]) for r in sel if float(r["seconds"]) > 0]
-                out.append({"variant": v, "eps": float(eps), "route": route, "properties": len(sel), **c,
-                            "certified_fraction": c["unsat"] / len(sel), "falsified_fraction": c["sat"] / len(sel),
-                            "median_seconds": statistics.median(ran) if ran else None})
     return out
 
 
@@ -451,15 +438,20 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     if not path.is_file():
         return None
     s = json.loads(path.read_text())
-    if "networks" not in s:  # written by an older version of this stage
+    if "budget_s" not in s:  # written by an older version of this stage
         return "## Verification (L∞ local robustness)\n\nverify/summary.json predates this report; rerun the verify stage."
     clock = "wall-clock" if s["clock"] == "wall" else "CPU"
     main = s["verifiers"][0]
+    cap = f", at most {s['timeout_s']:g} s per property" if s["timeout_s"] else ""
+    dec = s["decided"]["relu"]
     out = ["## Verification (L∞ local robustness)",
            f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
-           f"clipped to the input range {s['input_range']}. Limit: {s['timeout_s']:g} s of {clock} time per property (and "
-           f"per smooth certificate). Certified = unsat (proved); falsified = sat (a counterexample, re-checked on the "
-           f"network itself; a sample the network already misclassifies counts as falsified)."]
+           f"clipped to the input range {s['input_range']} (ε in {s['eps_units']}). Time: one budget of {s['budget_s']:g} s "
+           f"for the whole stage, shared by every property (easy ones first, what they leave to the hard ones{cap}; "
+           f"{clock} seconds per property, {s['jobs']} worker process(es)); solving took {s['solve_seconds']:.1f} s. "
+           f"Decided: {dec['decided']} of {dec['properties']} ReLU properties. Certified = unsat (proved); falsified = "
+           f"sat (a counterexample, re-checked in float32 on the network itself; a sample the network already "
+           f"misclassifies counts as falsified)."]
     eps_cols = [f"ε = {e:g}" for e in s["epsilons"]]
     rows = []
     for v in [m for m, x in s["models"].items() if x.get("onnx")]:

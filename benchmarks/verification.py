@@ -38,8 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from analysis.verification import network as netmod
 from analysis.verification import registry
+from analysis.verification.graph import Graph
+from analysis.verification.problem import RESULTS, Budget, Problem, Result
+from analysis.verification.readers import from_onnx, from_torch
+from analysis.verification.verifiers import MarabouVerifier
 from analysis.verification.vnnlib import robustness_spec
 from pipeline import checkpoint
 from pipeline.config import from_dict
@@ -59,7 +62,7 @@ def _setup(run_dir: Path):
     return cfg, ds
 
 
-def _relu_net(run_dir: Path, variant: str, ds, tmp: Path) -> tuple[Path, netmod.Network]:
+def _relu_net(run_dir: Path, variant: str, ds, tmp: Path) -> tuple[Path, Graph]:
     """The verify stage's ONNX of the swapped model (export_for_verifiers), and its network."""
     from quantize.export import export_for_verifiers
 
@@ -67,7 +70,7 @@ def _relu_net(run_dir: Path, variant: str, ds, tmp: Path) -> tuple[Path, netmod.
     if not path.is_file():
         model, _ = checkpoint.load_model(run_dir / "swap" / variant / "relu.pt")
         export_for_verifiers(model, ds.info.input_shape, path, ds.val.x[:256])
-    return path, netmod.from_onnx(path)
+    return path, from_onnx(path)
 
 
 def _samples(ds, nets: dict[str, Any], n: int) -> list[int]:
@@ -88,15 +91,15 @@ def _spec(ds, k: int, eps: float):
                            ds.info.num_classes)
 
 
-def _run(verifier, net, onnx_path, spec, timeout: float, recheck=None) -> registry.Result:
-    problem = registry.Problem([spec], network=net, onnx=onnx_path, recheck=recheck)
-    return verifier.run(problem, registry.Budget(timeout, "wall"))
+def _run(verifier, net, onnx_path, spec, timeout: float, recheck=None) -> Result:
+    problem = Problem([spec], network=net, onnx=onnx_path, recheck=recheck)
+    return verifier.run(problem, Budget(timeout, "wall"))
 
 
-def _stats(results: list[registry.Result]) -> dict[str, Any]:
+def _stats(results: list[Result]) -> dict[str, Any]:
     c = Counter(r.status for r in results)
     secs = [r.seconds for r in results]
-    return {"properties": len(results), **{s: c[s] for s in registry.RESULTS},
+    return {"properties": len(results), **{s: c[s] for s in RESULTS},
             "decided_fraction": (c["sat"] + c["unsat"]) / len(results), "certified_fraction": c["unsat"] / len(results),
             "median_seconds": statistics.median(secs), "p90_seconds": float(np.percentile(secs, 90)), "max_seconds": max(secs),
             "mean_seconds": statistics.fmean(secs), "decided_by": dict(Counter(r.stage for r in results if r.status in ("sat", "unsat")))}
@@ -113,7 +116,7 @@ def section_goal(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     verifier = registry.get_verifier("auto")
     out: dict[str, Any] = {"eps": 0.005, "samples": ks, "timeout_s": args.timeout, "verifier": registry.resolve("auto"),
                            "models": {}, "load_before": common.load()}
-    every: list[registry.Result] = []
+    every: list[Result] = []
     for v, (path, net) in nets.items():
         res = []
         for k in ks:
@@ -151,7 +154,7 @@ def section_crosscheck(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
         todo += [(v, p["sample"], 0.005) for p in m["per_property"] if p["stage"] == "bab" and (v, p["sample"], 0.005) not in todo]
     staged = registry.get_verifier("auto")
     milp_all = registry.MilpVerifier(skip_closed=False)
-    marabou = registry.MarabouVerifier(tight_bounds=False) if registry.MarabouVerifier.available() else None
+    marabou = MarabouVerifier(tight_bounds=False) if MarabouVerifier.available() else None
     rows, wrong = [], 0
     for v, k, eps in todo:
         path, net = nets[v]
@@ -161,8 +164,8 @@ def section_crosscheck(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
             continue
         vnn = tmp / f"{v}_{k}_{eps}.vnnlib"
         write_vnnlib(vnn, spec)
-        b = milp_all.run(registry.Problem([spec], network=net, onnx=path), registry.Budget(args.crosscheck_timeout))
-        c = marabou.run(registry.Problem([spec], onnx=path, vnnlib_path=vnn), registry.Budget(args.crosscheck_timeout)) \
+        b = milp_all.run(Problem([spec], network=net, onnx=path), Budget(args.crosscheck_timeout))
+        c = marabou.run(Problem([spec], onnx=path, vnnlib_path=vnn), Budget(args.crosscheck_timeout)) \
             if marabou is not None else None
         bad = any(x is not None and x.status in ("sat", "unsat") and x.status != a.status for x in (b, c))
         wrong += bad
@@ -187,7 +190,7 @@ def section_certified(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     smooth = {}
     for v in SMOOTH:
         model, _ = checkpoint.load_model(run_dir / "train" / v / "best.pt")
-        smooth[v] = (model, netmod.from_torch(model, ds.info.input_shape))
+        smooth[v] = (model, from_torch(model, ds.info.input_shape))
     every = {**{v: n.forward for v, (_, n) in nets.items()}, **{f"smooth_{v}": n.forward for v, (_, n) in smooth.items()}}
     ks = _samples(ds, every, args.certified_samples)
     staged = registry.get_verifier("auto")
@@ -205,8 +208,8 @@ def section_certified(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
                 with torch.no_grad():
                     return model(torch.as_tensor(x, dtype=torch.float32).reshape(1, *ds.info.input_shape)).double().numpy().reshape(-1)
             for route, verifier in routes.items():
-                res = [verifier.run(registry.Problem([_spec(ds, k, eps)], network=net, recheck=recheck),
-                                    registry.Budget(args.certified_timeout)) for k in ks]
+                res = [verifier.run(Problem([_spec(ds, k, eps)], network=net, recheck=recheck),
+                                    Budget(args.certified_timeout)) for k in ks]
                 out["rows"].append({"network": f"{v} smooth (train best.pt)", "variant": v, "route": route, "eps": eps, **_stats(res)})
                 log(f"  eps {eps} {v} smooth {route}: certified {out['rows'][-1]['certified_fraction']:.2f}, "
                     f"median {out['rows'][-1]['median_seconds']:.2f} s")

@@ -36,3 +36,37 @@ def test_verify_a_model_on_data_tensors(relu_mlp):
     bounds = api.verify(smooth, data, [SMALL_EPS], low=0.0, high=1.0, samples=SAMPLES, verifier="crown")
     assert bounds["certified"][SMALL_EPS] > 0  # the smooth model through its gates' relaxations
     assert not smooth.training and not relu.training
+
+
+class _Wrapper(torch.nn.Module):
+    """What a user writes: not an nn.Sequential, a residual add inside, an activation the verifier reads."""
+
+    def __init__(self, residual: bool, act: torch.nn.Module):
+        super().__init__()
+        self.residual = residual
+        self.fc1, self.fc2, self.out, self.act = torch.nn.Linear(64, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 10), act
+
+    def forward(self, x):
+        h = self.act(self.fc1(x.flatten(1)))
+        h = self.act(h + self.fc2(h)) if self.residual else self.act(self.fc2(h))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_verify_a_wrapper_module_and_a_residual_module(residual):
+    torch.manual_seed(1)
+    model = _Wrapper(residual, torch.nn.ReLU()).eval()
+    ds = digits()
+    data = (ds.val.x, model(ds.val.x).argmax(-1).detach())  # its own predictions: every sample is correctly classified
+    out = api.verify(model, data, [SMALL_EPS, LARGE_EPS], low=0.0, high=1.0, samples=SAMPLES, timeout_s=10.0)
+    assert out["certified"][SMALL_EPS] == 1.0
+    assert {r["result"] for r in out["rows"]} <= {"sat", "unsat"}  # complete: every property decided
+
+
+def test_verify_a_module_it_cannot_represent_says_which_op_and_where():
+    model = _Wrapper(True, torch.nn.Tanh()).eval()
+    ds = digits()
+    with pytest.raises(NotImplementedError) as e:
+        api.verify(model, (ds.val.x, ds.val.y), [SMALL_EPS], samples=1)
+    msg = str(e.value)
+    assert msg.startswith("_Wrapper: unsupported op Tanh in module 'act'") and "\n" not in msg

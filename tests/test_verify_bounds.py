@@ -1,7 +1,8 @@
-"""Soundness of every bound, by dense sampling in float64 (one side at a time, auto_LiRPA's practice):
-the smooth gates' linear relaxations (hypothesis over intervals, slopes and λ), the closed-form swap gap,
-and IBP / CROWN / α-CROWN through every layer type (Linear, Conv, normalization, BatchNorm, ReLU, each gate,
-per-channel λ, linked pairs), plus IBP against a per-neuron reference."""
+"""Soundness of every graph bound, by dense sampling in float64 (one side at a time, auto_LiRPA's practice): IBP /
+CROWN / α-CROWN through every op (Linear, Conv, normalization, BatchNorm, ReLU, each gate, per-channel λ, linked
+pairs) on torch models read through their export, and on random DAGs built in code (residual sums, concatenations,
+convolutions, permutations; hypothesis over their structure); the swap gap; IBP against a per-neuron reference.
+The gate relaxations themselves are tested in test_verify_relaxations.py."""
 
 from __future__ import annotations
 
@@ -11,112 +12,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.verification.bounds import (SMOOTH_GATES, Bounder, Spec, default_slopes, gate_range, intercepts,
-                                          slope_range, swap_gap, swap_gap_unit)
-from analysis.verification.network import Linear, Network, ReLU, Scale, from_torch
 from _modules import Affine
+from analysis.verification.bounds import Bounder, Spec, swap_gap
+from analysis.verification.graph import Graph, Node
+from analysis.verification.ops import Concat, Conv, Gate, Linear, Permute, ReLU, Scale, Sum, average_pool
+from analysis.verification.readers import from_torch
 from pipeline.activations import GELU, SERF, LambdaGELU, LambdaSERF, LambdaSwish, Linked, SiLU
 
-GATES = list(SMOOTH_GATES)
-# sampled values vs bounds, float64 on both sides: rounding of F(y) − a·y at |y| ≤ 1e4
-SAMPLE_TOL = 1e-9
-# a relaxation's intercept vs the sampled extremum: the bound is exact up to the sampling grid
-GRID_POINTS = 20001
 # network bounds vs sampled activations (float64, summation order only)
 NET_TOL = 1e-9
-
-interval = st.tuples(st.floats(-60, 60), st.floats(0, 80)).map(lambda t: (t[0], t[0] + t[1]))
-
-
-def _grid(L: float, U: float) -> torch.Tensor:
-    return torch.linspace(L, U, GRID_POINTS, dtype=torch.float64)
-
-
-@settings(max_examples=150, deadline=None)
-@given(gate=st.sampled_from(GATES), box=interval, t=st.floats(-0.5, 1.5))
-def test_any_slope_gives_sound_and_tight_lines(gate, box, t):
-    """For any slope a, a·y + min and a·y + max of F(y) − a·y enclose F on [L, U] (sound), and touch it (tight)."""
-    g = SMOOTH_GATES[gate]
-    L, U = box
-    lo_s, hi_s = slope_range(g, torch.tensor(L, dtype=torch.float64), torch.tensor(U, dtype=torch.float64))
-    a = torch.tensor(float(lo_s + t * (hi_s - lo_s)), dtype=torch.float64)  # inside and outside the slope range
-    lo, hi = intercepts(g, torch.tensor(L, dtype=torch.float64), torch.tensor(U, dtype=torch.float64), a)
-    y = _grid(L, U)
-    e = g.F(y) - a * y
-    scale = 1 + float((g.F(y).abs() + (a * y).abs()).max())
-    assert float(e.max()) <= float(hi) + SAMPLE_TOL * scale, "upper line below the function"
-    assert float(e.min()) >= float(lo) - SAMPLE_TOL * scale, "lower line above the function"
-    # tight: the grid comes within one grid step's change of e (|e'| ≤ |F'| + |a| ≤ 3) of each intercept
-    step = (U - L) / (GRID_POINTS - 1)
-    assert float(hi) - float(e.max()) <= 3 * step + 1e-9 * scale
-    assert float(e.min()) - float(lo) <= 3 * step + 1e-9 * scale
-
-
-@settings(max_examples=100, deadline=None)
-@given(gate=st.sampled_from(GATES), box=interval, lam=st.floats(0.5, 300))
-def test_default_relaxation_and_ibp_are_sound_in_x(gate, box, lam):
-    """CROWN's lines (least-area slope) and the IBP range, mapped back to x = y/λ."""
-    g = SMOOTH_GATES[gate]
-    l, u = box[0] / lam, box[1] / lam
-    lt, ut, lamt = (torch.tensor([v], dtype=torch.float64) for v in (l, u, lam))
-    a_lo, a_up = default_slopes(g, lamt * lt, lamt * ut)
-    b_lo, _ = intercepts(g, lamt * lt, lamt * ut, a_lo)
-    _, b_up = intercepts(g, lamt * lt, lamt * ut, a_up)
-    x = _grid(l, u)
-    f = g.f(x, lam)
-    tol = SAMPLE_TOL * (1 + float(f.abs().max()) + float(x.abs().max()))
-    assert torch.all(f <= a_up * x + b_up / lam + tol)
-    assert torch.all(f >= a_lo * x + b_lo / lam - tol)
-    rlo, rhi = gate_range(g, lamt, lt, ut)
-    assert float(f.min()) >= float(rlo) - tol and float(f.max()) <= float(rhi) + tol
-
-
-@pytest.mark.parametrize("gate", GATES)
-def test_each_gate_has_exactly_its_two_inflection_points(gate):
-    """The exact-extremum search relies on F'' < 0, > 0, < 0 on three pieces: scan the sign of F''."""
-    g = SMOOTH_GATES[gate]
-    y = torch.linspace(-50, 50, 1_000_001, dtype=torch.float64)
-    s = torch.sign(g.d2F_sign(y))
-    changes = y[1:][(s[1:] != s[:-1]) & (s[1:] != 0)]
-    assert changes.numel() == 2
-    np.testing.assert_allclose(changes.numpy(), g.inflections, atol=2e-4)
-    y1, y2 = g.inflections
-    assert float(g.d2F_sign(torch.tensor(y1 - 1.0))) < 0 < float(g.d2F_sign(torch.tensor(0.5 * (y1 + y2))))
-    assert float(g.d2F_sign(torch.tensor(y2 + 1.0))) < 0
-    # and F' really is the derivative of F
-    yy = torch.linspace(-8, 8, 1601, dtype=torch.float64, requires_grad=True)
-    (grad,) = torch.autograd.grad(g.F(yy).sum(), yy)
-    np.testing.assert_allclose(g.dF(yy.detach()).numpy(), grad.numpy(), rtol=0, atol=1e-12)
-
-
-def test_gelu_gap_peaks_at_the_closed_form_point():
-    """sup_z |ReLU(z) − z·Φ(λz)| = c/λ with c = max_u u·Φ(−u) ≈ 0.169971 at u ≈ 0.751792 (DESIGN.md)."""
-    g = SMOOTH_GATES["phi"]
-    assert g.peaks[0] == pytest.approx(0.751792, abs=1e-5) and g.peaks[1] == pytest.approx(0.751792, abs=1e-5)
-    assert g.peak_values[0] == pytest.approx(0.169971, abs=1e-6)
-    for lam in (1.0, 7.5, 160.0):
-        b = swap_gap_unit(g, torch.tensor([lam]), torch.tensor([-5.0]), torch.tensor([5.0]))
-        assert float(b) == pytest.approx(0.1699712 / lam, rel=1e-5)
-
-
-@settings(max_examples=150, deadline=None)
-@given(gate=st.sampled_from(GATES), box=st.tuples(st.floats(-3, 3), st.floats(0, 4)), lam=st.floats(0.5, 300))
-def test_swap_gap_closed_form_is_the_sup(gate, box, lam):
-    """The closed form (endpoint or peak t*/λ on each side) bounds |ReLU − f| on [l, u] and equals its max."""
-    g = SMOOTH_GATES[gate]
-    l, u = box[0], box[0] + box[1]
-    z = _grid(l, u)
-    z = torch.cat([z, torch.tensor([g.peaks[0] / lam, -g.peaks[1] / lam], dtype=torch.float64).clamp(l, u)])
-    diff = (z.clamp(min=0) - g.f(z, lam)).abs()
-    b = float(swap_gap_unit(g, torch.tensor([lam], dtype=torch.float64), torch.tensor([l], dtype=torch.float64),
-                            torch.tensor([u], dtype=torch.float64)))
-    # the direct difference cancels: one float64 ulp of |z| is its own rounding error
-    assert float(diff.max()) <= b * (1 + 1e-9) + 4e-16 * (1 + max(abs(l), abs(u)))
-    assert b - float(diff.max()) <= 1e-6 * b + 1e-12  # attained (the peaks are in the sample)
-
+# a torch module in float64 vs its graph (float32 weights and λ after the export)
+TORCH_F64_ATOL = 1e-6
 
 # ---------------------------------------------------------------------------------------------
 # networks
@@ -171,19 +80,9 @@ def cnn(kind: str, seed: int, per_channel: bool = True, linked: bool = False) ->
     return model, shape
 
 
-def _check_network(model: nn.Module, shape: tuple[int, ...], radius: float, seed: int, samples: int = 3000,
-                   alpha_steps: int = 10) -> None:
-    net = from_torch(model, shape)
-    gen = torch.Generator().manual_seed(seed)
-    x0 = torch.rand(int(np.prod(shape)), generator=gen, dtype=torch.float64)
-    lb, ub = x0 - radius, x0 + radius
-    # the reader computes what torch computes
-    xs = lb + (ub - lb) * torch.rand(samples, x0.numel(), generator=gen, dtype=torch.float64)
-    corners = torch.where(torch.rand(samples // 6, x0.numel(), generator=gen) < 0.5, lb, ub)
-    xs = torch.cat([xs, corners])
-    with torch.no_grad():
-        ref = model.double()(xs.reshape(-1, *shape))
-    np.testing.assert_allclose(net.forward(xs).numpy(), ref.numpy(), rtol=0, atol=1e-10)
+def _check_graph(net: Graph, lb: torch.Tensor, ub: torch.Tensor, xs: torch.Tensor, gen: torch.Generator,
+                 alpha_steps: int = 10) -> None:
+    """Every bound of every stage (IBP, CROWN, α-CROWN) holds on the sampled points xs of the box."""
     b = Bounder(net, lb, ub)
     stages = {"ibp": [(l.clone(), u.clone()) for l, u in b.pre]}
     b.crown()
@@ -192,25 +91,132 @@ def _check_network(model: nn.Module, shape: tuple[int, ...], radius: float, seed
     stages["alpha"] = list(b.pre)
     C = torch.randn(5, net.num_outputs, generator=gen, dtype=torch.float64)
     spec = Spec(C, torch.zeros(5))
-    spec_lo = {"crown": b.spec_bounds(spec), "alpha": b.alpha_spec(spec, list(range(5)), steps=alpha_steps)}
-    h = xs
-    s = 0
-    for k, layer in enumerate(b.net.layers):
-        if k in b.site_of:
-            for name, pre in stages.items():
-                l, u = pre[s]
-                assert float((l - h).max()) <= NET_TOL, f"{name} lower bound of site {s} violated by {float((l - h).max()):.3g}"
-                assert float((h - u).max()) <= NET_TOL, f"{name} upper bound of site {s} violated by {float((h - u).max()):.3g}"
-            # tighter than IBP (or equal)
-            assert torch.all(stages["alpha"][s][0] >= stages["ibp"][s][0] - NET_TOL)
-            assert torch.all(stages["alpha"][s][1] <= stages["ibp"][s][1] + NET_TOL)
-            s += 1
-        h = layer.forward(h)
-    y = h @ C.T
+    spec_lo = {"ibp": b.ibp_spec(spec), "crown": b.spec_bounds(spec), "alpha": b.alpha_spec(spec, list(range(5)), steps=alpha_steps)}
+    vals = b.net.values(xs)
+    for s, j in enumerate(b.site_input):
+        h = vals[j]
+        for name, pre in stages.items():
+            l, u = pre[s]
+            assert float((l - h).max()) <= NET_TOL, f"{name} lower bound of site {s} violated by {float((l - h).max()):.3g}"
+            assert float((h - u).max()) <= NET_TOL, f"{name} upper bound of site {s} violated by {float((h - u).max()):.3g}"
+        # tighter than IBP (or equal)
+        assert torch.all(stages["alpha"][s][0] >= stages["ibp"][s][0] - NET_TOL)
+        assert torch.all(stages["alpha"][s][1] <= stages["ibp"][s][1] + NET_TOL)
+    out = vals[b.net.output]
+    y = out @ C.T
     for name, lo in spec_lo.items():
         assert float((lo - y).max()) <= NET_TOL, f"{name} spec bound violated by {float((lo - y).max()):.3g}"
     out_lo, out_hi = b.ibp_out
-    assert torch.all(h >= out_lo - NET_TOL) and torch.all(h <= out_hi + NET_TOL)
+    assert torch.all(out >= out_lo - NET_TOL) and torch.all(out <= out_hi + NET_TOL)
+
+
+def _samples(lb: torch.Tensor, ub: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    xs = lb + (ub - lb) * torch.rand(n, lb.numel(), generator=gen, dtype=torch.float64)
+    corners = torch.where(torch.rand(n // 6, lb.numel(), generator=gen) < 0.5, lb, ub)
+    return torch.cat([xs, corners])
+
+
+def _check_network(model: nn.Module, shape: tuple[int, ...], radius: float, seed: int, samples: int = 3000,
+                   alpha_steps: int = 10) -> None:
+    net = from_torch(model, shape)
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.rand(int(np.prod(shape)), generator=gen, dtype=torch.float64)
+    lb, ub = x0 - radius, x0 + radius
+    xs = _samples(lb, ub, samples, gen)
+    with torch.no_grad():  # the reader computes what torch computes (up to the export's float32 rounding)
+        ref = model.double()(xs.reshape(-1, *shape))
+    np.testing.assert_allclose(net.forward(xs).numpy(), ref.numpy(), rtol=0, atol=TORCH_F64_ATOL)
+    _check_graph(net, lb, ub, xs, gen, alpha_steps)
+
+
+def _random_dag(seed: int, conv: bool) -> Graph:
+    """A random DAG: blocks of (affine, activation) with residual sums to an earlier value of the same size, a
+    concatenation of two branches, a permutation; on (C, H, W) when `conv` (convolutions, pooling)."""
+    rng = np.random.default_rng(seed)
+    acts = ["relu", "phi", "sigmoid", "serf"]
+    if conv:
+        shape = (2, 4, 4)
+        nodes = [Node(Conv(rng.normal(0, 0.5, (3, 2, 3, 3)), rng.normal(0, 0.2, 3), shape, padding=(1, 1)), (0,))]
+        shape = (3, 4, 4)
+    else:
+        shape = (7,)
+        nodes = [Node(Linear(rng.normal(0, 0.6, (9, 7)), rng.normal(0, 0.2, 9)), (0,))]
+        shape = (9,)
+    size = int(np.prod(shape))
+
+    def act(k: int) -> Node:
+        kind = acts[int(rng.integers(len(acts)))]
+        op = ReLU(size) if kind == "relu" else Gate(kind, rng.uniform(0.8, 30.0, size))
+        return Node(op, (k,))
+
+    def affine(k: int) -> Node:
+        if conv:
+            c = shape[0]
+            return Node(Conv(rng.normal(0, 0.4, (c, c, 3, 3)), rng.normal(0, 0.2, c), shape, padding=(1, 1)), (k,))
+        return Node(Linear(rng.normal(0, 0.5, (size, size)), rng.normal(0, 0.2, size)), (k,))
+
+    nodes.append(act(len(nodes)))
+    for _ in range(int(rng.integers(1, 3))):  # residual blocks
+        skip = len(nodes)
+        nodes.append(affine(skip))
+        nodes.append(act(len(nodes)))
+        nodes.append(affine(len(nodes)))
+        nodes.append(Node(Sum(size, (1.0, float(rng.choice([1.0, -1.0])))), (len(nodes), skip)))
+        nodes.append(act(len(nodes)))
+    last = len(nodes)
+    nodes.append(Node(Scale(rng.uniform(-1.5, 1.5, size), rng.normal(0, 0.1, size)), (last,)))
+    nodes.append(Node(Concat((shape, shape), 0), (last, len(nodes))))  # two branches side by side
+    cat_shape = (2 * shape[0], *shape[1:])
+    n_cat = 2 * size
+    if conv:
+        nodes.append(Node(average_pool(cat_shape, (2, 2), (2, 2)), (len(nodes),)))
+        pooled = nodes[-1].op.out_shape
+        n_cat = int(np.prod(pooled))
+        perm = np.transpose(np.arange(n_cat).reshape(pooled), (0, 2, 1)).reshape(-1)
+    else:
+        perm = rng.permutation(n_cat)
+    nodes.append(Node(Permute(perm), (len(nodes),)))
+    nodes.append(Node(ReLU(n_cat), (len(nodes),)))
+    nodes.append(Node(Linear(rng.normal(0, 0.5, (3, n_cat)), rng.normal(0, 0.1, 3)), (len(nodes),)))
+    return Graph((2, 4, 4) if conv else (7,), nodes)
+
+
+def _check_random_dag(seed: int, conv: bool, radius: float) -> None:
+    net = _random_dag(seed, conv)
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.rand(net.num_inputs, generator=gen, dtype=torch.float64)
+    lb, ub = x0 - radius, x0 + radius
+    _check_graph(net, lb, ub, _samples(lb, ub, 1000, gen), gen, alpha_steps=2)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), conv=st.booleans(), radius=st.sampled_from([0.05, 0.3]))
+def test_bounds_on_random_dags_are_sound(seed, conv, radius):
+    _check_random_dag(seed, conv, radius)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), conv=st.booleans(), radius=st.sampled_from([0.02, 0.1, 0.3, 1.0]))
+def test_bounds_on_many_random_dags_are_sound(seed, conv, radius):
+    _check_random_dag(seed, conv, radius)
+
+
+def test_adam_matches_torch_optim():
+    """bounds.Adam (used instead of torch.optim, whose first use costs seconds) takes torch.optim.Adam's steps."""
+    from analysis.verification.bounds import Adam
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(50, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = a.detach().clone().requires_grad_(True)
+    ours, ref = Adam([a], 0.1), torch.optim.Adam([b], lr=0.1)
+    weights = torch.arange(50, dtype=torch.float64)
+    for _ in range(30):
+        for p, opt in ((a, ours), (b, ref)):
+            opt.zero_grad()
+            ((p - 3) ** 2 * weights).sum().backward()
+            opt.step()
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("kind", ACTS)
@@ -234,27 +240,31 @@ def test_conv_bounds_are_sound(kind):
     _check_network(model, shape, radius=0.15, seed=3, samples=1200, alpha_steps=4)  # float64 conv on CPU is slow
 
 
-def test_conv_back_substitution_is_the_matrix_transpose():
+@pytest.mark.parametrize("conv", [False, True])
+def test_back_substitution_of_every_affine_op_is_its_matrix_transpose(conv):
+    """For each affine op of a random DAG (and the cnn's convolutions): forward = M x + c and back(A) = (A M_i, A c)
+    with M_i the op's own sparse matrices, which the MILP encodes."""
+    ops = [n.op for n in _random_dag(11, conv).nodes[1:] if not isinstance(n.op, (ReLU, Gate))]
     model, shape = cnn("relu", seed=4)
-    net = from_torch(model, shape).merged()
-    from analysis.verification.network import Conv
-
-    for conv in [layer for layer in net.layers if isinstance(layer, Conv)]:
-        M, c = conv.sparse()
-        M = torch.as_tensor(M.toarray())
-        x = torch.randn(7, conv.in_size, dtype=torch.float64)
-        np.testing.assert_allclose(conv.forward(x).numpy(), (x @ M.T + torch.as_tensor(c)).numpy(), atol=1e-12)
-        A = torch.randn(5, conv.out_size, dtype=torch.float64)
-        back, bias = conv.back(A)
-        np.testing.assert_allclose(back.numpy(), (A @ M).numpy(), atol=1e-12)
+    ops += [n.op for n in from_torch(model, shape).merged().nodes if isinstance(n.op, Conv)]
+    for op in ops:
+        mats, c = op.sparse()
+        mats = [torch.as_tensor(M.toarray()) for M in mats]
+        xs = [torch.randn(7, n, dtype=torch.float64) for n in op.in_sizes()]
+        ref = sum(x @ M.T for x, M in zip(xs, mats)) + torch.as_tensor(c)
+        np.testing.assert_allclose(op.forward(*xs).numpy(), ref.numpy(), atol=1e-12)
+        A = torch.randn(5, op.out_size, dtype=torch.float64)
+        back, bias = op.back(A)
+        for Ai, M in zip(back, mats):
+            np.testing.assert_allclose(Ai.numpy(), (A @ M).numpy(), atol=1e-12)
         np.testing.assert_allclose(bias.numpy(), (A @ torch.as_tensor(c)).numpy(), atol=1e-12)
 
 
-def _reference_ibp(layers, lb, ub):
+def _reference_ibp(ops, lb, ub):
     """Textbook interval arithmetic, one neuron and one weight at a time (Linear / Scale / ReLU)."""
     lo, hi = [float(v) for v in lb], [float(v) for v in ub]
     pre = []
-    for layer in layers:
+    for layer in ops:
         if isinstance(layer, Linear):
             W, b = layer.W.tolist(), layer.b.tolist()
             nl, nh = [], []
@@ -284,11 +294,11 @@ def test_ibp_matches_per_neuron_reference(seed):
         layers.append(Linear(rng.normal(0, 1 / np.sqrt(widths[k]), (widths[k + 1], widths[k])), rng.normal(0, 0.3, widths[k + 1])))
         if k < len(widths) - 2:
             layers.append(ReLU(widths[k + 1]))
-    net = Network((widths[0],), layers)
+    net = Graph.sequential((widths[0],), layers)
     c = rng.uniform(-1, 1, widths[0])
     lb, ub = c - 0.3, c + 0.3
-    b = Bounder(Network(net.input_shape, net.layers), lb, ub)  # merged inside: compare on the merged layers
-    ref_pre, ref_out = _reference_ibp(b.net.layers, lb, ub)
+    b = Bounder(net, lb, ub)  # merged inside: compare on the merged ops
+    ref_pre, ref_out = _reference_ibp([n.op for n in b.net.nodes[1:]], lb, ub)
     for (l, u), (rl, ru) in zip(b.ibp_pre, ref_pre):
         np.testing.assert_allclose(l.numpy(), rl, atol=1e-10)
         np.testing.assert_allclose(u.numpy(), ru, atol=1e-10)

@@ -19,7 +19,7 @@ import torch
 
 from _digits import digits, make_run, trained
 from analysis import verify as verify_mod
-from analysis.verification.network import from_onnx, from_torch
+from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.bounds import Bounder
 from analysis.verification.vnncomp import read_results, witness_path
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib, robustness_spec
@@ -31,7 +31,7 @@ from quantize.ort import forward_flat
 VARIANTS = ["lambda_gelu", "gelu", "relu"]
 SAMPLES = 3
 EPSILONS = [0.01, 0.2]  # on digits (8x8, [0, 1]) 0.01 is provable in well under a second, 0.2 mostly falsifiable
-TIMEOUT_S = 5.0
+BUDGET_S = 120.0  # the stage's budget: ample, every property here is decided within a second or two
 VERIFIERS = ["auto", "ibp"]  # ibp: instant, a second opinion
 
 
@@ -47,7 +47,7 @@ def done(tmp_path_factory):
     run.cfg.verify.samples = SAMPLES
     run.cfg.verify.epsilons = list(EPSILONS)
     run.cfg.verify.verifiers = list(VERIFIERS)
-    run.cfg.verify.timeout_s = TIMEOUT_S
+    run.cfg.verify.budget_s = BUDGET_S
     metrics = run_verify(run.cfg, run)
     return run, nets, metrics
 
@@ -65,7 +65,8 @@ def test_stage_is_registered_before_report_and_config_is_checked():
     apply_overrides(cfg, ["verify.verifiers=pgd+crown+milp,marabou", "verify.epsilons=[0.005,0.01]"])
     validate_config(cfg)
     for override, match in [("verify.verifiers=pgd+crow", "unknown verifier 'crow'"), ("verify.epsilons=[0.0]", "epsilons"),
-                            ("verify.samples=0", "samples"), ("verify.timeout_s=0", "timeout_s")]:
+                            ("verify.samples=0", "samples"), ("verify.budget_s=0", "budget_s"),
+                            ("verify.timeout_s=-1", "timeout_s"), ("verify.jobs=-1", "jobs")]:
         with pytest.raises(ConfigError, match=match) as e:
             validate_config(apply_overrides(Config(), [override]))
         assert "\n" not in str(e.value)
@@ -78,8 +79,9 @@ def test_vnncomp_layout_and_instances_point_to_files(done):
     inst = read_instances_csv(out / "instances.csv")
     assert len(inst) == len(VARIANTS) * SAMPLES * len(EPSILONS)
     assert len(list((out / "vnnlib").glob("*.vnnlib"))) == len(inst)
-    for onnx_rel, vnnlib_rel, t in inst:
-        assert (out / onnx_rel).is_file() and (out / vnnlib_rel).is_file() and t == TIMEOUT_S
+    share = BUDGET_S / (len(inst) * len(VERIFIERS) + 2 * 2 * SAMPLES * len(EPSILONS))  # every ReLU and smooth task
+    for onnx_rel, vnnlib_rel, t in inst:  # the misclassified samples need no time, so the share is at least this
+        assert (out / onnx_rel).is_file() and (out / vnnlib_rel).is_file() and t >= round(share, 3)
     results = read_results(out / "results.csv")  # VNN-COMP's format, the stage's verifier
     assert [(r["onnx"], r["vnnlib"]) for r in results] == [(o, v) for o, v, _ in inst]
     assert {r["category"] for r in results} == set(VARIANTS)
@@ -117,8 +119,8 @@ def test_every_property_decided_and_witnesses_recheck(done):
             x, y = parse_witness(w.read_text())
             spec = read_vnnlib(out / r["vnnlib"])
             got = forward_flat(out / "onnx" / f"{r['variant']}.onnx", x)
-            np.testing.assert_allclose(y, got, atol=1e-6)
-            assert spec.in_box(x, 1e-6) and spec.violation(got) <= 1e-5 * max(1, np.abs(got).max())
+            np.testing.assert_array_equal(y, got)  # VNN-COMP's check: the witness's own Y values, output tolerance 0
+            assert spec.in_box(x) and spec.violation(got) < 0
     assert json.loads(run.file("verify", "summary.json").read_text())["conflicts"] == []
 
 
@@ -185,7 +187,7 @@ def test_summary_fractions_match_results(done):
 def test_report_section_has_one_table_with_every_network(done):
     run, _, _ = done
     md = report_section(run.cfg, run)
-    assert "## Verification" in md and "not the int8 model" in md and "s of wall-clock time per property" in md
+    assert "## Verification" in md and "not the int8 model" in md and f"one budget of {BUDGET_S:g} s for the whole stage" in md
     for eps in EPSILONS:
         assert f"ε = {eps:g}" in md
     assert "| lambda_gelu swapped to ReLU |" in md and "| gelu swapped to ReLU |" in md and "| relu (ReLU from the start) |" in md

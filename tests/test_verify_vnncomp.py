@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from onnx import TensorProto, helper
 
-from analysis.verification.network import from_onnx
+from analysis.verification.readers import from_onnx
 from analysis.verification.vnncomp import FIELDS, format_results, main, read_results, run_benchmark, witness_path
 from analysis.verification.vnnlib import (parse_witness, read_vnnlib, write_instances_csv, write_robustness_benchmark)
 from quantize.export import export_for_verifiers
@@ -154,3 +154,111 @@ def test_timeout_override_and_rerun(small):
     assert rows[0]["result"] == "timeout"
     rows = run_benchmark(small, small / "r.csv", verifier="crown")
     assert rows[0]["result"] in ("unsat", "unknown") and rows[0]["stage"] == "crown"
+
+
+# ---------------------------------------------------------------------------------------------
+# graphs that are not a chain, shards, jobs
+
+
+class _Residual(nn.Module):
+    """Conv with padding and stride, BatchNorm, two residual blocks (one with a 1x1-conv shortcut), Flatten, Gemm."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 4, 3, stride=1, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+        self.b1 = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+        self.b2 = nn.Sequential(nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1))
+        self.short = nn.Conv2d(4, 6, 1, stride=2)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = torch.relu(h + self.b1(h))
+        h = torch.relu(self.short(h) + self.b2(h))
+        return self.head(h)
+
+
+def _conv_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(4 * 2 * 2, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """A residual and a conv network, 4 properties each at a small and a large eps."""
+    root = tmp_path_factory.mktemp("graphs")
+    rng = np.random.default_rng(2)
+    rows = []
+    for name, make in (("resnet", _Residual), ("cnn", _conv_net)):
+        torch.manual_seed(3)
+        model = make().eval()
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_var.uniform_(0.5, 2.0)
+                    m.running_mean.normal_(0, 0.1)
+        path = root / f"{name}.onnx"
+        export_for_verifiers(model, (1, 4, 4), path, torch.rand(8, 1, 4, 4))
+        xs = rng.uniform(0, 1, (2, 16))
+        with torch.no_grad():
+            labels = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(2, 1, 4, 4)).argmax(1)]
+        for eps in (1e-4, 0.8):
+            rows += write_robustness_benchmark(root, path, xs, labels, eps, 0.0, 1.0, 3, TIMEOUT_S, prefix=name)
+    write_instances_csv(root / "instances.csv", rows)
+    return root, rows
+
+
+def test_residual_and_conv_onnx_go_through_vnncomp(graphs, tmp_path, capsys):
+    root, rows = graphs
+    assert any(n.op_type == "Add" and not any(i.startswith("onnx::") for i in n.input)
+               for n in onnx.load(root / "onnx" / "resnet.onnx").graph.node)  # a residual Add of two tensors
+    out = tmp_path / "results.csv"
+    assert main([str(root), "--out", str(out)]) == 0, capsys.readouterr().err
+    got = read_results(out)
+    assert len(got) == len(rows) and {r["result"] for r in got} <= {"sat", "unsat"}
+    rng = np.random.default_rng(0)
+    for r in got:
+        spec = read_vnnlib(root / r["vnnlib"])
+        if "0.0001" in r["vnnlib"]:
+            assert r["result"] == "unsat", r
+        if r["result"] == "sat":
+            x, y = parse_witness(witness_path(out, r["onnx"], r["vnnlib"]).read_text())
+            got_y = forward_flat(root / r["onnx"], x)
+            assert spec.in_box(x) and np.array_equal(y, got_y) and spec.violation(got_y) < 0
+        else:  # no sampled point of the box contradicts the proof
+            assert all(spec.violation(forward_flat(root / r["onnx"], x)) > 0 for x in rng.uniform(spec.lb, spec.ub, (300, 16)))
+    assert {r["result"] for r in got} == {"sat", "unsat"}
+
+
+def test_a_shard_pair_covers_the_folder_exactly_once_and_merges_back(graphs, tmp_path, capsys):
+    root, rows = graphs
+    whole = run_benchmark(root, tmp_path / "all.csv", jobs=1)
+    parts = []
+    for k in (0, 1):
+        assert main([str(root), "--shard", f"{k}/2", "--out", str(tmp_path / f"s{k}.csv")]) == 0
+        parts.append(read_results(tmp_path / f"s{k}.csv"))
+    keys = [(r["onnx"], r["vnnlib"]) for p in parts for r in p]
+    assert sorted(keys) == sorted((o, v) for o, v, _ in rows) and len(set(keys)) == len(keys)
+    assert [(r["onnx"], r["vnnlib"]) for r in parts[0]] == [(o, v) for o, v, _ in rows[0::2]]
+    assert main([str(root), "--merge", str(tmp_path / "s0.csv"), str(tmp_path / "s1.csv"), "--out", str(tmp_path / "m.csv")]) == 0
+    merged = {(r["onnx"], r["vnnlib"]): r["result"] for r in read_results(tmp_path / "m.csv")}
+    assert merged == {(r["onnx"], r["vnnlib"]): r["result"] for r in whole}
+    for bad in ("2/2", "x", "1/0"):
+        assert main([str(root), "--shard", bad]) == 2 and "--shard must be K/N" in capsys.readouterr().err
+
+
+def test_jobs_give_the_answers_of_one_process_with_measured_prepare_times(graphs, tmp_path):
+    root, rows = graphs
+    one = run_benchmark(root, tmp_path / "one.csv", jobs=1)
+    two = run_benchmark(root, tmp_path / "two.csv", jobs=2)
+    assert [(r["onnx"], r["vnnlib"], r["result"]) for r in two] == [(r["onnx"], r["vnnlib"], r["result"]) for r in one]
+    assert all(r["prepare_time"] > 0 for r in two)  # reading the graph and the property, starting onnxruntime
+
+
+def test_input_count_mismatch_names_the_counts_and_files(small, capsys):
+    (small / "vnnlib" / "prop_0_eps_0.01.vnnlib").write_text(
+        "\n".join(f"(declare-const X_{i} Real)" for i in range(10)) + "\n(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
+        "(declare-const Y_2 Real)\n" + "\n".join(f"(assert (>= X_{i} 0.0))\n(assert (<= X_{i} 1.0))" for i in range(10))
+        + "\n(assert (<= Y_0 Y_1))\n")
+    _fails_one_line(small, capsys, "the network net.onnx takes 16 inputs and gives 3 outputs, but the property "
+                                   "prop_0_eps_0.01.vnnlib has 10 inputs (X_i) and 3 outputs (Y_j)")

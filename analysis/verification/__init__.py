@@ -1,12 +1,19 @@
-"""Verification tools, one file per tool (the verify stage itself is `analysis/verify.py`):
+"""Verification tools, one file per concept (the verify stage itself is `analysis/verify.py`):
 
-- network: the layer IR (Linear, Conv, Scale, ReLU, Gate) and its readers from torch modules and ONNX graphs;
-- bounds: IBP, CROWN, α-CROWN, the smooth gates' linear relaxations, the swap gap |smooth − ReLU|;
+- ops, graph: the graph IR (affine ops, ReLU and the smooth gates; a DAG of nodes);
+- readers: ONNX graphs (a table from op type to handler) and torch modules (through their ONNX export);
+- relaxations: the smooth gates' linear relaxations and the closed-form swap gap per unit;
+- bounds: IBP, CROWN, α-CROWN over the DAG, the swap gap |smooth − ReLU| over a box;
 - attack: PGD on a property's margin;
-- milp: the big-M MILP (scipy/HiGHS) on the tight bounds, the complete method for ReLU networks;
+- bab: branch and bound on unstable ReLUs (β-CROWN-style bounds);
+- milp: the big-M MILP (scipy/HiGHS) on the tight bounds;
 - marabou: Marabou 2.0 in a child process;
 - vnnlib: VNN-LIB 1.0 properties, instances.csv, counterexample witnesses;
-- registry: Result, Budget, the Verifier base class, the registry and the staged chain;
+- problem: results, the one clock (Budget), one property and the counterexample rule;
+- registry, verifiers: the Verifier base class, chains, the registry, and the registered verifiers;
+- harness: the one property loop (the verify stage, `analysis.api.verify` and `pipeline vnncomp` all use it);
 - vnncomp: run any VNN-COMP benchmark folder into results.csv (`main` for the CLI);
 - stability: units provably dead or always active over the whole input domain.
 """
+
+from . import verifiers  # noqa: F401  (registers the verifiers)

@@ -8,7 +8,7 @@ projected onto the box, the step size decaying from a quarter of each input's wi
 schedule, so the late steps refine. The search stops once a point is unsafe by `margin` (room for the
 float32 re-evaluation a counterexample gets afterwards).
 
-It runs on `network.Network` in float64 with autograd, so it attacks ReLU and smooth networks alike.
+It runs on `graph.Graph` in float64 with autograd, so it attacks ReLU and smooth networks alike.
 """
 
 from __future__ import annotations
@@ -19,14 +19,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .network import DTYPE, Network
+from .graph import Graph
+from .ops import DTYPE
 from .vnnlib import VnnlibSpec
 
 
-def pgd(net: Network, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, margin: float = 1e-4, seed: int = 0,
-        expired: Callable[[], bool] | None = None) -> tuple[np.ndarray | None, float]:
+def pgd(net: Graph, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, margin: float = 1e-4, seed: int = 0,
+        expired: Callable[[], bool] | None = None, start: np.ndarray | None = None,
+        step_scale: float = 0.25) -> tuple[np.ndarray | None, float]:
     """(best point, its violation): the point is a counterexample in float64 when the violation is ≤ 0
-    (returned only then; else None with the smallest violation found)."""
+    (returned only then; else None with the smallest violation found). `start`: begin there instead of the box
+    centre (with `restarts` random points beside it); `step_scale`: the first step as a share of each input's width."""
     expired = expired or (lambda: False)
     gen = torch.Generator().manual_seed(seed)
     lb = torch.as_tensor(spec.lb, dtype=DTYPE)
@@ -34,7 +37,8 @@ def pgd(net: Network, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, marg
     width = ub - lb
     nd = len(spec.disjuncts)
     per = 1 + restarts
-    starts = [(lb + ub) / 2] + [lb + width * torch.rand(lb.shape, generator=gen, dtype=DTYPE) for _ in range(restarts)]
+    first = (lb + ub) / 2 if start is None else torch.as_tensor(np.asarray(start, dtype=np.float64).reshape(-1))
+    starts = [first] + [lb + width * torch.rand(lb.shape, generator=gen, dtype=DTYPE) for _ in range(restarts)]
     x = torch.stack(starts * nd)  # [nd·per, n]: disjunct d owns rows d·per … d·per + per − 1
     rows = max(A.shape[0] for A, _ in spec.disjuncts)
     # pad every disjunct to the same row count with copies of its first row (max is unchanged)
@@ -57,7 +61,7 @@ def pgd(net: Network, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, marg
             break
         (grad,) = torch.autograd.grad(v.sum(), x)
         with torch.no_grad():
-            size = width * (0.25 * 0.5 * (1 + math.cos(math.pi * step / steps)) + 1e-3)
+            size = width * step_scale * (0.5 * (1 + math.cos(math.pi * step / steps)) + 4e-3)
             x = torch.minimum(torch.maximum(x - size * grad.sign(), lb), ub)
     if best_x is None or best_v > 0:
         return None, best_v

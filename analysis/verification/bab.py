@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from . import milp
-from .bounds import Bounder
-from .network import DTYPE
+from .bounds import Adam, Bounder
+from .ops import DTYPE
 from .vnnlib import VnnlibSpec
 
 
@@ -51,7 +51,7 @@ def _bound_batch(b: Bounder, splits: list[torch.Tensor], C: torch.Tensor, d: tor
              for s in bounds}
     beta = {s: torch.zeros_like(signs[s]).requires_grad_(True) for s in bounds if bool(signs[s].any())}
     params = list(alpha.values()) + list(beta.values())
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = Adam(params, lr=lr)
     best = None
     for i in range(steps + 1):
         last = i == steps or expired()
@@ -59,7 +59,7 @@ def _bound_batch(b: Bounder, splits: list[torch.Tensor], C: torch.Tensor, d: tor
         inputs: list[torch.Tensor] = []
         extra = {s: beta[s] * signs[s] for s in beta}
         with torch.set_grad_enabled(not last):
-            lower = b.backward(A0, len(b.net.layers), alpha, True, bounds, extra, record if last else None,
+            lower = b.backward(A0, b.net.output, alpha, True, bounds, extra, record if last else None,
                                inputs if last else None) + dd
         best = lower.detach() if best is None else torch.maximum(best, lower.detach())
         if last:
@@ -89,9 +89,14 @@ def _bound_batch(b: Bounder, splits: list[torch.Tensor], C: torch.Tensor, d: tor
 
 
 def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool], left: Callable[[], float],
-        batch: int = 32, steps: int = 15, lr: float = 0.1) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
+        batch: int = 32, steps: int = 15, lr: float = 0.1,
+        confirm: Callable[[np.ndarray], np.ndarray | None] | None = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
     """Decide disjunct `disjunct` of `spec` ({A y ≤ b} empty?) on the merged ReLU network of `b` over its box.
-    Returns ("unsat" | "sat" | "timeout", counterexample or None, message, statistics)."""
+    `confirm(x)`: the counterexample as it is reported (e.g. rounded to float32 and re-checked), or None when the
+    float64 point does not survive that; the search then goes on. Returns ("unsat" | "sat" | "timeout" | "unknown",
+    counterexample or None, message, statistics); unknown when an unsafe region was found whose points did not
+    survive `confirm`."""
+    confirm = confirm or (lambda x: x)
     if not b.net.is_relu:
         raise ValueError("branch and bound here splits ReLUs; the network has smooth gates")
     A, bvec = spec.disjuncts[disjunct]
@@ -102,7 +107,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
         status, x, msg = milp.solve(b.net, spec, [], [disjunct], left)
         return status, x, f"an affine network: {msg}", {"domains": 1, "rounds": 0, "leaf_lps": 1, "max_queue": 1}
     queue: list[tuple[float, list[torch.Tensor]]] = [(-np.inf, [torch.zeros(n, dtype=torch.int8) for n in sizes])]
-    stats = {"domains": 0, "rounds": 0, "leaf_lps": 0, "max_queue": 1}
+    stats = {"domains": 0, "rounds": 0, "leaf_lps": 0, "max_queue": 1, "unconfirmed": 0}
     t0 = time.perf_counter()
     while queue:
         if expired():
@@ -117,7 +122,10 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
             ys = b.net.forward(xstar).numpy()
         for j in range(ys.shape[0]):
             if spec.violation(ys[j]) <= 0:
-                return "sat", xstar[j].numpy(), "branch and bound: a domain's bound minimizer is a counterexample", stats
+                x = confirm(xstar[j].numpy())
+                if x is not None:
+                    return "sat", x, "branch and bound: a domain's bound minimizer is a counterexample", stats
+                stats["unconfirmed"] += 1
         closed = lower.max(1).values > 0
         flat = torch.cat(scores, dim=1)  # [D, Σ n_s]
         offsets = np.cumsum([0] + sizes)
@@ -133,7 +141,11 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
                     pre.append((torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u)))
                 status, x, _ = milp.solve(b.net, spec, pre, [disjunct], left)
                 if status == "sat":
-                    return "sat", x, "branch and bound: a leaf LP point is a counterexample", stats
+                    x = confirm(x)
+                    if x is not None:
+                        return "sat", x, "branch and bound: a leaf LP point is a counterexample", stats
+                    stats["unconfirmed"] += 1
+                    continue
                 if status != "unsat":
                     return status, None, "branch and bound: a leaf LP did not finish", stats
                 continue
@@ -144,5 +156,9 @@ def bab(b: Bounder, spec: VnnlibSpec, disjunct: int, expired: Callable[[], bool]
                 child[s][i] = side
                 queue.append((float(lower[j].max()), child))
         stats["max_queue"] = max(stats["max_queue"], len(queue))
-    return "unsat", None, (f"branch and bound: {stats['domains']} domains in {stats['rounds']} rounds "
-                           f"({time.perf_counter() - t0:.2f} s), {stats['leaf_lps']} leaf LPs"), stats
+    detail = (f"{stats['domains']} domains in {stats['rounds']} rounds ({time.perf_counter() - t0:.2f} s), "
+              f"{stats['leaf_lps']} leaf LPs")
+    if stats["unconfirmed"]:
+        return "unknown", None, (f"branch and bound: {stats['unconfirmed']} unsafe points in float64 that are none after "
+                                 f"float32 rounding; {detail}"), stats
+    return "unsat", None, f"branch and bound: {detail}", stats

@@ -1,7 +1,7 @@
 """The complete method for ReLU networks: a mixed-integer program solved by HiGHS (scipy.optimize.milp).
 
-Encoding (Tjeng et al.'s big-M): per affine layer, variables z = M h + c (M a sparse matrix: dense for
-Linear, index arithmetic for Conv, diagonal for Scale); per ReLU unit with input interval [l, u]:
+Encoding (Tjeng et al.'s big-M): per affine node, variables z = Σ_i M_i h_i + c over its inputs (M_i sparse: dense for
+Linear, index arithmetic for Conv, diagonal for Scale, selections for Sum/Concat/Permute); per ReLU unit with input interval [l, u]:
 dead (u ≤ 0): output fixed at 0; active (l ≥ 0): output = input; unstable: a binary δ and
 a ≥ 0, a ≥ z, a ≤ z − l(1 − δ), a ≤ u·δ. The intervals are the tightest bounds known for the box
 (`bounds.Bounder`: CROWN/α-CROWN ∩ IBP), so the binaries are the units those bounds leave unstable
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .network import Conv, Linear, Network, ReLU, Scale, UnsupportedModel
+from .graph import Graph
+from .ops import Affine, ReLU, UnsupportedModel
 from .vnnlib import VnnlibSpec
 
 
@@ -51,8 +52,8 @@ class Encoding:
         return self.var_lb.size
 
 
-def encode(net: Network, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, Any]]) -> Encoding:
-    """Big-M encoding of a merged ReLU network over the box; `pre[s]` = (l, u) of ReLU site s's input."""
+def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, Any]]) -> Encoding:
+    """Big-M encoding of a merged ReLU graph over the box; `pre[s]` = (l, u) of ReLU site s's input."""
     from scipy import sparse
 
     if not net.is_relu:
@@ -81,26 +82,35 @@ def encode(net: Network, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any
         row_hi.append(hi)
         num_rows += lo.size
 
-    h = slice(0, lb.size)
-    lo_t, hi_t = torch.as_tensor(lb)[None], torch.as_tensor(ub)[None]
-    layers = net.layers
-    sites = {k: s for s, k in enumerate(net.activations)}
+    sites = net.activations
+    site_input = {net.nodes[k].inputs[0]: s for s, k in enumerate(sites)}  # a node read by a ReLU: its tight bounds
+    var: list[slice | None] = [None] * len(net.nodes)
+    box: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(net.nodes)
+    var[0], box[0] = slice(0, lb.size), (torch.as_tensor(lb)[None], torch.as_tensor(ub)[None])
     num_unstable = 0
-    for k, layer in enumerate(layers):
-        if isinstance(layer, (Linear, Conv, Scale)):
-            lo_t, hi_t = layer.ibp(lo_t, hi_t)
-            if k + 1 < len(layers) and (k + 1) in sites:  # the next layer is a ReLU: its tight bounds
-                pl, pu = pre[sites[k + 1]]
+    for k, node in enumerate(net.nodes[1:], start=1):
+        ins = [var[i] for i in node.inputs]
+        if isinstance(node.op, Affine):
+            lo_t, hi_t = node.op.ibp(*(box[i] for i in node.inputs))
+            if k in site_input:
+                pl, pu = pre[site_input[k]]
                 lo_t, hi_t = torch.maximum(lo_t, pl[None]), torch.minimum(hi_t, pu[None])
-            M, c = layer.sparse()
-            M = M.tocoo()
+            box[k] = (lo_t, hi_t)
+            mats, c = node.op.sparse()
             z = new_vars(lo_t[0].numpy().copy(), hi_t[0].numpy().copy())
-            m = M.shape[0]
-            # M h − z = −c
-            add_rows(np.concatenate([M.row, np.arange(m)]), np.concatenate([h.start + M.col, z.start + np.arange(m)]),
-                     np.concatenate([M.data, -np.ones(m)]), -c, -c)
-            h = z
-        elif isinstance(layer, ReLU):
+            m = c.size
+            # Σ_i M_i h_i − z = −c
+            rows_, cols_, vals_ = [np.arange(m)], [z.start + np.arange(m)], [-np.ones(m)]
+            for M, h in zip(mats, ins):
+                M = M.tocoo()
+                rows_.append(M.row)
+                cols_.append(h.start + M.col)
+                vals_.append(M.data)
+            add_rows(np.concatenate(rows_), np.concatenate(cols_), np.concatenate(vals_), -c, -c)
+            var[k] = z
+        elif isinstance(node.op, ReLU):
+            h = ins[0]
+            lo_t, hi_t = box[node.inputs[0]]
             l, u = lo_t[0].numpy(), hi_t[0].numpy()
             a = new_vars(np.maximum(l, 0.0), np.maximum(u, 0.0))
             act = np.flatnonzero(l >= 0)  # a = z
@@ -120,10 +130,11 @@ def encode(net: Network, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any
                      np.ravel(np.column_stack([ones, -ones, -li])), ninf, -li)  # a ≤ z − l(1 − δ)
             add_rows(np.repeat(r, 2), np.ravel(np.column_stack([ai, di])),
                      np.ravel(np.column_stack([ones, -ui])), ninf, np.zeros(n))  # a ≤ u δ
-            lo_t, hi_t = lo_t.clamp(min=0), hi_t.clamp(min=0)
-            h = a
+            box[k] = (lo_t.clamp(min=0), hi_t.clamp(min=0))
+            var[k] = a
         else:
-            raise UnsupportedModel(f"the MILP has no encoding for {type(layer).__name__}")
+            raise UnsupportedModel(f"the MILP has no encoding for {type(node.op).__name__}")
+    h = var[net.output]
     rr, cc, vv = (np.concatenate(t) for t in zip(*triplets))
     matrix = sparse.csr_matrix((vv, (rr, cc)), shape=(num_rows, num_vars))
     return Encoding(matrix=matrix, row_lo=np.concatenate(row_lo), row_hi=np.concatenate(row_hi),
@@ -131,7 +142,7 @@ def encode(net: Network, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any
                     x=slice(0, lb.size), y=h, num_unstable=num_unstable)
 
 
-def solve(net: Network, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_disjuncts: Sequence[int],
+def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_disjuncts: Sequence[int],
           left: Callable[[], float], margin: float = 1e-4, lp_first: bool = True,
           order: Sequence[float] | None = None) -> tuple[str, np.ndarray | None, str]:
     """Decide the open disjuncts of `spec` on `net` (merged, ReLU): ("unsat" | "sat" | "timeout" | "unknown",

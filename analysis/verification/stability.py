@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from .bounds import Bounder
-from .network import Network, ReLU, read
+from .graph import Graph
+from .ops import ReLU
+from .readers import module_path, read
 
 
 AUTO_ALPHA_UNITS = 4096  # "auto": α-CROWN up to this many ReLUs (the default MLP's 1024 take ~4 s), CROWN beyond
@@ -29,10 +31,10 @@ def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: 
     {"site": module name (or index), "units", "dead", "active" (tight counts), "dead_ibp", "active_ibp",
      "dead_mask", "active_mask" (bool arrays of the tight result)}.
 
-    `model`: an nn.Module (with `input_shape`), an ONNX path or a `Network`; `method`: "ibp", "crown",
+    `model`: an nn.Module (with `input_shape`; "site" is then its module path), an ONNX path or a `Graph`; `method`: "ibp", "crown",
     "alpha-crown", or "auto" (α-CROWN up to `AUTO_ALPHA_UNITS` ReLUs, CROWN beyond). An unbounded domain (an
     infinite `low`/`high`) proves nothing: ValueError."""
-    net: Network = read(model, input_shape)
+    net: Graph = read(model, input_shape)
     if method == "auto":
         method = "alpha-crown" if net.num_relus <= AUTO_ALPHA_UNITS else "crown"
     shape = net.input_shape
@@ -46,13 +48,15 @@ def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: 
     if method == "alpha-crown":
         b.alpha_intermediate(steps)
     out = []
+    torch_model = isinstance(model, torch.nn.Module)
     for s, k in enumerate(b.sites):
-        layer = b.net.layers[k]
-        if not isinstance(layer, ReLU):
+        node = b.net.nodes[k]
+        if not isinstance(node.op, ReLU):
             continue
         l, u = b.pre[s]
         il, iu = b.ibp_pre[s]
-        out.append({"site": layer.source or str(s), "units": int(l.numel()),
+        site = module_path(node.name) if torch_model else (node.op.source or node.name or str(s))
+        out.append({"site": site, "units": int(l.numel()),
                     "dead": int((u <= 0).sum()), "active": int((l >= 0).sum()),
                     "dead_ibp": int((iu <= 0).sum()), "active_ibp": int((il >= 0).sum()),
                     "dead_mask": (u <= 0).numpy(), "active_mask": (l >= 0).numpy(), "method": method})
@@ -68,12 +72,11 @@ def check_by_sampling(model: Any, input_shape: Sequence[int], low: Any, high: An
     lo = torch.from_numpy(np.broadcast_to(np.asarray(low, dtype=np.float64), shape).reshape(-1).copy())
     hi = torch.from_numpy(np.broadcast_to(np.asarray(high, dtype=np.float64), shape).reshape(-1).copy())
     h = lo + (hi - lo) * torch.rand(n, lo.numel(), generator=gen, dtype=torch.float64)
-    s = 0
-    for layer in net.merged().layers:
-        if isinstance(layer, ReLU):
-            r = result[s]
-            if bool((h[:, torch.as_tensor(r["dead_mask"])] > 0).any()) or bool((h[:, torch.as_tensor(r["active_mask"])] < 0).any()):
-                return False
-            s += 1
-        h = layer.forward(h)
+    merged = net.merged()
+    vals = merged.values(h)
+    relus = [k for k in merged.activations if isinstance(merged.nodes[k].op, ReLU)]
+    for r, k in zip(result, relus):
+        z = vals[merged.nodes[k].inputs[0]]
+        if bool((z[:, torch.as_tensor(r["dead_mask"])] > 0).any()) or bool((z[:, torch.as_tensor(r["active_mask"])] < 0).any()):
+            return False
     return True

@@ -8,14 +8,15 @@ wall-clock time), and for every sat instance a witness file in VNN-COMP's counte
 (``sat`` then ``((X_0 v) … (Y_0 v) …)``) at `witness_path(out_csv, onnx, vnnlib)`. The Y values are the
 model's outputs at X as onnxruntime computes them (the re-check every counterexample gets).
 
-prepare_time: reading the ONNX graph into the verifier's network (and gunzipping), parsing the property,
-starting onnxruntime; run_time: the verifier on the instance, limited to the instance's timeout (or
-`timeout_override`) in wall-clock seconds.
+prepare_time (measured): reading the ONNX graph into the verifier's graph (once per network file), parsing the
+property, starting onnxruntime; run_time: the verifier on the instance, limited to the instance's timeout (or
+`timeout_override`) in wall-clock seconds. Instances run through the one property loop (`harness`), `jobs` at a
+time; `shard` "K/N" runs the rows whose index is K mod N, and `merge` joins shard results.
 
-It reads ONNX ReLU networks made of Gemm, MatMul + Add, Conv, Flatten, Reshape, Relu, BatchNormalization
-and Sub/Div or Mul/Add normalization; any other op makes that instance an error whose message names the op.
-`main` prints one line per failed instance (missing file, unsupported op, malformed VNN-LIB) and exits 1 when
-there was one, 2 when the folder itself is unusable.
+It reads what `readers.from_onnx` reads (residual graphs, convolutions, the smooth gates); any other op makes that
+instance an error whose message names the op. `main` prints one line per failed instance (missing file,
+unsupported op, malformed VNN-LIB, input counts that do not match) and exits 1 when there was one, 2 when the
+folder itself is unusable.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import io
 import shutil
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,9 +35,10 @@ from typing import Any
 
 from pipeline.rundir import atomic_write_text
 
-from .network import read
-from .registry import RESULTS, Budget, Problem, Result, get_verifier
-from .vnnlib import format_witness, read_instances_csv, read_vnnlib_all
+from . import harness
+from .problem import RESULTS
+from .registry import get_verifier
+from .vnnlib import format_witness, read_instances_csv
 
 FIELDS = ["category", "onnx", "vnnlib", "prepare_time", "result", "run_time"]
 
@@ -102,10 +103,11 @@ def _problem_line(e: BaseException) -> str:
 
 def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: float | None = None,
                   verifier: str = "auto", category: str | None = None, clock: str = "wall",
-                  instances: str = "instances.csv", log: Callable[[str], None] | None = None,
-                  **options: Any) -> list[dict[str, Any]]:
-    """Run every instance of a benchmark folder; writes `out_csv` (rewritten after every instance, so a
-    killed run keeps what it finished) and the witnesses; returns the rows, each with its `message`.
+                  instances: str = "instances.csv", log: Callable[[str], None] | None = None, jobs: int = 1,
+                  shard: str | None = None, **options: Any) -> list[dict[str, Any]]:
+    """Run the instances of a benchmark folder (those of `shard` "K/N", or all) with `jobs` worker processes;
+    writes `out_csv` (rewritten as instances finish, in the folder's order, so a killed run keeps what it
+    finished) and the witnesses; returns the rows, each with its `message`.
 
     `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links."""
     folder = Path(folder)
@@ -118,57 +120,60 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
         raise BenchmarkError(f"{inst_path} is missing: a VNN-COMP benchmark folder lists its instances there")
     try:
         rows_in = read_instances_csv(inst_path)
+        picked = harness.shard(rows_in, shard)
     except ValueError as e:
         raise BenchmarkError(_problem_line(e)) from None
-    solver = get_verifier(verifier, **options)
+    get_verifier(verifier, **options)  # an unknown name fails here, before any work
     category = category or folder.name
-    results: list[dict[str, Any]] = []
-    networks: dict[Path, Any] = {}
+    rows: dict[int, dict[str, Any]] = {}
+
+    def write() -> None:
+        write_results(out_csv, [rows[i] for i in sorted(rows)])
+
     with tempfile.TemporaryDirectory(prefix="vnncomp_") as tmpdir:
         tmp = Path(tmpdir)
-        for onnx_rel, vnnlib_rel, timeout in rows_in:
-            timeout = float(timeout_override) if timeout_override is not None else timeout
-            row: dict[str, Any] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel}
-            t0 = time.perf_counter()
-            try:
-                onnx_src, vnn_src = folder / onnx_rel, folder / vnnlib_rel
-                for p in (onnx_src, vnn_src):
-                    if not p.is_file():
-                        raise FileNotFoundError(f"{p} is missing")
-                if onnx_src not in networks:
-                    plain = _plain(onnx_src, tmp)
-                    networks[onnx_src] = (plain, read(plain))
-                onnx_path, net = networks[onnx_src]
-                vnn_path = _plain(vnn_src, tmp)
-                try:
-                    specs = read_vnnlib_all(vnn_path)
-                except ValueError as e:
-                    raise ValueError(f"malformed VNN-LIB: {_problem_line(e)}") from None
-                problem = Problem(specs, network=net, onnx=onnx_path, vnnlib_path=vnn_path)
-                problem.info["relus"] = net.num_relus
-                problem.recheck(specs[0].lb)  # starts onnxruntime (its session is cached for the re-checks)
-            except Exception as e:
-                res = Result("error", 0.0, message=f"{type(e).__name__}: {_problem_line(e)}")
-                row.update(prepare_time=time.perf_counter() - t0, result="error", run_time=0.0, message=res.message)
-                results.append(row)
-                write_results(out_csv, results)
-                log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
-                continue
-            prepare = time.perf_counter() - t0
-            res = solver.run(problem, Budget(timeout, clock))
-            status = res.status
-            if status not in ("sat", "unsat") and res.seconds > timeout and status != "error":
-                status = "timeout"
-            row.update(prepare_time=prepare, result=status, run_time=res.seconds, message=res.message, stage=res.stage,
-                       info=res.info)
-            if status == "sat":
+        plain: dict[Path, Path] = {}
+        tasks = []
+        for n, i in enumerate(picked):
+            onnx_rel, vnnlib_rel, timeout = rows_in[i]
+            onnx_src, vnn_src = folder / onnx_rel, folder / vnnlib_rel
+            for src in (onnx_src, vnn_src):
+                if src.is_file() and src not in plain:
+                    plain[src] = _plain(src, tmp)
+            tasks.append(harness.FileTask(key=(onnx_rel, vnnlib_rel), verifier=verifier,
+                                          timeout=float(timeout_override) if timeout_override is not None else timeout,
+                                          onnx=plain.get(onnx_src, onnx_src), vnnlib=plain.get(vnn_src, vnn_src)))
+
+        def done(o: harness.Outcome) -> None:
+            onnx_rel, vnnlib_rel = o.key
+            res = o.result
+            rows[o.index] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel, "prepare_time": o.prepare_seconds,
+                             "result": res.status, "run_time": res.seconds, "message": res.message, "stage": res.stage,
+                             "info": res.info}
+            if res.status == "sat":
                 atomic_write_text(witness_path(out_csv, onnx_rel, vnnlib_rel), format_witness(res.counterexample, res.output))
-            elif status == "error":
+            elif res.status == "error":
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
-            results.append(row)
-            write_results(out_csv, results)
-    write_results(out_csv, results)
-    return results
+            write()
+
+        harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done, options=options)
+    write()
+    return [rows[i] for i in sorted(rows)]
+
+
+def merge(paths: Sequence[str | Path], out_csv: str | Path) -> list[dict[str, Any]]:
+    """Shard results.csv files of one benchmark merged into one (instance order kept by first appearance; a row
+    that two shards both hold must agree, else ValueError)."""
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in paths:
+        for r in read_results(Path(p)):
+            key = (r["category"], r["onnx"], r["vnnlib"])
+            if key in merged and merged[key]["result"] != r["result"]:
+                raise ValueError(f"{p}: {key[1]} {key[2]} is {r['result']} here and {merged[key]['result']} in another shard")
+            merged.setdefault(key, r)
+    rows = list(merged.values())
+    write_results(Path(out_csv), rows)
+    return rows
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> str:
@@ -179,7 +184,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--category NAME]`."""
+    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--jobs N] [--shard K/N]`."""
     p = argparse.ArgumentParser(prog="pipeline vnncomp", description="Run a VNN-COMP benchmark folder (instances.csv).")
     p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
     p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
@@ -188,8 +193,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
     p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
+    p.add_argument("--jobs", type=int, default=1, help="instances solved at once, one process and one torch thread each")
+    p.add_argument("--shard", metavar="K/N", help="only the instances whose row index is K mod N (K = 0..N-1, e.g. "
+                   "$SLURM_ARRAY_TASK_ID/N); `pipeline report` or `--merge` joins the shards' results")
+    p.add_argument("--merge", nargs="+", metavar="CSV", help="merge these shard results.csv files into --out, solve nothing")
     args = p.parse_args(argv)
-    out = Path(args.out) if args.out else Path(args.folder) / "results.csv"
+    if args.merge:
+        if not args.out:
+            print("error: --merge needs --out (the merged results.csv)", file=sys.stderr)
+            return 2
+        try:
+            rows = merge(args.merge, args.out)
+        except (OSError, ValueError) as e:
+            print(f"error: {_problem_line(e)}", file=sys.stderr)
+            return 2
+        print(f"{summary(rows)}; merged into {args.out}")
+        return 0
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    name = f"results.shard-{args.shard.replace('/', '-of-')}.csv" if args.shard else "results.csv"
+    out = Path(args.out) if args.out else Path(args.folder) / name
     errors: list[str] = []
 
     def log(msg: str) -> None:
@@ -197,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msg, file=sys.stderr)
 
     try:
-        rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log)
+        rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log,
+                             args.jobs, args.shard)
     except (BenchmarkError, ValueError) as e:
         print(f"error: {_problem_line(e)}", file=sys.stderr)
         return 2

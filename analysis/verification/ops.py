@@ -1,0 +1,481 @@
+"""The operations of a verification graph (`graph.Graph`), each on flat float64 vectors.
+
+Every tensor is the C-order flattening of one example's tensor (batch axis dropped), which is also how
+VNN-LIB numbers the inputs X_i; a value is [B, size]. Reshape and Flatten only change how a later op reads
+that vector, so they are no ops.
+
+Affine ops (`Affine`): `forward(*h)`, interval arithmetic `ibp(*(lo, hi))`, and back-substitution
+`back(A) -> ([A_i per input], A·bias)`: the coefficients on each input of a linear function of the output.
+- `Linear(W, b)`: y = W x + b (Gemm; MatMul + Add);
+- `Conv`: a 2-d convolution on (C, H, W), kept as a convolution (back-substitution is `conv_transpose2d` of the
+  coefficient rows, so a bound pass never builds a (C·H·W)² matrix: 12544 × 6272 float64 = 630 MB for the
+  default CNN's second conv); average pooling is a grouped `Conv` with constant weights;
+- `Scale(scale, shift)`: y = x·scale + shift elementwise (normalization, BatchNorm in eval, Mul/Add/Sub/Div by
+  constants, Neg);
+- `Sum(signs)`: y = Σ_i signs_i·x_i over inputs of one size (residual Add, Sub of two tensors);
+- `Concat(shapes, axis)` and `Permute(index)` (Transpose): rearrangements of their inputs' units.
+
+Activations (`Activation`, one input, elementwise): `ReLU`, and `Gate(kind, lam)`: y = x·g(λx) with g a
+family of `pipeline.gates.GATES` ("phi": λ-GELU and GELU at λ = 1, "sigmoid": λ-Swish and SiLU, "serf":
+SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its channel's positions).
+
+Everything is float64. A graph read from a float32 model computes with its float32 weights exactly (each
+converts to float64 without rounding); float32 inference rounding is not modelled here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DTYPE = torch.float64
+
+
+class UnsupportedModel(NotImplementedError):
+    """The model holds something no tool here reads; the message is one line that names it and where it is."""
+
+
+def as_tensor(a: Any) -> torch.Tensor:
+    """A float64 CPU tensor (a copy of a numpy array: broadcast views are read-only)."""
+    if isinstance(a, torch.Tensor):
+        return a.detach().to("cpu", DTYPE)
+    return torch.from_numpy(np.array(a, dtype=np.float64))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+class Op:
+    arity: ClassVar[int] = 1
+
+    def in_sizes(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def out_size(self) -> int:
+        raise NotImplementedError
+
+
+class Affine(Op):
+    """y = Σ_i M_i x_i + c."""
+
+    def forward(self, *h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        raise NotImplementedError
+
+    def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
+        """Σ_i |M_i| d_i: how far the output can move when each input moves by at most d_i (elementwise)."""
+        raise NotImplementedError
+
+    def sparse(self) -> tuple[list[Any], np.ndarray]:
+        """([scipy CSR M_i per input], c): the same map as matrices, for the MILP."""
+        raise NotImplementedError
+
+
+class Activation(Op):
+    """One input, elementwise."""
+
+    size: int
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.size,)
+
+    @property
+    def out_size(self) -> int:
+        return self.size
+
+
+# ---------------------------------------------------------------------------------------------
+# affine ops
+
+
+@dataclass(eq=False)
+class Linear(Affine):
+    """y = W x + b; W (out, in), b (out,)."""
+
+    W: torch.Tensor
+    b: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.W, self.b = as_tensor(self.W), as_tensor(self.b).reshape(-1)
+        if self.W.dim() != 2 or self.b.shape != (self.W.shape[0],):
+            raise ValueError(f"Linear needs W (out, in) and b (out,), got {tuple(self.W.shape)} and {tuple(self.b.shape)}")
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.W.shape[1],)
+
+    @property
+    def out_size(self) -> int:
+        return self.W.shape[0]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, in] -> [B, out]
+        return h @ self.W.T + self.b
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [A @ self.W], A @ self.b
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = bounds
+        # W⁺l + W⁻u, not centre/radius: equal to a per-neuron loop up to summation order
+        Wp, Wn = self.W.clamp(min=0), self.W.clamp(max=0)
+        return lo @ Wp.T + hi @ Wn.T + self.b, hi @ Wp.T + lo @ Wn.T + self.b
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return d @ self.W.abs().T
+
+    def sparse(self):
+        from scipy import sparse
+
+        return [sparse.csr_matrix(self.W.numpy())], self.b.numpy()
+
+
+@dataclass(eq=False)
+class Conv(Affine):
+    """2-d convolution on a (C, H, W) tensor, flat in and out; zero padding, symmetric per axis."""
+
+    weight: torch.Tensor  # (C_out, C_in / groups, kh, kw)
+    bias: torch.Tensor  # (C_out,)
+    in_shape: tuple[int, int, int]
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)  # top = bottom, left = right
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    out_shape: tuple[int, int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.weight, self.bias = as_tensor(self.weight), as_tensor(self.bias).reshape(-1)
+        self.in_shape = tuple(int(d) for d in self.in_shape)
+        self.stride, self.padding, self.dilation = (tuple(int(v) for v in t) for t in (self.stride, self.padding, self.dilation))
+        c, h, w = self.in_shape
+        kh, kw = self.weight.shape[2:]
+        ho = (h + 2 * self.padding[0] - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        wo = (w + 2 * self.padding[1] - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        if self.weight.shape[1] * self.groups != c or ho < 1 or wo < 1 or self.bias.numel() != self.weight.shape[0]:
+            raise ValueError(f"Conv weight {tuple(self.weight.shape)} (groups {self.groups}) does not fit input {self.in_shape}")
+        self.out_shape = (self.weight.shape[0], ho, wo)
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (numel(self.in_shape),)
+
+    @property
+    def out_size(self) -> int:
+        return numel(self.out_shape)
+
+    def _conv(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = F.conv2d(h.reshape(-1, *self.in_shape), weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return y.reshape(h.shape[0], -1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._conv(h, self.weight, self.bias)
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A (rows, C_out·Ho·Wo) -> (A·Conv as a matrix, via conv_transpose2d, and A·bias)."""
+        rows = A.shape[0]
+        _c, h, w = self.in_shape
+        kh, kw = self.weight.shape[2:]
+        _, ho, wo = self.out_shape
+        # conv_transpose2d may come out short of the input size where the stride skipped the last rows
+        op = [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
+              w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
+        Ai = A.reshape(rows, *self.out_shape)
+        if max(op) >= max(self.stride[0], self.dilation[0], self.stride[1], self.dilation[1]):
+            raise ValueError(f"Conv {self.in_shape} -> {self.out_shape}: cannot transpose (output padding {op})")
+        back = F.conv_transpose2d(Ai, self.weight, None, self.stride, self.padding, tuple(op), self.groups, self.dilation)
+        return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = bounds
+        mid, rad = (hi + lo) / 2, (hi - lo) / 2
+        c = self._conv(mid, self.weight, self.bias)
+        r = self._conv(rad, self.weight.abs(), None)
+        return c - r, c + r
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return self._conv(d, self.weight.abs(), None)
+
+    def sparse(self):
+        """The same map as a scipy CSR matrix (out, in), from index arithmetic."""
+        from scipy import sparse
+
+        co, ci_g, kh, kw = self.weight.shape
+        _c, h, w = self.in_shape
+        _, ho, wo = self.out_shape
+        g_out = co // self.groups
+        o, i, a, b, y, x = np.meshgrid(np.arange(co), np.arange(ci_g), np.arange(kh), np.arange(kw),
+                                       np.arange(ho), np.arange(wo), indexing="ij")
+        cin = (o // g_out) * ci_g + i
+        hy = y * self.stride[0] - self.padding[0] + a * self.dilation[0]
+        wx = x * self.stride[1] - self.padding[1] + b * self.dilation[1]
+        ok = (hy >= 0) & (hy < h) & (wx >= 0) & (wx < w)
+        rows = ((o * ho + y) * wo + x)[ok]
+        cols = ((cin * h + hy) * w + wx)[ok]
+        vals = self.weight.numpy()[o[ok], i[ok], a[ok], b[ok]]
+        m = sparse.csr_matrix((vals, (rows, cols)), shape=(self.out_size, self.in_sizes()[0]))
+        m.sum_duplicates()
+        return [m], np.repeat(self.bias.numpy(), ho * wo)
+
+
+def average_pool(in_shape: tuple[int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                 padding: tuple[int, int] = (0, 0)) -> Conv:
+    """Average pooling (padding counted in the divisor) as a grouped convolution with weights 1/(kh·kw)."""
+    c = in_shape[0]
+    w = torch.full((c, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), dtype=DTYPE)
+    return Conv(w, torch.zeros(c, dtype=DTYPE), in_shape, stride, padding, (1, 1), c)
+
+
+@dataclass(eq=False)
+class Scale(Affine):
+    """y = x·scale + shift elementwise; both flat, one value per unit."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.scale, self.shift = as_tensor(self.scale).reshape(-1), as_tensor(self.shift).reshape(-1)
+        if self.scale.shape != self.shift.shape:
+            raise ValueError(f"Scale needs scale and shift of one size, got {tuple(self.scale.shape)}, {tuple(self.shift.shape)}")
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.scale.numel(),)
+
+    @property
+    def out_size(self) -> int:
+        return self.scale.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h * self.scale + self.shift
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [A * self.scale], A @ self.shift
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.forward(bounds[0]), self.forward(bounds[1])
+        return torch.minimum(a, b), torch.maximum(a, b)
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return d * self.scale.abs()
+
+    def sparse(self):
+        from scipy import sparse
+
+        return [sparse.diags(self.scale.numpy()).tocsr()], self.shift.numpy()
+
+
+@dataclass(eq=False)
+class Sum(Affine):
+    """y = Σ_i signs_i·x_i: a residual Add (signs 1, 1) or a Sub of two tensors (1, −1)."""
+
+    size: int
+    signs: tuple[float, ...] = (1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        self.signs = tuple(float(s) for s in self.signs)
+
+    @property
+    def arity(self) -> int:  # type: ignore[override]
+        return len(self.signs)
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.size,) * len(self.signs)
+
+    @property
+    def out_size(self) -> int:
+        return self.size
+
+    def forward(self, *h: torch.Tensor) -> torch.Tensor:
+        return sum(s * x for s, x in zip(self.signs, h))
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [A if s == 1.0 else s * A for s in self.signs], torch.zeros(A.shape[0], dtype=A.dtype)
+
+    def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = sum(s * (l if s > 0 else u) for s, (l, u) in zip(self.signs, bounds))
+        hi = sum(s * (u if s > 0 else l) for s, (l, u) in zip(self.signs, bounds))
+        return lo, hi
+
+    def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
+        return sum(abs(s) * x for s, x in zip(self.signs, d))
+
+    def sparse(self):
+        from scipy import sparse
+
+        return [sparse.identity(self.size, format="csr") * s for s in self.signs], np.zeros(self.size)
+
+
+@dataclass(eq=False)
+class Concat(Affine):
+    """Inputs of the given shapes (no batch axis) concatenated along `axis` (of those shapes)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    axis: int
+    out_shape: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
+        first = self.shapes[0]
+        ax = self.axis
+        if not 0 <= ax < len(first) or any(len(s) != len(first) or s[:ax] + s[ax + 1:] != first[:ax] + first[ax + 1:]
+                                           for s in self.shapes):
+            raise ValueError(f"cannot concatenate shapes {self.shapes} along axis {ax}")
+        self.out_shape = first[:ax] + (sum(s[ax] for s in self.shapes),) + first[ax + 1:]
+
+    @property
+    def arity(self) -> int:  # type: ignore[override]
+        return len(self.shapes)
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return tuple(numel(s) for s in self.shapes)
+
+    @property
+    def out_size(self) -> int:
+        return numel(self.out_shape)
+
+    def forward(self, *h: torch.Tensor) -> torch.Tensor:
+        B = h[0].shape[0]
+        return torch.cat([x.reshape(B, *s) for x, s in zip(h, self.shapes)], dim=self.axis + 1).reshape(B, -1)
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        rows = A.shape[0]
+        parts = torch.split(A.reshape(rows, *self.out_shape), [s[self.axis] for s in self.shapes], dim=self.axis + 1)
+        return [p.reshape(rows, -1) for p in parts], torch.zeros(rows, dtype=A.dtype)
+
+    def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(*(b[0] for b in bounds)), self.forward(*(b[1] for b in bounds))
+
+    def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
+        return self.forward(*d)
+
+    def sparse(self):
+        from scipy import sparse
+
+        src = torch.cat([torch.full(s, i, dtype=torch.long) for i, s in enumerate(self.shapes)], dim=self.axis).reshape(-1).numpy()
+        pos = torch.cat([torch.arange(numel(s)).reshape(s) for s in self.shapes], dim=self.axis).reshape(-1).numpy()
+        mats = []
+        for i, n in enumerate(self.in_sizes()):
+            rows = np.flatnonzero(src == i)
+            mats.append(sparse.csr_matrix((np.ones(rows.size), (rows, pos[rows])), shape=(self.out_size, n)))
+        return mats, np.zeros(self.out_size)
+
+
+@dataclass(eq=False)
+class Permute(Affine):
+    """y[j] = x[index[j]] for a permutation `index` (a Transpose)."""
+
+    index: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.index = torch.as_tensor(self.index, dtype=torch.long).reshape(-1)
+        if not torch.equal(torch.sort(self.index).values, torch.arange(self.index.numel())):
+            raise ValueError("Permute needs a permutation of 0..n-1")
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.index.numel(),)
+
+    @property
+    def out_size(self) -> int:
+        return self.index.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, self.index]
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        out = torch.empty_like(A)
+        out[:, self.index] = A
+        return [out], torch.zeros(A.shape[0], dtype=A.dtype)
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(bounds[0]), self.forward(bounds[1])
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return self.forward(d)
+
+    def sparse(self):
+        from scipy import sparse
+
+        n = self.index.numel()
+        return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.numpy())), shape=(n, n))], np.zeros(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# activations
+
+
+@dataclass(eq=False)
+class ReLU(Activation):
+    size: int
+    source: str = ""  # the ONNX tensor feeding it, when read from ONNX (Marabou's name for those variables)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h.clamp(min=0)
+
+
+@dataclass(eq=False)
+class Gate(Activation):
+    """y = x·g(λx), g = `pipeline.gates.family(kind).g`; lam: one λ > 0 per unit."""
+
+    kind: str
+    lam: torch.Tensor
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        from pipeline.gates import GATES
+
+        if self.kind not in GATES:
+            raise UnsupportedModel(f"unknown gate family {self.kind!r}; known: {', '.join(GATES)}")
+        self.lam = as_tensor(self.lam).reshape(-1)
+        if not bool(torch.all(self.lam > 0)):
+            raise ValueError("every λ of a gate must be > 0")
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self.lam.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        from pipeline.gates import family
+
+        return family(self.kind).f(h, self.lam)
+
+
+# ---------------------------------------------------------------------------------------------
+# composing affine maps (what `Graph.merged` fuses)
+
+
+def compose(first: Affine, second: Affine) -> Affine | None:
+    """second ∘ first for one-input maps when the result is as cheap as the parts; else None."""
+    if isinstance(first, (Linear, Scale)) and isinstance(second, (Linear, Scale)):
+        if isinstance(first, Scale) and isinstance(second, Scale):
+            return Scale(first.scale * second.scale, first.shift * second.scale + second.shift)
+        if isinstance(first, Scale):  # W (x s + t) + b
+            return Linear(second.W * first.scale[None, :], second.W @ first.shift + second.b)
+        if isinstance(second, Scale):  # (W x + b) s + t
+            return Linear(first.W * second.scale[:, None], first.b * second.scale + second.shift)
+        return Linear(second.W @ first.W, second.W @ first.b + second.b)
+    if isinstance(first, Conv) and isinstance(second, Scale):  # BatchNorm after a conv: constant per channel
+        co, ho, wo = first.out_shape
+        scale, shift = second.scale.reshape(co, ho * wo), second.shift.reshape(co, ho * wo)
+        if not (bool(torch.all(scale == scale[:, :1])) and bool(torch.all(shift == shift[:, :1]))):
+            return None
+        a, t = scale[:, 0], shift[:, 0]
+        return Conv(first.weight * a[:, None, None, None], first.bias * a + t, first.in_shape, first.stride, first.padding,
+                    first.dilation, first.groups)
+    if isinstance(first, Scale) and isinstance(second, Conv):  # normalization before the first conv: constant per channel
+        c, h, w = second.in_shape
+        scale, shift = first.scale.reshape(c, h * w), first.shift.reshape(c, h * w)
+        if not (bool(torch.all(scale == scale[:, :1])) and bool(torch.all(shift == shift[:, :1]))) or any(second.padding):
+            return None  # zero padding pads the normalized input with 0, not the raw one: only without padding
+        a, t = scale[:, 0], shift[:, 0]
+        if second.groups != 1:
+            return None
+        return Conv(second.weight * a[None, :, None, None], second.bias + (second.weight * t[None, :, None, None]).sum((1, 2, 3)),
+                    second.in_shape, second.stride, second.padding, second.dilation, second.groups)
+    return None

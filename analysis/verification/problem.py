@@ -1,0 +1,187 @@
+"""One verification problem and what answering it means: the result kinds, the one clock (`Budget`), the
+property with its network (`Problem`), and the rule a counterexample must pass (`Problem.confirm`).
+
+Results are VNN-COMP's words: ``unsat`` (proved: no counterexample in the box), ``sat`` (a counterexample,
+confirmed on the model the certificate is about), ``timeout``, ``unknown`` (an incomplete method could not
+decide), ``error``. A certificate is about the network given: the float ONNX graph (its float32 weights, evaluated
+in float64 by the bounds) unless a verifier says otherwise.
+
+A counterexample is reported only when it is one as VNN-COMP checks it (output tolerance 0): the point written
+to the witness, rounded to float32 inside the box, run through the model itself (`recheck`: onnxruntime for an
+ONNX file), strictly violates the property. A point that is unsafe in float64 but not after that rounding (solvers
+return points on the boundary A y = b) is first pushed deeper into the unsafe set by a short attack from it
+(`attack.pgd` started there, with growing margins) and checked again; if no such point is found the candidate is
+not a counterexample, and the search goes on.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import attack
+from .graph import Graph
+from .ops import UnsupportedModel
+from .readers import read
+from .vnnlib import VnnlibSpec, read_vnnlib_all
+
+RESULTS: tuple[str, ...] = ("sat", "unsat", "timeout", "unknown", "error")
+DECISIVE = ("sat", "unsat")
+CLOCKS = ("wall", "cpu")
+# A point from an external solver (Marabou) may sit this far outside the box before it is rounded into it
+BOX_TOL = 1e-6
+# Margins (relative to max(1, |y|∞)) a candidate is pushed to when float32 rounding undoes its violation
+DEEPEN_MARGINS = (1e-6, 1e-4, 1e-2)
+
+
+@dataclass(frozen=True, eq=False)
+class Result:
+    status: str
+    seconds: float = 0.0  # wall
+    counterexample: np.ndarray | None = None  # flat input x, float32 values
+    output: np.ndarray | None = None  # the model's output at x as re-checked (the witness's Y values)
+    message: str = ""
+    stage: str = ""  # the link of a chain that answered
+    cpu_seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in RESULTS:
+            raise ValueError(f"status {self.status!r} is not one of {RESULTS}")
+
+
+class Budget:
+    """Seconds left on one clock: "wall" (time.perf_counter) or "cpu" (this process and its waited-for children).
+    The one clock of the verification package: every time limit and every reported duration reads it."""
+
+    def __init__(self, seconds: float, clock: str = "wall"):
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+        self.seconds, self.clock = float(seconds), clock
+        self.start = self.now()
+
+    @staticmethod
+    def read(clock: str) -> float:
+        if clock == "wall":
+            return time.perf_counter()
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + ch.ru_utime + ch.ru_stime
+
+    def now(self) -> float:
+        return self.read(self.clock)
+
+    def used(self) -> float:
+        return self.now() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.used()
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+
+def float32_in_box(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """x rounded to float32, each value moved to the nearest float32 inside [lb, ub] where rounding left the box
+    (as float64 values: the witness prints them exactly)."""
+    x32 = np.clip(np.asarray(x, dtype=np.float64), lb, ub).astype(np.float32)
+    lo32, hi32 = lb.astype(np.float32), ub.astype(np.float32)
+    lo32 = np.where(lo32.astype(np.float64) < lb, np.nextafter(lo32, np.float32(np.inf)), lo32)
+    hi32 = np.where(hi32.astype(np.float64) > ub, np.nextafter(hi32, np.float32(-np.inf)), hi32)
+    return np.minimum(np.maximum(x32, lo32), hi32).astype(np.float64)
+
+
+class Problem:
+    """One property: the network (read lazily from `onnx`), its specs (one per input box), and a cache the links
+    of a chain share. `recheck(x) -> y` evaluates a candidate on the model the certificate is about (onnxruntime
+    for an ONNX file; the float64 graph otherwise)."""
+
+    def __init__(self, specs: Sequence[VnnlibSpec], network: Graph | None = None, onnx: Any = None,
+                 vnnlib_path: Path | None = None, recheck: Callable[[np.ndarray], np.ndarray] | None = None):
+        self.specs = list(specs)
+        self._network = network
+        self.onnx = onnx
+        self.vnnlib_path = vnnlib_path
+        self._recheck = recheck
+        self.cache: dict[Any, Any] = {}
+        self.info: dict[str, Any] = {}
+
+    @property
+    def network(self) -> Graph:
+        if self._network is None:
+            if self.onnx is None:
+                raise UnsupportedModel("no network given")
+            self._network = read(self.onnx)
+        self.info.setdefault("relus", self._network.num_relus)
+        return self._network
+
+    def recheck(self, x: np.ndarray) -> np.ndarray:
+        if self._recheck is not None:
+            return np.asarray(self._recheck(x), dtype=np.float64).reshape(-1)
+        if isinstance(self.onnx, (str, Path)):
+            from quantize import ort as ort_util
+
+            if "session" not in self.cache:
+                self.cache["session"] = ort_util.session(self.onnx)
+            return ort_util.forward_flat(self.cache["session"], x)
+        return self.network.forward(x).numpy()
+
+    def check_shapes(self, k: int) -> None:
+        """UnsupportedModel (one line naming both files) unless spec k has the network's input and output counts."""
+        net, spec = self.network, self.specs[k]
+        if net.num_inputs != spec.num_inputs or net.num_outputs != spec.num_outputs:
+            onnx = f" {Path(self.onnx).name}" if isinstance(self.onnx, (str, Path)) else ""
+            prop = f" {self.vnnlib_path.name}" if self.vnnlib_path is not None else ""
+            raise UnsupportedModel(f"the network{onnx} takes {net.num_inputs} inputs and gives {net.num_outputs} outputs, "
+                                   f"but the property{prop} has {spec.num_inputs} inputs (X_i) and {spec.num_outputs} "
+                                   f"outputs (Y_j)")
+
+    def confirm(self, k: int, x: np.ndarray, expired: Callable[[], bool] | None = None
+                ) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+        """(x32, y, why) when x, or a point a short attack from x finds, is a counterexample of spec k as VNN-COMP
+        checks it (float32 input inside the box, the model's output strictly in the unsafe set); (None, None, why)
+        otherwise."""
+        spec = self.specs[k]
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        if x.size != spec.num_inputs:
+            return None, None, f"the point has {x.size} inputs, the property {spec.num_inputs}"
+        outside = float(np.max(np.maximum(spec.lb - x, 0.0) + np.maximum(x - spec.ub, 0.0)))
+        if outside > BOX_TOL:
+            return None, None, f"the point lies {outside:.3g} outside the input box"
+        tried = []
+        candidates = iter([(x, 0.0)])
+        while True:
+            try:
+                point, margin = next(candidates)
+            except StopIteration:
+                break
+            x32 = float32_in_box(point, spec.lb, spec.ub)
+            y = self.recheck(x32)
+            if y.size != spec.num_outputs:
+                return None, None, f"the model has {y.size} outputs, the property {spec.num_outputs}"
+            v = spec.violation(y)
+            if v < 0:
+                how = "" if margin == 0 else f" after a short attack to margin {margin:.2g}"
+                return x32, y, f"re-checked in float32: unsafe by {-v:.3g}{how}"
+            tried.append(v)
+            if margin == 0:
+                candidates = self._deepened(k, x, max(1.0, float(np.max(np.abs(y)))), expired)
+        return None, None, f"not a counterexample in float32 (re-checked margins {', '.join(f'{v:.3g}' for v in tried)})"
+
+    def _deepened(self, k: int, x: np.ndarray, scale: float, expired: Callable[[], bool] | None):
+        for margin in DEEPEN_MARGINS:
+            if expired is not None and expired():
+                return
+            point, v = attack.pgd(self.network, self.specs[k], steps=20, restarts=0, margin=margin * scale,
+                                  expired=expired, start=x, step_scale=0.01)
+            if point is not None:
+                yield point, margin * scale
+
+    @classmethod
+    def from_files(cls, onnx_path: Any, vnnlib_path: Path) -> "Problem":
+        return cls(read_vnnlib_all(vnnlib_path), onnx=onnx_path, vnnlib_path=Path(vnnlib_path))

@@ -1,0 +1,225 @@
+"""Linear relaxations of the smooth gates f(x) = x·g(λx) of `pipeline.gates` ("phi": λ-GELU, GELU at λ = 1;
+"sigmoid": λ-Swish, SiLU; "serf": SERF), and the closed-form gap sup|ReLU − f| that carries a ReLU certificate
+over to the smooth network.
+
+With y = λx, f(x) = F(y)/λ where F(y) = y·g(y) and f'(x) = F'(y). Each gate's F has exactly two inflection
+points y₁ < y₂ (F'' < 0, > 0, < 0 on the three pieces; checked by a dense scan in the tests), so F' is monotone
+on each piece. For ANY slope a, the tightest sound lines of that slope over [L, U] are
+
+    F(y) ≤ a·y + max_[L,U](F(y) − a·y),      F(y) ≥ a·y + min_[L,U](F(y) − a·y),
+
+and the max/min of e(y) = F(y) − a·y is attained at L, U or where F'(y) = a, at most one point per monotone
+piece of F', found by bisection. The bisection bracket [p, q] around a root bounds what it can miss:
+e(root) ≤ e(p) + (q − p)·max(|F'(p) − a|, |F'(q) − a|) (e' is monotone on the bracket), and that, plus the
+floating-point slack below, is added to the intercept. So every line is sound by construction, whatever the
+slope; a slope is only a choice of tightness. CROWN picks, per unit, the slope among {secant, F'(L), F'(mid),
+F'(U)} with the least area between line and curve (DeepPoly's rule); α-CROWN optimizes the slopes within
+[min F', max F'] over the interval, with the intercept's gradient −y* (the envelope theorem: y* the extremum,
+held fixed).
+
+Floating-point slack: F is evaluated in float64 through torch's erfc / sigmoid / erf, whose relative error
+is not one ulp: torch's erfc is measured up to ~820 ulps (9e-14) off below y = −30. `G_REL_ERROR` bounds the
+relative error of each computed F (measured against mpmath on a dense grid over both tails in
+tests/test_verify_relaxations.py, with a factor-of-8 margin), and `TINY` covers F's underflow to 0 in the far left tail
+(|y·g(y)| < 1e-300 there). The slack of a candidate point is G_REL_ERROR·(|F| + |a·y|) + TINY.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.gates import family
+
+from .ops import DTYPE
+
+BISECT_STEPS = 64  # brackets shrink 2^-64: below one float64 ulp for |y| ≤ 1e4
+OPT_BISECT_STEPS = 32  # during α optimization (a gradient needs the extremum roughly; the last pass is exact)
+G_REL_ERROR = 2.0 ** -36  # relative error bound of a computed F(y) − a·y (≈ 1.5e-11; measured max ~9e-14, see above)
+TINY = 1e-300  # absolute slack: F underflows to 0 where |y·g(y)| < 1e-300
+
+# ---------------------------------------------------------------------------------------------
+# the smooth gates: F(y) = y·g(y), F', inflection points, the tails that give sup|ReLU − f|
+
+SQRT2 = math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _Phi(y: torch.Tensor) -> torch.Tensor:
+    return 0.5 * torch.erfc(-y / SQRT2)  # erfc, not ndtr: accurate in the left tail
+
+
+@dataclass(frozen=True)
+class SmoothGate:
+    """F(y) = y·g(y) for one gate g, with what the relaxations and the swap gap need."""
+
+    name: str
+    g: Callable[[torch.Tensor], torch.Tensor]  # pipeline.gates' g, accurate in both tails
+    dF: Callable[[torch.Tensor], torch.Tensor]  # F'(y) = g(y) + y·g'(y)
+    d2F_sign: Callable[[torch.Tensor], torch.Tensor]  # a function with the sign of F'' (for the tests)
+    upper_tail: Callable[[torch.Tensor], torch.Tensor]  # 1 − g(u), u ≥ 0: ReLU − f on the x > 0 side is u·(1 − g(u))/λ
+    lower_tail: Callable[[torch.Tensor], torch.Tensor]  # g(−u), u ≥ 0: on the x < 0 side, u·g(−u)/λ
+    inflections: tuple[float, float] = (0.0, 0.0)
+    peaks: tuple[float, float] = (0.0, 0.0)  # argmax_u u·upper_tail(u), argmax_u u·lower_tail(u)
+    peak_values: tuple[float, float] = (0.0, 0.0)  # the maxima, nudged up (see _peak)
+
+    def F(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.g(y)
+
+    def f(self, x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
+        """f(x) = x·g(λx)."""
+        return x * self.g(lam * x)
+
+
+def _brentq(fn: Callable[[float], float], a: float, b: float) -> float:
+    from scipy.optimize import brentq
+
+    return float(brentq(fn, a, b, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=200))
+
+
+def _peak(tail: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
+    """(argmax, max) of the unimodal u·tail(u) on u ≥ 0; the max nudged up by 1e-9 (relative): the value at
+    a point found to ~1e-8 is below the true max by ~1e-16 relative, so the nudge keeps it an upper bound."""
+    from scipy.optimize import minimize_scalar
+
+    def T(u: float) -> float:
+        return float(u * tail(torch.tensor(u, dtype=DTYPE)))
+
+    grid = np.linspace(0.0, 10.0, 1001)
+    i = int(np.argmax([T(u) for u in grid]))
+    res = minimize_scalar(lambda u: -T(u), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, 1000)]), method="bounded",
+                          options={"xatol": 1e-12})
+    return float(res.x), -float(res.fun) * (1 + 1e-9)
+
+
+def _make(name: str, g, dF, d2F_sign, upper_tail, lower_tail, inflection_brackets) -> SmoothGate:
+    def sign_at(v: float) -> float:
+        return float(d2F_sign(torch.tensor(v, dtype=DTYPE)))
+
+    infl = tuple(_brentq(sign_at, a, b) for a, b in inflection_brackets)
+    p_up, p_lo = _peak(upper_tail), _peak(lower_tail)
+    return SmoothGate(name, g, dF, d2F_sign, upper_tail, lower_tail, infl, (p_up[0], p_lo[0]), (p_up[1], p_lo[1]))
+
+
+def _serf_dF(y: torch.Tensor) -> torch.Tensor:
+    s = F.softplus(y)
+    return torch.erf(s) + y * TWO_OVER_SQRT_PI * torch.exp(-s * s) * torch.sigmoid(y)
+
+
+SMOOTH_GATES: dict[str, SmoothGate] = {
+    # F'' = φ(y)(2 − y²): inflections ±√2
+    "phi": _make("phi", family("phi").g, lambda y: _Phi(y) + y * INV_SQRT_2PI * torch.exp(-0.5 * y * y),
+                 lambda y: 2.0 - y * y, lambda u: _Phi(-u), lambda u: _Phi(-u), [(-3.0, -1.0), (1.0, 3.0)]),
+    # F'' = σ'(y)(2 − y·tanh(y/2)): inflections ±2.3994
+    "sigmoid": _make("sigmoid", family("sigmoid").g, lambda y: torch.sigmoid(y) * (1.0 + y * torch.sigmoid(-y)),
+                     lambda y: 2.0 - y * torch.tanh(y / 2), lambda u: torch.sigmoid(-u), lambda u: torch.sigmoid(-u),
+                     [(-4.0, -1.0), (1.0, 4.0)]),
+    # g = erf(s), s = softplus(y): F'' = (2/√π)·e^{−s²}·σ(y)·(2 + y(1 − σ(y) − 2sσ(y))): inflections ≈ −2.2565, 1.0960
+    "serf": _make("serf", family("serf").g, _serf_dF,
+                  lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * F.softplus(y) * torch.sigmoid(y)),
+                  lambda u: torch.erfc(F.softplus(u)), lambda u: torch.erf(F.softplus(-u)), [(-4.0, -1.0), (0.5, 2.0)]),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# exact extremes of F(y) − a·y over [L, U]
+
+
+def _roots(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor, steps: int):
+    """Per monotone piece of F' (stacked on a leading axis of 3): (root of F' = a, or NaN where there is none in
+    [L, U] ∩ piece; bracket slack). One bisection over the three pieces at once: the tensors are small, so the
+    cost is the number of calls."""
+    y1, y2 = gate.inflections
+    p0 = torch.tensor([-math.inf, y1, y2], dtype=DTYPE).view(3, *([1] * L.dim()))
+    q0 = torch.tensor([y1, y2, math.inf], dtype=DTYPE).view_as(p0)
+    increasing = torch.tensor([False, True, False]).view_as(p0)
+    p, q = torch.maximum(L, p0), torch.minimum(U, q0)  # [3, ...]
+    fp, fq = gate.dF(p) - a, gate.dF(q) - a
+    has = (p < q) & torch.where(increasing, (fp <= 0) & (fq >= 0), (fp >= 0) & (fq <= 0))
+    Lx = L.expand_as(p)
+    lo, hi = torch.where(has, p, Lx), torch.where(has, q, Lx)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        below = (gate.dF(mid) - a) < 0  # the root lies above mid on an increasing piece, below it otherwise
+        go_up = below == increasing
+        lo, hi = torch.where(go_up, mid, lo), torch.where(go_up, hi, mid)
+    root = torch.where(has, 0.5 * (lo + hi), torch.full_like(lo, math.nan))
+    slack = torch.where(has, (hi - lo) * torch.maximum((gate.dF(lo) - a).abs(), (gate.dF(hi) - a).abs()),
+                        torch.zeros_like(lo))
+    return root, slack
+
+
+def intercepts(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor,
+               steps: int = BISECT_STEPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of F(y) − a·y over y ∈ [L, U], widened by the bisection and rounding slack: the lower line
+    a·y + min and the upper line a·y + max are sound on [L, U]. Differentiable in `a` (envelope theorem)."""
+    L, U, a = torch.broadcast_tensors(L, U, a)
+    with torch.no_grad():
+        ad = a.detach()
+        root, slack = _roots(gate, L, U, ad, steps)
+        P = torch.cat([L[None], U[None], torch.where(torch.isnan(root), L, root)])  # [5 candidates, ...]
+        S = torch.cat([torch.zeros_like(L)[None].expand(2, *L.shape), slack])
+        FP = gate.F(P)
+        E = FP - ad * P
+        tol = G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
+        i_max = torch.argmax(E + tol, dim=0, keepdim=True)
+        i_min = torch.argmin(E - tol, dim=0, keepdim=True)
+        y_max, y_min = P.gather(0, i_max)[0], P.gather(0, i_min)[0]
+        t_max, t_min = tol.gather(0, i_max)[0], tol.gather(0, i_min)[0]
+    # recomputed with `a` attached: d/da (F(y*) − a·y*) = −y*
+    hi = gate.F(y_max) - a * y_max + t_max
+    lo = gate.F(y_min) - a * y_min - t_min
+    return lo, hi
+
+
+def slope_range(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of F' on [L, U]: at the ends or at the inflection points (F' has its local min at y₁, max at y₂)."""
+    y1, y2 = gate.inflections
+    dL, dU = gate.dF(L), gate.dF(U)
+    lo, hi = torch.minimum(dL, dU), torch.maximum(dL, dU)
+    t1, t2 = torch.full_like(L, y1), torch.full_like(L, y2)
+    lo = torch.where((L <= y1) & (y1 <= U), torch.minimum(lo, gate.dF(t1)), lo)
+    hi = torch.where((L <= y2) & (y2 <= U), torch.maximum(hi, gate.dF(t2)), hi)
+    return lo, hi
+
+
+def default_slopes(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper) slopes of least area among secant, F'(L), F'(mid), F'(U)."""
+    width = U - L
+    mid = 0.5 * (L + U)
+    secant = torch.where(width > 1e-12 * (1 + L.abs()), (gate.F(U) - gate.F(L)) / width.clamp(min=1e-300), gate.dF(mid))
+    cands = torch.stack([secant, gate.dF(L), gate.dF(mid), gate.dF(U)])
+    # a coarse bisection is enough to choose (the chosen lines get exact intercepts where they are used)
+    lo, hi = intercepts(gate, L.expand_as(cands), U.expand_as(cands), cands, OPT_BISECT_STEPS)
+    # the area between line and curve is width·(line(mid)) − ∫F: compare the lines at the midpoint
+    up = torch.argmin(cands * mid + hi, dim=0, keepdim=True)
+    dn = torch.argmax(cands * mid + lo, dim=0, keepdim=True)
+    return cands.gather(0, dn)[0], cands.gather(0, up)[0]
+
+
+def gate_range(gate: SmoothGate, lam: torch.Tensor, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """IBP through the gate: (min, max) of f over [l, u] (slope 0 in `intercepts`)."""
+    lo, hi = intercepts(gate, lam * l, lam * u, torch.zeros_like(l))
+    return lo / lam, hi / lam
+
+
+def swap_gap_unit(gate: SmoothGate, lam: torch.Tensor, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """sup over z ∈ [l, u] of |ReLU(z) − z·g(λz)|, per unit.
+
+    With t = λ|z|: ReLU(z) − f(z) = t·(1 − g(t))/λ for z ≥ 0 and t·g(−t)/λ for z < 0, both ≥ 0 and unimodal in
+    t, peaking at `gate.peaks` (λ-GELU: t* = 0.7518 on both sides, where u·Φ(−u) = 0.16997 peaks). On each side the
+    sup over a t-interval [p, q] is the peak value if p ≤ t* ≤ q, else the value at the end nearer t*."""
+    def side(p: torch.Tensor, q: torch.Tensor, tail, peak: float, top: float) -> torch.Tensor:
+        t = torch.where(q < peak, q, torch.where(p > peak, p, torch.full_like(p, peak)))
+        val = torch.where((p <= peak) & (peak <= q), torch.full_like(p, top), t * tail(t) * (1 + G_REL_ERROR) + TINY)
+        return torch.where(q > p, val, torch.where(q == p, q * tail(q) * (1 + G_REL_ERROR) + TINY, torch.zeros_like(p)))
+
+    pos = side(lam * l.clamp(min=0), lam * u.clamp(min=0), gate.upper_tail, gate.peaks[0], gate.peak_values[0])
+    neg = side(lam * (-u).clamp(min=0), lam * (-l).clamp(min=0), gate.lower_tail, gate.peaks[1], gate.peak_values[1])
+    return torch.maximum(pos, neg) / lam

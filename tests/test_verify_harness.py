@@ -1,0 +1,110 @@
+"""The one property loop (`analysis.verification.harness`): a per-task limit; a stage budget whose rounds give the
+time easy properties leave to the hard ones (which a flat limit of the same total would not decide); the final and
+provisional outcomes callers write as they arrive; worker processes that answer as one process does; shards."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from analysis.verification import harness
+from analysis.verification.graph import Graph
+from analysis.verification.ops import Linear
+from analysis.verification.problem import Budget, Problem
+from analysis.verification.registry import Verifier
+from analysis.verification.vnnlib import robustness_spec
+
+EASY_S, HARD_S = 0.05, 1.5  # seconds of "work" a task needs before it can answer
+FIRST_S = 0.5  # the first round's limit
+
+
+class Sleepy(Verifier):
+    """Answers unsat once it has worked `need` seconds on a property (sleeping: no CPU, so the machine's load does not
+    change it); times out when the budget runs out first. Each call starts from scratch."""
+
+    name = "sleepy"
+
+    def __init__(self, need: float):
+        self.need = need
+
+    def solve(self, problem: Problem, k: int, budget: Budget):
+        end = time.perf_counter() + self.need
+        while time.perf_counter() < end:
+            if budget.expired():
+                return "timeout", None, "worked out of time"
+            time.sleep(0.01)
+        return "unsat", None, f"decided after {self.need:g} s"
+
+
+def _spec():
+    return robustness_spec(np.zeros(2), 0.1, -1.0, 1.0, 0, 2)
+
+
+NET = Graph.sequential((2,), [Linear(np.eye(2), np.zeros(2))])
+
+
+def _tasks(needs):
+    return [harness.SpecTask(key=i, verifier=Sleepy(n), net=NET, specs=[_spec()]) for i, n in enumerate(needs)]
+
+
+NEEDS = [EASY_S] * 6 + [HARD_S] * 2
+BUDGET_S = 8.0
+
+
+def test_a_stage_budget_gives_the_time_easy_properties_leave_to_the_hard_ones():
+    seen = []
+    t0 = time.perf_counter()
+    out = harness.run(_tasks(NEEDS), harness.StageBudget(BUDGET_S, first=FIRST_S), on_done=seen.append)
+    assert [o.result.status for o in out] == ["unsat"] * len(NEEDS) and all(o.final for o in out)
+    assert time.perf_counter() - t0 < BUDGET_S
+    hard = [o for o in seen if o.key >= 6]
+    assert [o.final for o in hard] == [False, False, True, True]  # a provisional timeout in round 1, then decided
+    assert all(o.result.status == "timeout" for o in hard[:2])
+    # the same total as a flat limit per property decides none of the hard ones
+    flat = harness.run(_tasks(NEEDS), harness.PerTask(BUDGET_S / len(NEEDS)))
+    assert [o.result.status for o in flat][6:] == ["timeout", "timeout"]
+
+
+def test_a_spent_budget_finalizes_every_task():
+    out = harness.run(_tasks([HARD_S] * 3), harness.StageBudget(1.0, first=0.3))
+    assert all(o.final and o.result.status == "timeout" for o in out)
+
+
+def test_per_task_limits_and_known_answers():
+    from analysis.verification.problem import Result
+
+    tasks = _tasks([EASY_S, HARD_S])
+    tasks[1].timeout = 0.2
+    tasks.append(harness.SpecTask(key="known", known=Result("sat", 0.0, stage="clean")))
+    out = harness.run(tasks, harness.PerTask(5.0))
+    assert [o.result.status for o in out] == ["unsat", "timeout", "sat"] and out[2].result.stage == "clean"
+    assert out[1].result.seconds < 1.0
+
+
+def test_worker_processes_answer_as_one_process_does():
+    """Rounds dealt to two spawned workers (the per-task queue is exercised by `pipeline vnncomp --jobs 2`)."""
+    limits = harness.StageBudget(BUDGET_S, first=FIRST_S)
+    one = harness.run(_tasks(NEEDS[4:]), limits)
+    two = harness.run(_tasks(NEEDS[4:]), limits, jobs=2)
+    assert [(o.key, o.result.status) for o in two] == [(o.key, o.result.status) for o in one]
+
+
+def test_shards_are_disjoint_and_cover():
+    items = list(range(11))
+    parts = [harness.shard(items, f"{k}/3") for k in range(3)]
+    assert sorted(i for p in parts for i in p) == items and parts[1] == [1, 4, 7, 10]
+    for bad in ("3/3", "-1/2", "a/b", "1"):
+        with pytest.raises(ValueError, match="K/N"):
+            harness.shard(items, bad)
+
+
+def test_summarize_groups_in_first_seen_order():
+    rows = [{"v": "a", "result": "unsat", "seconds": 1.0, "stage": "crown"},
+            {"v": "a", "result": "sat", "seconds": 0.0, "stage": "clean"},
+            {"v": "b", "result": "timeout", "seconds": 4.0, "stage": "bab"},
+            {"v": "a", "result": "sat", "seconds": 3.0, "stage": "pgd"}]
+    a, b = harness.summarize(rows, ("v",))
+    assert (a["v"], a["properties"], a["unsat"], a["sat"], a["misclassified"]) == ("a", 3, 1, 2, 1)
+    assert a["median_seconds"] == 2.0 and a["decided_fraction"] == 1.0 and b["decided_fraction"] == 0.0
