@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import DTYPE, Affine, Gate, ReLU, UnsupportedModel, as_tensor
+from .ops import DTYPE, Affine, Gate, Linear, ReLU, UnsupportedModel, as_tensor
 from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_slopes, gate_range, intercepts, slope_range,
                           swap_gap_unit)
 
@@ -153,8 +153,11 @@ class Bounder:
             pre.append((lo[0], hi[0]))
             if isinstance(node.op, ReLU):
                 vals[k] = (lo.clamp(min=0), hi.clamp(min=0))
-            else:
+            elif isinstance(node.op, Gate):
                 glo, ghi = gate_range(SMOOTH_GATES[node.op.kind], node.op.lam, lo[0], hi[0])
+                vals[k] = (glo[None], ghi[None])
+            else:
+                glo, ghi = node.op.interval(lo[0], hi[0])
                 vals[k] = (glo[None], ghi[None])
         lo, hi = vals[self.net.output]
         return pre, (lo[0], hi[0])
@@ -164,7 +167,7 @@ class Bounder:
         out = self.net.nodes[self.net.output]
         C, d = spec.C, spec.d
         if len(out.inputs) == 1 and out.inputs[0] in self.site_of and isinstance(self.op(self.site_of[out.inputs[0]]), ReLU) \
-                and hasattr(out.op, "W"):
+                and isinstance(out.op, Linear):
             l, u = self.ibp_pre[self.site_of[out.inputs[0]]]
             W, c = C @ out.op.W, C @ out.op.b
             return W.clamp(min=0) @ l.clamp(min=0) + W.clamp(max=0) @ u.clamp(min=0) + c + d
@@ -195,6 +198,8 @@ class Bounder:
             else:
                 al = torch.where(cross, slopes, active)
             return al, torch.zeros_like(al), au, bu
+        if not isinstance(op, Gate):
+            return op.lines(l, u)
         gate = SMOOTH_GATES[op.kind]
         lam = op.lam
         L, U = lam * l, lam * u
@@ -206,6 +211,10 @@ class Bounder:
         a_lo, a_up = torch.broadcast_tensors(a_lo, a_up)
         lo, hi = intercepts(gate, L, U, torch.stack([a_lo, a_up]), steps)  # one call for both lines
         return a_lo, lo[0] / lam, a_up, hi[1] / lam
+
+    def optimizable(self, s: int) -> bool:
+        """Does site s have slopes α-CROWN optimizes (ReLU, the gates), or a fixed relaxation?"""
+        return isinstance(self.op(s), (ReLU, Gate))
 
     def initial_slopes(self, s: int, rows: int):
         """Starting point of α-CROWN for site s with `rows` query rows: CROWN's own choice, one copy per row."""
@@ -275,7 +284,7 @@ class Bounder:
         return max(self.net.sizes[k] for k in self.ancestors(node))
 
     def _query(self, s: int) -> torch.Tensor:
-        """Units of site s whose bounds are worth tightening: IBP-unstable ReLUs, every gate unit."""
+        """Units of site s whose bounds are worth tightening: IBP-unstable ReLUs, every unit of other activations."""
         l, u = self.pre[s]
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
@@ -334,7 +343,7 @@ class Bounder:
                   objective: Callable[[torch.Tensor], torch.Tensor], done: Callable[[torch.Tensor], bool]) -> torch.Tensor:
         """Maximize objective(lower bounds of A·h) over the slopes of the sites node `node` depends on; returns
         the elementwise best lower bounds seen (each iterate is sound, so their max is)."""
-        sites = self.sites_before(node)
+        sites = [s for s in self.sites_before(node) if self.optimizable(s)]
         rows = A.shape[0]
         slopes = {s: self.initial_slopes(s, rows) for s in sites}
         params = []
@@ -453,6 +462,8 @@ def swap_gap(smooth: Graph, relu_pre: Sequence[tuple[torch.Tensor, torch.Tensor]
         if isinstance(node.op, ReLU):
             d[k] = relu_moves[None]
             continue
+        if not isinstance(node.op, Gate):
+            raise UnsupportedModel(f"the swap gap has no rule for {type(node.op).__name__}")
         gate = SMOOTH_GATES[node.op.kind]
         lam = node.op.lam
         via_relu = swap_gap_unit(gate, lam, l - dk, u + dk) + relu_moves

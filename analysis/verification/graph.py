@@ -72,7 +72,13 @@ class Graph:
 
     @property
     def is_relu(self) -> bool:
-        return not any(isinstance(n.op, Gate) for n in self.nodes)
+        """Every activation a ReLU: what the MILP encodes exactly and branch and bound decides completely."""
+        return all(isinstance(self.nodes[k].op, ReLU) for k in self.activations)
+
+    @property
+    def smooth(self) -> bool:
+        """Has smooth gates (what the swap turns into ReLUs)."""
+        return any(isinstance(n.op, Gate) for n in self.nodes)
 
     @property
     def num_relus(self) -> int:

@@ -83,7 +83,9 @@ class Affine(Op):
 
 
 class Activation(Op):
-    """One input, elementwise."""
+    """One input, elementwise. ReLU and Gate are relaxed by `bounds.Bounder` itself (their slopes are optimized and
+    ReLUs are split by branch and bound); any other activation gives its own fixed sound relaxation on an input
+    interval [l, u]: `interval` (its range) and `lines` (al·x + bl ≤ op(x) ≤ au·x + bu)."""
 
     size: int
 
@@ -93,6 +95,12 @@ class Activation(Op):
     @property
     def out_size(self) -> int:
         return self.size
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no interval relaxation")
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} has no linear relaxation")
 
 
 # ---------------------------------------------------------------------------------------------
