@@ -12,13 +12,15 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from _modules import Affine
 from analysis.verification import milp
-from analysis.verification.bab import bab
+from analysis.verification.bab import Settings, bab
 from analysis.verification.bounds import Bounder
 from analysis.verification.problem import BOX_TOL, Budget, Problem, Result
 from analysis.verification.readers import from_torch
@@ -197,17 +199,44 @@ def test_complete_methods_match_brute_force_enumeration(seed, method):
         if method == "milp":
             status, x, _ = milp.solve(b.net, spec, b.pre, list(range(len(spec.disjuncts))), lambda: 30.0, lp_first=False)
         else:
-            status, x = "unsat", None
-            for dj in range(len(spec.disjuncts)):
-                st, x, _, _ = bab(b, spec, dj, lambda: False, lambda: 30.0, batch=4, steps=5)
-                if st != "unsat":
-                    status = st
-                    break
+            status, x, _, _ = bab(b, spec, list(range(len(spec.disjuncts))), lambda: False, lambda: 30.0,
+                                  Settings(batch=4, steps=5))
         assert status == truth, (seed, eps, mins, status)
         if status == "sat":
             assert spec.in_box(x, 1e-9) and spec.violation(net.forward(x).numpy()) <= 0
         seen.add(truth)
     assert seen, "every case sat within tolerance of 0"
+
+
+UNBATCHED = Settings(batch=1, candidates=0, max_split_depth=1, attack_every=0)  # one domain at a time, BaBSR alone
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([0.1, 0.3, 0.6]), batch=st.sampled_from([2, 16, 64]))
+def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and_the_milp(seed, eps, batch):
+    """Batches with kFSB, multi-unit splits and warm starts decide as one domain at a time with BaBSR and as the MILP
+    (cases whose exact margin lies within ENUM_TOL of 0 are left out: either answer is right there)."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3)).eval()  # 2^8 patterns
+    net = from_torch(model, (3,))
+    x0 = rng.uniform(0, 1, 3)
+    c = int(np.argmax(net.forward(x0).numpy()))
+    spec = robustness_spec(x0, eps, -1.0, 2.0, c, 3)
+    layers = [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in model if isinstance(m, nn.Linear)]
+    mins = [_enumerate_min(layers, spec.lb, spec.ub, A[0]) - bv[0] for A, bv in spec.disjuncts]
+    assume(min(abs(v) for v in mins) >= ENUM_TOL)
+    truth = "unsat" if min(mins) > 0 else "sat"
+    every = list(range(len(spec.disjuncts)))
+    got = {}
+    for name, cfg in (("batched", Settings(batch=batch, steps=5, candidates=3)), ("unbatched", UNBATCHED)):
+        b = Bounder(net, spec.lb, spec.ub)
+        got[name], x, _, _ = bab(b, spec, every, lambda: False, lambda: 30.0, cfg)
+        if got[name] == "sat":
+            assert spec.in_box(x) and spec.violation(net.forward(x).numpy()) <= 0
+    b = Bounder(net, spec.lb, spec.ub)
+    got["milp"], _, _ = milp.solve(b.net, spec, b.pre, every, lambda: 30.0, lp_first=False)
+    assert set(got.values()) == {truth}, (got, truth)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class Bounder:
         self.pre = list(self.ibp_pre)
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
+        self._cast: dict[torch.dtype, list] = {}  # the ops in another dtype (branch and bound's float32 search)
 
     def ancestors(self, node: int) -> set[int]:
         if node not in self._ancestors:
@@ -190,11 +191,11 @@ class Bounder:
         l, u = bounds
         if isinstance(op, ReLU):
             cross = (l < 0) & (u > 0)
-            active = (l >= 0).to(DTYPE)
-            au = torch.where(cross, u / (u - l).clamp(min=1e-300), active)
+            active = (l >= 0).to(l.dtype)
+            au = torch.where(cross, u / (u - l).clamp(min=torch.finfo(l.dtype).tiny), active)
             bu = torch.where(cross, -l * au, torch.zeros_like(l))
             if slopes is None:
-                al = torch.where(cross, (u > -l).to(DTYPE), active)
+                al = torch.where(cross, (u > -l).to(l.dtype), active)
             else:
                 al = torch.where(cross, slopes, active)
             return al, torch.zeros_like(al), au, bu
@@ -234,25 +235,32 @@ class Bounder:
             q.data.copy_(torch.maximum(torch.minimum(q.data, hi), lo))
 
     # -- back-substitution -----------------------------------------------------------------------
+    def _ops(self, dtype: torch.dtype) -> list:
+        if dtype not in self._cast:
+            self._cast[dtype] = [None] + [n.op.cast(dtype) for n in self.net.nodes[1:]]
+        return self._cast[dtype]
+
     def backward(self, A: torch.Tensor, node: int, slopes: dict[int, Any] | None = None,
                  exact: bool = True, bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
                  extra: dict[int, torch.Tensor] | None = None, record: dict[int, torch.Tensor] | None = None,
                  inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size).
+        """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size), computed in A's dtype
+        (float64 unless branch and bound searches in float32; what float32 closes is re-checked in float64 there).
 
         For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]); `extra[s]` is added to
         the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
         coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in)."""
-        rows = A.shape[0]
+        rows, dtype = A.shape[0], A.dtype
+        ops = self._ops(dtype) if dtype != DTYPE else [n.op for n in self.net.nodes]
         acc: dict[int, torch.Tensor] = {node: A}
-        const = torch.zeros(rows, dtype=DTYPE)
+        const = torch.zeros(rows, dtype=dtype)
         for k in range(node, 0, -1):
             A = acc.pop(k, None)
             if A is None:
                 continue
             n = self.net.nodes[k]
             if isinstance(n.op, Affine):
-                parts, c = n.op.back(A)
+                parts, c = ops[k].back(A)
                 const = const + c
                 for i, Ai in zip(n.inputs, parts):
                     acc[i] = acc[i] + Ai if i in acc else Ai
@@ -264,7 +272,7 @@ class Bounder:
             if bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
             else:
-                al, bl, au, bu = self.relaxation(s, sl, exact)
+                al, bl, au, bu = (t.to(dtype) for t in self.relaxation(s, sl, exact))
             Ap, An = A.clamp(min=0), A.clamp(max=0)
             const = const + (Ap * bl).sum(-1) + (An * bu).sum(-1)
             A = Ap * al + An * au
@@ -274,10 +282,10 @@ class Bounder:
             acc[i] = acc[i] + A if i in acc else A
         A_in = acc.pop(0, None)
         if A_in is None:
-            A_in = torch.zeros(rows, self.net.num_inputs, dtype=DTYPE)
+            A_in = torch.zeros(rows, self.net.num_inputs, dtype=dtype)
         if inputs is not None:
             inputs.append(A_in.detach())
-        return A_in.clamp(min=0) @ self.lb + A_in.clamp(max=0) @ self.ub + const
+        return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
 
     def width(self, node: int) -> int:
         """The widest value back-substitution from `node` carries (for chunking its rows)."""

@@ -25,6 +25,7 @@ converts to float64 without rounding); float32 inference rounding is not modelle
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -52,6 +53,14 @@ def numel(shape: tuple[int, ...]) -> int:
 
 class Op:
     arity: ClassVar[int] = 1
+
+    def cast(self, dtype: torch.dtype) -> "Op":
+        """A shallow copy whose floating-point tensors are in `dtype` (branch and bound searches in float32)."""
+        new = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                setattr(new, name, value.to(dtype))
+        return new
 
     def in_sizes(self) -> tuple[int, ...]:
         raise NotImplementedError
@@ -304,7 +313,7 @@ class Sum(Affine):
         return sum(s * x for s, x in zip(self.signs, h))
 
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        return [A if s == 1.0 else s * A for s in self.signs], torch.zeros(A.shape[0], dtype=A.dtype)
+        return [A if s == 1.0 else s * A for s in self.signs], A.new_zeros(A.shape[0])
 
     def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lo = sum(s * (l if s > 0 else u) for s, (l, u) in zip(self.signs, bounds))
@@ -355,7 +364,7 @@ class Concat(Affine):
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         rows = A.shape[0]
         parts = torch.split(A.reshape(rows, *self.out_shape), [s[self.axis] for s in self.shapes], dim=self.axis + 1)
-        return [p.reshape(rows, -1) for p in parts], torch.zeros(rows, dtype=A.dtype)
+        return [p.reshape(rows, -1) for p in parts], A.new_zeros(rows)
 
     def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(*(b[0] for b in bounds)), self.forward(*(b[1] for b in bounds))
@@ -399,7 +408,7 @@ class Permute(Affine):
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         out = torch.empty_like(A)
         out[:, self.index] = A
-        return [out], torch.zeros(A.shape[0], dtype=A.dtype)
+        return [out], A.new_zeros(A.shape[0])
 
     def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(bounds[0]), self.forward(bounds[1])

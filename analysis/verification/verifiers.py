@@ -259,12 +259,16 @@ class ViaReluVerifier(Verifier):
 
 @register_verifier("bab")
 class BabVerifier(Verifier):
-    """Branch and bound on unstable ReLUs with β-CROWN-style bounds (`bab.bab`), on the disjuncts the bounds left
-    open (the most promising for a counterexample first), from the tightest bounds available (computed here
-    when no bound link ran before: CROWN, then α-CROWN for the ReLU layers). Complete for ReLU networks."""
+    """Branch and bound on unstable ReLUs with β-CROWN bounds (`bab.bab`), one search over every disjunct the bounds
+    left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
+    for the ReLU layers). Complete for ReLU networks."""
 
-    def __init__(self, batch: int = 32, bab_steps: int = 15, lr: float = 0.1, steps: int = 20) -> None:
-        self.batch, self.bab_steps, self.lr, self.steps = int(batch), int(bab_steps), float(lr), int(steps)
+    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int = 3) -> None:
+        from .bab import Settings
+
+        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
+                                 candidates=int(candidates))
+        self.steps = int(steps)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         from . import bab
@@ -276,16 +280,8 @@ class BabVerifier(Verifier):
         if not st.open:
             return st.answer("bounds", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
-        opn = sorted(st.open, key=lambda d: max(float(st.lower[i]) for i, j in enumerate(st.owner) if j == d))
-        messages, domains = [], 0
-        for d in opn:
-            status, x, msg, stats = bab.bab(st.bounder, problem.specs[k], d, budget.expired, budget.left, self.batch,
-                                            self.bab_steps, self.lr, lambda x: problem.confirm(k, x, budget.expired)[0])
-            domains += stats["domains"]
-            problem.info["bab_domains"] = domains
-            if status == "sat":
-                return "sat", x, msg
-            if status != "unsat":
-                return status, None, f"disjunct {d}: {msg}"
-            messages.append(msg)
-        return "unsat", None, f"{len(opn)} open disjuncts closed; " + "; ".join(messages)
+        opn = st.open
+        status, x, msg, stats = bab.bab(st.bounder, problem.specs[k], opn, budget.expired, budget.left, self.settings,
+                                        lambda x: problem.confirm(k, x, budget.expired)[0])
+        problem.info["bab_domains"] = stats["domains"]
+        return status, x, f"{len(opn)} open disjuncts: {msg}"
