@@ -32,7 +32,6 @@ The per-layer means are computed in float64 from the gate family's formula at th
 from __future__ import annotations
 
 import copy
-import json
 import math
 from typing import Any
 
@@ -44,9 +43,8 @@ from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
 from pipeline.data import batches, dataset_for
 from pipeline.distributed import resolve_device
-from pipeline.errors import RunDirError
 from pipeline.rundir import RunDir, atomic_write_json
-from pipeline.swap import to_relu
+from pipeline.relu_swap import to_relu
 
 from .theory import certificate, symbolic
 
@@ -74,8 +72,7 @@ class _LayerStats:
 
     def update(self, x: torch.Tensor, out: torch.Tensor) -> None:
         x = x.detach().double().cpu()
-        lam = self.lam.reshape(()) if self.lam.numel() == 1 else self.lam.view(1, -1, *([1] * (x.dim() - 2)))
-        lam = lam.expand_as(x)
+        lam = gates.per_channel(self.lam, x).expand_as(x)  # the gate's own channel axis (last for [B, T, C] tokens)
         z = lam * x
         gz = self.g(z)
         gap = (torch.relu(x) - x * gz).abs()
@@ -247,13 +244,6 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     return out
 
 
-def _facts(run: RunDir, variant: str) -> dict[str, Any]:
-    try:
-        return run.variant(variant)
-    except RunDirError:  # a run from before the train stage recorded facts
-        return {}
-
-
 def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     ds = dataset_for(cfg)
@@ -267,7 +257,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
         if not layers:  # a ReLU baseline or a non-gate activation: the swap changes nothing
             out["variants"][variant] = {"layers": [], "note": "no gates: the swap leaves this model unchanged"}
             continue
-        target = _facts(run, variant).get("lambda_target")
+        target = run.variant(variant).lambda_target
         for layer in layers:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
@@ -314,10 +304,9 @@ def certificate_lines(cert: dict[str, Any]) -> list[str]:
 
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The check stage's section of report.md (None when it has not run)."""
-    path = run.file("check", "bounds.json")
-    if not path.is_file():
+    b = run.read_json("check", "bounds.json")
+    if b is None:
         return None
-    b = json.loads(path.read_text())
     out = ["## Bounds (check stage)"]
     for gate, s in b["symbolic"]["gates"].items():
         out.append(f"- gate `{gate}` ({s['label']}): E∞(λ) = `{s['gate_l1']['expr']}`, ∫|ReLU − f_λ| = `{s['act_l1']['expr']}`, "

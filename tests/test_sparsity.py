@@ -160,7 +160,7 @@ def test_sparsity_stage(nets, tmp_path):
 
 
 def test_unit_axis_of_token_sequences_is_the_feature_axis():
-    from pipeline.activations import channel_axis
+    from pipeline.gates import channel_axis
 
     assert channel_axis(torch.zeros(2, 5)) == 1 and channel_axis(torch.zeros(2, 3, 4, 4)) == 1
     assert channel_axis(torch.zeros(2, 7, 16)) == 2  # [N, T, C]
