@@ -2,7 +2,7 @@
 data (a Split, (x, y) tensors or a DataLoader: `pipeline.data.as_split`) instead of a run directory.
 
     from analysis import api
-    api.swap(model, (x, y))                                   # the swap stage's numbers (pipeline.swap.swap_report)
+    api.swap(model, (x, y))                                   # the swap stage's numbers (pipeline.relu_swap.swap_report)
     api.check(model, (x, y))                                  # the check stage's per-layer check + swap certificate
     api.export_onnx(model, x[:2], "model.onnx", check_inputs=x)  # the export stage's ONNX, checked against PyTorch
     api.verify(relu_model, (x, y), epsilons=[0.01], low=0.0, high=1.0)  # the verify stage's verifiers
@@ -25,7 +25,7 @@ from torch import nn
 
 from pipeline.config import CheckConfig
 from pipeline.data import as_split
-from pipeline.swap import swap_report, to_relu
+from pipeline.relu_swap import swap_report, to_relu
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
