@@ -360,8 +360,9 @@ def check_choice(key: str, value: str, choices: Any) -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Field and cross-field checks. Names in the registries are checked beside them
-    (`pipeline.stages.validate` runs both; this module imports nothing else from the project)."""
+    """Field and cross-field checks. Names in the registries are checked beside them, and a stage with its own
+    validation hook (verify: `analysis.verify.validate_config`) checks its section there
+    (`pipeline.runner.validate` runs them all; this module imports nothing else from the project)."""
     need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
@@ -396,8 +397,6 @@ def validate(cfg: Config) -> Config:
     need(cfg.quantize.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
     need(1 <= cfg.quantize.timing_blocks <= cfg.quantize.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
-    need(cfg.verify.samples >= 1 and cfg.verify.timeout_s > 0, "verify.samples must be >= 1 and verify.timeout_s > 0")
-    need(bool(cfg.verify.epsilons) and all(e > 0 for e in cfg.verify.epsilons), "verify.epsilons must be a non-empty list of radii > 0")
     return cfg
 
 

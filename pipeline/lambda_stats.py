@@ -1,5 +1,6 @@
-"""Hardness statistics over a run's per-epoch λ table ([epochs × layers]): drift, Spearman rank
-correlation of layerwise profiles across runs (the λ-GELU paper's V_λ and ρ_S), and the λ plot.
+"""λ statistics over a run's per-epoch λ table ([epochs × layers]): the drift V_λ, the Spearman rank correlation
+ρ_S of layerwise profiles across runs (the λ-GELU paper's), and the λ plot. The train stage's report section and
+`pipeline report` (analysis/paper/) use them.
 """
 
 from __future__ import annotations
