@@ -59,17 +59,23 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
           device: torch.device | str = "cpu") -> dict[str, Any]:
     """The check stage for one model: per gate layer, the measured gap to ReLU against its bounds
     (`analysis.check.empirical_check`), and the swap certificate against the measured logit change on `data`
-    (`analysis.check.swap_certificate`). `pass`: every layer check and every sound certificate statement held;
-    None for a model without gates (the swap changes nothing)."""
+    (`analysis.check.swap_certificate`).
+
+    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.check.verdict`): holds
+    when every float32 statement that could be proved held on every sample and every gate is within c/λ of ReLU;
+    refused when none could be proved; fails otherwise. `predictions`: the closed-form predictions of per-layer
+    means, a separate diagnostic (`analysis.check.predictions`). A model without gates: verdict None (the swap
+    changes nothing)."""
     cfg = config or CheckConfig()
     split = as_split(data)
     with _as_given(model):
         layers = check_stage.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
         if not layers:
-            return {"layers": [], "certificate": None, "pass": None, "note": "no gates: the swap leaves this model unchanged"}
+            return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
+                    "note": "no gates: the swap leaves this model unchanged"}
         cert = check_stage.swap_certificate(model, split, batch_size, split.x[:1])
-    sound = [cert[k]["pass"] for k in ("float32", "float32_global") if cert[k]["status"] == "sound"]
-    return {"layers": layers, "certificate": cert, "pass": all(layer["pass"] for layer in layers) and all(sound)}
+    return {"layers": layers, "certificate": cert, "verdict": check_stage.verdict(layers, cert),
+            "predictions": check_stage.predictions(layers)}
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,

@@ -126,7 +126,6 @@ def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> d
         "soft_fraction": st.n_soft / n, "density_at_0": st.n_band / n / (2 * st.band) * float(lam.mean()),
         "nonpositive_fraction": st.n_nonpos / n,
         "checks": checks,
-        "pass": all(ch["pass"] for ch in checks.values()),
     }
 
 
@@ -262,22 +261,75 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
         cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1])
-        verdicts = [l["pass"] for l in layers] + [cert[k]["pass"] for k in ("float32", "float32_global") if cert[k]["status"] == "sound"]
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
-                                    "pass": all(verdicts)}
+                                    "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:
         plot_layers(per_layer, run.file("check", "gate_error.png"))
     atomic_write_json(run.file("check", "bounds.json"), out)
-    return {v: {"pass": r.get("pass"),
+    return {v: {"verdict": r["verdict"]["certificate"],
                 "certificate": {k: (r["certificate"][k]["status"] if r["certificate"][k]["status"] == "refused"
                                     else "pass" if r["certificate"][k].get("pass", True) else "FAIL")
-                                for k in ("global", "float32", "float32_global")} if "certificate" in r else None,
-                "certified_fraction": (r.get("certificate") or {}).get("float32", {}).get("certified_fraction")}
+                                for k in ("global", "float32", "float32_global")},
+                "certified_fraction": r["certificate"]["float32"].get("certified_fraction"),
+                "predictions": "pass" if r["predictions"]["pass"] else "off"} if "certificate" in r else {"verdict": None}
             for v, r in out["variants"].items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the check means: the certificate's verdict, and the predictions as a diagnostic
+
+CERTIFIED = ("float32", "float32_global")  # the statements checked against the measured float32 change
+PREDICTIONS = ("gate_l1", "act_l1")  # closed-form predictions of per-layer means: a diagnostic, not a verdict
+
+
+def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any]:
+    """What the check proved about the swap. `certificate`:
+    - "fails": a sound statement was violated by the measured change on some sample, or a gate module is farther
+      from ReLU than c/λ (the `sup` check, the certificate's premise): a bug in the certificate, the swap or a gate;
+    - "refused": no float32 statement could be proved (each carries its reason);
+    - "holds": every sound statement held on every sample and every gate is within c/λ; `statements` lists which.
+    The closed-form predictions are not part of it (`predictions`)."""
+    sup_failed = [l["layer"] for l in layers if not l["checks"]["sup"]["pass"]]
+    sound = {k: cert[k]["pass"] for k in CERTIFIED if cert[k]["status"] == "sound"}
+    if sup_failed or not all(sound.values()):
+        violated = [k for k, ok in sound.items() if not ok]
+        why = "; ".join([*(f"{k} violated on {cert[k]['violations']} of {cert[k]['samples']} samples" for k in violated),
+                         *([f"gate layer(s) {', '.join(map(str, sup_failed))} farther from ReLU than c/λ"] if sup_failed else [])])
+        return {"certificate": "fails", "statements": violated, "why": why}
+    if not sound:
+        return {"certificate": "refused", "statements": [],
+                "why": "; ".join(f"{k}: {cert[k]['reason']}" for k in CERTIFIED)}
+    return {"certificate": "holds", "statements": list(sound),
+            "why": f"{', '.join(sound)} held on every sample; every gate within c/λ of ReLU"}
+
+
+def predictions(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The closed-form predictions p̂(0)·a/λ (gate error) and p̂(0)·b/λ² (activation gap) per layer against the
+    measured means: a diagnostic of how flat the pre-activation density is near 0, which says nothing about what
+    the swap does to the logits. `pass`: every prediction within its tolerance; `off`: the ones that are not."""
+    off = [{"layer": l["layer"], "check": k, "relative_error": l["checks"][k]["relative_error"],
+            "tolerance": l["checks"][k]["tolerance"]} for l in layers for k in PREDICTIONS if not l["checks"][k]["pass"]]
+    return {"pass": not off, "off": off,
+            "about": "closed-form predictions of per-layer means under a pre-activation density flat near 0; a diagnostic, "
+                     "not a verdict on the swap"}
 
 
 def _mark(ok: bool) -> str:
     return "pass" if ok else "FAIL"
+
+
+def _near(ok: bool) -> str:
+    return "near" if ok else "off"
+
+
+def verdict_line(v: dict[str, Any], pred: dict[str, Any]) -> str:
+    """The verdict in words, and the predictions apart as a diagnostic."""
+    head = {"holds": "**Verdict: the certificate holds**", "refused": "**Verdict: refused** (nothing is proved)",
+            "fails": "**Verdict: the certificate fails**"}[v["certificate"]]
+    diag = ("every closed-form prediction near its measurement" if pred["pass"] else
+            f"{len(pred['off'])} closed-form prediction(s) off (" + ", ".join(f"layer {o['layer']} {o['check']}" for o in pred["off"])
+            + "): the pre-activations are not flat near 0 there; this says nothing about the swap")
+    return f"{head}: {v['why']}. Diagnostic: {diag}."
 
 
 def certificate_lines(cert: dict[str, Any]) -> list[str]:
@@ -315,20 +367,21 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     out.append("Per layer: `sup` compares the gate module's own output with the bound c/λ (float32 allowance included); "
                "`gate_l1` and `act_l1` compare the measured means with their closed-form predictions p̂(0)·E∞(λ) and "
                "p̂(0)/(2λ²)-type terms, which assume a pre-activation density flat over |x| < band/λ (tolerance "
-               f"{PREDICTION_RTOL:g} + {PREDICTION_Z:g}/√n_band relative). A prediction FAIL says the closed form does not describe "
-               "that layer's distribution; what the swap does to the logits is the certificate's verdict below.")
+               f"{PREDICTION_RTOL:g} + {PREDICTION_Z:g}/√n_band relative). A prediction marked off says the closed form does not "
+               "describe that layer's distribution (a diagnostic); what the swap does to the logits is the certificate's verdict below.")
     for v, r in b["variants"].items():
         if not r["layers"]:
             out.append(f"`{v}`: {r.get('note', 'no gates')}.")
             continue
         rows = [[l["layer"], l["lambda_mean"], l.get("lambda_target"), l["max_gap_module"], l["sup_bound"], _mark(l["checks"]["sup"]["pass"]),
-                 l["mean_gap"], l["mean_gap_predicted"], _mark(l["checks"]["act_l1"]["pass"]),
-                 l["gate_error"], l["gate_error_predicted"], _mark(l["checks"]["gate_l1"]["pass"]), l["soft_fraction"]]
+                 l["mean_gap"], l["mean_gap_predicted"], _near(l["checks"]["act_l1"]["pass"]),
+                 l["gate_error"], l["gate_error_predicted"], _near(l["checks"]["gate_l1"]["pass"]), l["soft_fraction"]]
                 for l in r["layers"]]
         out.append(f"### `{v}` (best epoch {r.get('epoch')})\n\n" + render.table(
             ["layer", "λ", "λ_target", "max gap (module)", "c/λ", "sup", "mean gap", "predicted", "act_l1",
              "E_p|H − g|", "p̂(0)·E∞(λ)", "gate_l1", "soft fraction"], rows))
         if r.get("certificate"):
             out.append("Swap certificate (every gate → ReLU):\n\n" + "\n".join(certificate_lines(r["certificate"])))
+            out.append(verdict_line(r["verdict"], r["predictions"]))
     out.append("![gate error per layer](../check/gate_error.png)")
     return "\n\n".join(out)
