@@ -43,6 +43,7 @@ from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
 from pipeline.data import batches, dataset_for
 from pipeline.distributed import resolve_device
+from pipeline.progress import Progress
 from pipeline.rundir import RunDir, atomic_write_json
 from pipeline.relu_swap import to_relu
 
@@ -131,17 +132,24 @@ def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> d
 
 @torch.no_grad()
 def empirical_check(model: nn.Module, split, batch_size: int, device, delta: float, band: float,
-                    sup_rtol: float) -> list[dict[str, Any]]:
+                    sup_rtol: float, progress: str | None = None) -> list[dict[str, Any]]:
+    """Per gate layer, the streamed statistics and checks (module docstring). `progress`: a label to report
+    progress under (`pipeline.progress`), None for none."""
     sites = [(n, m, *gate_of(m)) for n, m in gate_sites(model)]  # (name, module, family, λ)
     stats = [_LayerStats(fam, lam, delta, band) for _, _, fam, lam in sites]
     hooks = [m.register_forward_hook(lambda mod, inp, out, st=st: st.update(inp[0], out)) for (_, m, _, _), st in zip(sites, stats)]
+    bar = _progress(progress, "per-layer statistics", split, batch_size) if sites else None
     try:
         model.eval()
-        for x, _ in batches(split, batch_size):
+        for b, (x, _) in enumerate(batches(split, batch_size), start=1):
             model(x.to(device))
+            if bar:
+                bar.step(line=f"    {progress}: per-layer statistics, batch {b}/{bar.total}")
     finally:
         for h in hooks:
             h.remove()
+        if bar:
+            bar.close()
     out = []
     for i, ((name, _, fam, _), st) in enumerate(zip(sites, stats)):
         rep = layer_report(st, symbolic.gate_summary(fam), sup_rtol)
@@ -149,23 +157,38 @@ def empirical_check(model: nn.Module, split, batch_size: int, device, delta: flo
     return out
 
 
+PROGRESS_EVERY_S = 5.0  # at most one progress line per task every this many seconds (and the last)
+
+
+def _progress(label: str | None, task: str, split, batch_size: int) -> Progress | None:
+    return None if label is None else Progress(f"{label}: {task}", -(-len(split) // batch_size), "batch", every_s=PROGRESS_EVERY_S)
+
+
 def plot_layers(per_variant: dict[str, list[dict]], path) -> None:
-    fig = render.figure(11, 4)
+    render.save(layers_figure(per_variant), path, layout=False)
+
+
+def layers_figure(per_variant: dict[str, list[dict]]):
+    """Per layer and variant, the gate error against its prediction and the module's largest gap against c/λ; one
+    legend under both panels, where it covers no bar."""
+    fig = render.figure(11, 4.6)
     axes = fig.subplots(1, 2)
     width = 0.8 / max(1, len(per_variant))
     for k, (variant, layers) in enumerate(per_variant.items()):
         idx = [l["layer"] + k * width for l in layers]
-        axes[0].bar(idx, [l["gate_error"] for l in layers], width, label=f"{variant}: E_p|H − g(λx)|")
+        axes[0].bar(idx, [l["gate_error"] for l in layers], width, color=f"C{k}", label=variant)
         axes[0].scatter(idx, [l["gate_error_predicted"] for l in layers], marker="_", s=200, color="k")
-        axes[1].bar(idx, [l["max_gap_module"] for l in layers], width, label=f"{variant}: max|ReLU − f̂|")
+        axes[1].bar(idx, [l["max_gap_module"] for l in layers], width, color=f"C{k}")
         axes[1].scatter(idx, [l["sup_bound"] for l in layers], marker="_", s=200, color="k")
-    axes[0].set(yscale="log", xlabel="gate layer", ylabel="density-weighted gate error", title="gate error (— = prediction p̂(0)·E∞(λ))")
-    axes[1].set(yscale="log", xlabel="gate layer", ylabel="|ReLU(x) − f̂(x)|", title="max gap of the gate module (— = c/λ)")
+    axes[0].set(yscale="log", xlabel="gate layer", ylabel="E_p|H(x) − g(λx)|", title="gate error (— = prediction p̂(0)·E∞(λ))")
+    axes[1].set(yscale="log", xlabel="gate layer", ylabel="max |ReLU(x) − f̂(x)|", title="max gap of the gate module (— = c/λ)")
     n_layers = max(len(layers) for layers in per_variant.values())
     for ax in axes:
         ax.set_xticks([i + width * (len(per_variant) - 1) / 2 for i in range(n_layers)], [str(i) for i in range(n_layers)])
-        ax.legend(fontsize=7)
-    render.save(fig, path)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
 
 
 def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any]:
@@ -173,7 +196,7 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 
 @torch.no_grad()
-def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor) -> dict[str, Any]:
+def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None) -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -185,7 +208,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     model = model.cpu().eval()
     relu = to_relu(copy.deepcopy(model))
     out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
-                           "(analysis/theory/certificate.py); the exact statements are about real arithmetic"}
+                           "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
     try:
         cert = certificate.Certifier(model)
     except certificate.Refused as exc:
@@ -201,7 +224,10 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     measured = exact_max = 0.0
     acc = {k: {"violations": 0, "certified": 0, "excess": -math.inf, "refused": None} for k in ("float32", "float32_global")}
     per_sample_refused = None
-    for x, _ in batches(split, batch_size):
+    bar = _progress(progress, "swap certificate", split, batch_size)
+    for b, (x, _) in enumerate(batches(split, batch_size), start=1):
+        if bar:
+            bar.step(line=f"    {progress}: swap certificate, batch {b}/{bar.total}")
         smooth, swapped = model(x).double(), relu(x).double()
         n += len(x)
         change = (smooth - swapped).abs().reshape(len(x), -1)
@@ -225,6 +251,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
             a["violations"] += int((change > bound).any(dim=1).sum())
             a["excess"] = max(a["excess"], float((change - bound).max()))
             a["certified"] += int(certificate.certified_mask(smooth, bound).reshape(len(x), -1).all(dim=1).sum())
+    if bar:
+        bar.close()
     out["measured_max_logit_change"] = measured
     if per_sample_refused is not None:
         out["per_sample"] = {"status": "refused", "reason": per_sample_refused}
@@ -252,7 +280,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     for variant in cfg.variants:
         model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
         layers = empirical_check(model, ds.val, cfg.data.eval_batch_size, device, cfg.check.soft_delta, cfg.check.band,
-                                 cfg.check.sup_rtol)
+                                 cfg.check.sup_rtol, progress=f"check {variant}")
         if not layers:  # a ReLU baseline or a non-gate activation: the swap changes nothing
             out["variants"][variant] = {"layers": [], "note": "no gates: the swap leaves this model unchanged"}
             continue
@@ -260,7 +288,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
         for layer in layers:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
-        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1])
+        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}")
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
                                     "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:

@@ -38,6 +38,7 @@ from pipeline.data import Split, batches, dataset_for
 from pipeline.distributed import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.gates import channel_axis
+from pipeline.progress import Progress
 from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
 
 PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
@@ -214,12 +215,15 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
     bs = cfg.data.eval_batch_size
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
+    progress = Progress("sparsity", len(cfg.variants), "variant")
     for variant in cfg.variants:
         relu, payload = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
         record = run.variant(variant)
         if record.swapped_to is None:  # not a gate: the swap left it, no ReLU to count
             summary[variant] = {"note": f"no swap ({record.activation} is not a gate): no APoZ", "layers": {}}
+            progress.step(line=f"    sparsity {variant}: not a gate, nothing to count")
             continue
+        progress.step(0, line=f"    sparsity {variant}: APoZ on {len(split)} {scfg.split} samples")
         relu_apoz = apoz(unit_stats(relu, split, bs, device))
         smooth_nonpos = None
         if record.smooth:
@@ -239,6 +243,7 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
                              # a linked unit (g(z), g(−z)) is dead only when both of its outputs are (Riera & Pujol)
                              **({"dead_pairs": int((dead[:len(a) // 2] & dead[len(a) // 2:]).sum())} if layer in linked_sites else {}),
                              **({"nonpos_smooth_mean": float(smooth_nonpos[layer].mean())} if smooth_nonpos is not None else {})}
+        progress.step(0, line=f"    sparsity {variant}: provably dead / always active units (CROWN/α-CROWN over the input range)")
         provable = _provable(relu, ds.info, layers)
         units = sum(v["units"] for v in layers.values())
         entry: dict[str, Any] = {
@@ -253,9 +258,13 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
             why_not = _unprunable(payload["spec"]) or (
                 "not pruned: sparsity.split=test (pruning is checked lossless on the validation split it counts on)"
                 if scfg.split != "val" else None)
+            if not why_not:
+                progress.step(0, line=f"    sparsity {variant}: pruning {entry['dead']} dead units, checking and exporting")
             entry["pruning"] = ({"note": why_not} if why_not else
                                 _prune_variant(cfg, run, ds, variant, relu, payload, relu_apoz, export_mod))
         summary[variant] = entry
+        progress.step(line=f"    sparsity {variant}: done ({entry['dead']} dead of {entry['units']} units)")
+    progress.close()
     atomic_write_csv(run.file("sparsity", "apoz.csv"), rows,
                      ["variant", "layer", "unit", "apoz", "dead", "always_active", "nonpos_smooth"])
     result = {"split": scfg.split, "samples": len(split), "variants": summary}
@@ -352,4 +361,6 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                       "provably dead / always active", "pruned units", "params before", "params after",
                       "argmax agreement after pruning (test)"], rows),
         *notes,
+        "APoZ per unit, layer by layer (the smooth model's non-positive pre-activations beside it):",
+        *(f"![APoZ histogram, {v}](../sparsity/{v}/apoz_hist.png)" for v, e in sp["variants"].items() if e.get("layers")),
     ])

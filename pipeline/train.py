@@ -24,7 +24,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 import warnings
 from typing import Any
@@ -32,7 +31,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from . import checkpoint, distributed, lambda_stats, records
 from .config import Config
@@ -42,6 +40,7 @@ from .evaluate import METRICS, evaluate, worst
 from .evaluate import loss as cross_entropy
 from .hardener import HARDENED_RTOL, Hardener
 from .models import build_model, make_spec
+from .progress import Progress
 from .records import VariantRecord
 from .relu_swap import relu_spec, to_relu
 from .render import figure, save, table
@@ -241,9 +240,8 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
     split = on_device(ds.train, device)
 
     epochs = range(state["epoch"] + 1, last + 1)
-    bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None if world.main else True, leave=True)
-    progress = world.main and not sys.stderr.isatty()  # tqdm is off without a terminal: print lines instead
-    for epoch in bar:
+    progress = Progress(f"{variant:>12}", len(epochs), "ep", log, active=world.main)
+    for epoch in epochs:
         t0 = time.time()
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > record.switch_epoch and not state["swapped"]:
@@ -261,6 +259,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         state["hardener"] = hardener.state_dict()
         if not world.main:  # rank 0 evaluates, selects and writes; the others only train
             state["epoch"] = epoch
+            progress.step()
             continue
         val = evaluate(model, ds.val, cfg.data.eval_batch_size, device, metric)
         swapped = None
@@ -288,10 +287,10 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         _write_metrics(run, histories)
         _fault_injection(variant, epoch)
         mean_lam = f"{sum(lams) / len(lams):.3g}" if lams else "-"
-        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
-        if progress:
-            log(f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
-                f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s")
+        progress.step(line=f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
+                           f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s",
+                      loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
+    progress.close()
     summary = _variant_summary(state, hardener, record, cfg, variant, log if world.main else None)
     hard = {id(g.s) for g in hardener.gates}
     summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
@@ -438,54 +437,86 @@ def _metrics_rows(run: RunDir) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _shipped(run: RunDir) -> tuple[str, dict[str, Any]]:
+    """Which stage's summary says which checkpoint ships (harden once it has finished, else train), and the summary."""
+    stages = run.manifest()["stages"]
+    for name in ("harden", "train"):
+        metrics = stages.get(name, {}).get("metrics")
+        if stages.get(name, {}).get("status") == "done" and metrics:
+            return name, metrics
+    return "", {}
+
+
 def report_section(cfg: Config, run: RunDir) -> str | None:
-    """Training curves, the λ per layer and the learned phase's drift (None before the train stage wrote metrics)."""
+    """The shipped checkpoint of every variant (the one `harden.select` chose: what swap, export and verify use),
+    training curves with the shipped epoch marked, the λ per layer and the learned phase's drift (None before the
+    train stage wrote metrics)."""
     rows = _metrics_rows(run)
     if not rows:
         return None
     figs = run.dir("report")
-    metric_col = next(k for k in rows[0] if k.startswith("val_") and k != "val_loss")
-    body = []
-    summary = []
+    metric_col = next(k for k in rows[0] if k.startswith("val_") and k != "val_loss" and not k.endswith("_swapped"))
+    higher = METRICS[metric_col[len("val_"):]][1]
+    stage, summaries = _shipped(run)
+    body, summary, shipped_epochs = [], [], {}
     for v in cfg.variants:
         vr = [r for r in rows if r["variant"] == v]
         if not vr:
             continue
         record = run.variant(v)
         vals = [float(r[metric_col]) for r in vr]
-        higher = metric_col != "val_perplexity"
         best_i = max(range(len(vals)), key=lambda i: vals[i] if higher else -vals[i])
         lam_cols = [k for k in vr[0] if k.startswith("lambda_") and vr[0][k] != ""]
-        lam_best = [float(vr[best_i][k]) for k in lam_cols]
-        summary.append([v, int(vr[best_i]["epoch"]), vals[best_i], vals[-1],
-                        (sum(lam_best) / len(lam_best)) if lam_best else "—"])
+        ship = (summaries.get(v) or {}).get("best_epoch")
+        at = next((r for r in vr if int(r["epoch"]) == ship), None) if ship else None
+        if at is not None:
+            shipped_epochs[v] = ship
+        lam_at = [float(at[k]) for k in lam_cols] if at is not None else []
+        summary.append([v, ship if at is not None else "—", float(at[metric_col]) if at is not None else "—",
+                        f"{vals[best_i]:.4f} (epoch {vr[best_i]['epoch']})", vals[-1],
+                        (sum(lam_at) / len(lam_at)) if lam_at else "—", record.lambda_target or "—"])
         if lam_cols:
             table_ = [[float(r[k]) for k in lam_cols] for r in vr]
             e_s = record.switch_epoch
             lambda_stats.plot_lambda(table_, figs / f"lambda_{v}.png", layer_names=[f"layer {i}" for i in range(len(lam_cols))],
-                                     title=f"{v}: λ per layer", switch_epoch=e_s, target=record.lambda_target)
+                                     title=f"{v}: λ per layer", switch_epoch=e_s, target=record.lambda_target,
+                                     marked_epoch=shipped_epochs.get(v))
             body.append(f"![λ per layer, {v}](lambda_{v}.png)")
             if e_s >= 2:
                 learned = table_[:e_s]
                 body.append(f"`{v}`: drift of the learned phase V_λ = {lambda_stats.drift(learned):.4f} over epochs 1..{e_s}; "
                             f"λ(e_s) per layer = {', '.join(f'{x:.3f}' for x in learned[-1])}.")
-    harden = run.manifest()["stages"].get("harden", {}).get("metrics") or {}
     for v in cfg.variants:
-        if isinstance(harden.get(v), dict) and harden[v].get("warning"):
-            body.append(f"**Warning** ({v}): {harden[v]['warning']}.")
-    _plot_curves(rows, cfg.variants, metric_col, figs / "validation.png")
-    return "\n\n".join(["## Training (Algorithm 1)",
-                        table(["variant", "best epoch", f"best {metric_col}", f"last {metric_col}", "mean λ at best"], summary),
+        if isinstance(summaries.get(v), dict) and summaries[v].get("warning"):
+            body.append(f"**Warning** ({v}): {summaries[v]['warning']}.")
+    _plot_curves(rows, cfg.variants, metric_col, shipped_epochs, figs / "validation.png")
+    which = (f"the checkpoint `harden.select={cfg.harden.select}` chose ({stage} stage's record in the manifest): what the "
+             "swap, export and verify stages use" if stage else "not chosen yet (the train stage has not finished)")
+    return "\n\n".join(["## Training (Algorithm 1)", f"Shipped: {which}.",
+                        table(["variant", "shipped epoch", f"{metric_col} shipped", f"best {metric_col}", f"last {metric_col}",
+                               "mean λ shipped", "λ_target"], summary),
                         "![validation curves](validation.png)", *body])
 
 
-def _plot_curves(rows: list[dict], variants: list[str], col: str, path) -> None:
+def _plot_curves(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int], path) -> None:
+    save(curves_figure(rows, variants, col, shipped), path)
+
+
+def curves_figure(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int]):
+    """The validation metric per epoch, each variant's shipped epoch marked (★), whole-number epoch ticks."""
+    from matplotlib.ticker import MaxNLocator
+
     fig = figure(6.4, 4.0)
     ax = fig.add_subplot(1, 1, 1)
-    for v in variants:
+    for i, v in enumerate(variants):
         vr = [r for r in rows if r["variant"] == v]
-        ax.plot([int(r["epoch"]) for r in vr], [float(r[col]) for r in vr], marker="o", ms=3, label=v)
-    ax.set(xlabel="epoch", ylabel=col, title="validation metric per epoch")
+        line, = ax.plot([int(r["epoch"]) for r in vr], [float(r[col]) for r in vr], marker="o", ms=3, label=v, color=f"C{i}")
+        at = next((r for r in vr if int(r["epoch"]) == shipped.get(v)), None)
+        if at is not None:
+            ax.plot([int(at["epoch"])], [float(at[col])], marker="*", ms=13, color=line.get_color(), markeredgecolor="k",
+                    linestyle="none", label=f"{v}: shipped (epoch {at['epoch']})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="epoch", ylabel=col, title="validation metric per epoch (★ = the checkpoint that ships)")
     ax.grid(alpha=0.3)
-    ax.legend()
-    save(fig, path)
+    ax.legend(fontsize=7)
+    return fig
