@@ -2,7 +2,7 @@
 data (a Split, (x, y) tensors or a DataLoader: `pipeline.data.as_split`) instead of a run directory.
 
     from analysis import api
-    api.swap(model, (x, y))                                   # the swap stage's numbers (pipeline.swap.swap_report)
+    api.swap(model, (x, y))                                   # the swap stage's numbers (pipeline.relu_swap.swap_report)
     api.check(model, (x, y))                                  # the check stage's per-layer check + swap certificate
     api.export_onnx(model, x[:2], "model.onnx", check_inputs=x)  # the export stage's ONNX, checked against PyTorch
     api.verify(relu_model, (x, y), epsilons=[0.01], low=0.0, high=1.0)  # the verify stage's verifiers
@@ -25,7 +25,7 @@ from torch import nn
 
 from pipeline.config import CheckConfig
 from pipeline.data import as_split
-from pipeline.swap import swap_report, to_relu
+from pipeline.relu_swap import swap_report, to_relu
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -59,17 +59,23 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
           device: torch.device | str = "cpu") -> dict[str, Any]:
     """The check stage for one model: per gate layer, the measured gap to ReLU against its bounds
     (`analysis.check.empirical_check`), and the swap certificate against the measured logit change on `data`
-    (`analysis.check.swap_certificate`). `pass`: every layer check and every sound certificate statement held;
-    None for a model without gates (the swap changes nothing)."""
+    (`analysis.check.swap_certificate`).
+
+    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.check.verdict`): holds
+    when every float32 statement that could be proved held on every sample and every gate is within c/λ of ReLU;
+    refused when none could be proved; fails otherwise. `predictions`: the closed-form predictions of per-layer
+    means, a separate diagnostic (`analysis.check.predictions`). A model without gates: verdict None (the swap
+    changes nothing)."""
     cfg = config or CheckConfig()
     split = as_split(data)
     with _as_given(model):
         layers = check_stage.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
         if not layers:
-            return {"layers": [], "certificate": None, "pass": None, "note": "no gates: the swap leaves this model unchanged"}
+            return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
+                    "note": "no gates: the swap leaves this model unchanged"}
         cert = check_stage.swap_certificate(model, split, batch_size, split.x[:1])
-    sound = [cert[k]["pass"] for k in ("float32", "float32_global") if cert[k]["status"] == "sound"]
-    return {"layers": layers, "certificate": cert, "pass": all(layer["pass"] for layer in layers) and all(sound)}
+    return {"layers": layers, "certificate": cert, "verdict": check_stage.verdict(layers, cert),
+            "predictions": check_stage.predictions(layers)}
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,

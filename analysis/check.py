@@ -32,7 +32,6 @@ The per-layer means are computed in float64 from the gate family's formula at th
 from __future__ import annotations
 
 import copy
-import json
 import math
 from typing import Any
 
@@ -44,9 +43,9 @@ from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
 from pipeline.data import batches, dataset_for
 from pipeline.distributed import resolve_device
-from pipeline.errors import RunDirError
+from pipeline.progress import Progress
 from pipeline.rundir import RunDir, atomic_write_json
-from pipeline.swap import to_relu
+from pipeline.relu_swap import to_relu
 
 from .theory import certificate, symbolic
 
@@ -74,8 +73,7 @@ class _LayerStats:
 
     def update(self, x: torch.Tensor, out: torch.Tensor) -> None:
         x = x.detach().double().cpu()
-        lam = self.lam.reshape(()) if self.lam.numel() == 1 else self.lam.view(1, -1, *([1] * (x.dim() - 2)))
-        lam = lam.expand_as(x)
+        lam = gates.per_channel(self.lam, x).expand_as(x)  # the gate's own channel axis (last for [B, T, C] tokens)
         z = lam * x
         gz = self.g(z)
         gap = (torch.relu(x) - x * gz).abs()
@@ -129,23 +127,29 @@ def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> d
         "soft_fraction": st.n_soft / n, "density_at_0": st.n_band / n / (2 * st.band) * float(lam.mean()),
         "nonpositive_fraction": st.n_nonpos / n,
         "checks": checks,
-        "pass": all(ch["pass"] for ch in checks.values()),
     }
 
 
 @torch.no_grad()
 def empirical_check(model: nn.Module, split, batch_size: int, device, delta: float, band: float,
-                    sup_rtol: float) -> list[dict[str, Any]]:
+                    sup_rtol: float, progress: str | None = None) -> list[dict[str, Any]]:
+    """Per gate layer, the streamed statistics and checks (module docstring). `progress`: a label to report
+    progress under (`pipeline.progress`), None for none."""
     sites = [(n, m, *gate_of(m)) for n, m in gate_sites(model)]  # (name, module, family, λ)
     stats = [_LayerStats(fam, lam, delta, band) for _, _, fam, lam in sites]
     hooks = [m.register_forward_hook(lambda mod, inp, out, st=st: st.update(inp[0], out)) for (_, m, _, _), st in zip(sites, stats)]
+    bar = _progress(progress, "per-layer statistics", split, batch_size) if sites else None
     try:
         model.eval()
-        for x, _ in batches(split, batch_size):
+        for b, (x, _) in enumerate(batches(split, batch_size), start=1):
             model(x.to(device))
+            if bar:
+                bar.step(line=f"    {progress}: per-layer statistics, batch {b}/{bar.total}")
     finally:
         for h in hooks:
             h.remove()
+        if bar:
+            bar.close()
     out = []
     for i, ((name, _, fam, _), st) in enumerate(zip(sites, stats)):
         rep = layer_report(st, symbolic.gate_summary(fam), sup_rtol)
@@ -153,23 +157,38 @@ def empirical_check(model: nn.Module, split, batch_size: int, device, delta: flo
     return out
 
 
+PROGRESS_EVERY_S = 5.0  # at most one progress line per task every this many seconds (and the last)
+
+
+def _progress(label: str | None, task: str, split, batch_size: int) -> Progress | None:
+    return None if label is None else Progress(f"{label}: {task}", -(-len(split) // batch_size), "batch", every_s=PROGRESS_EVERY_S)
+
+
 def plot_layers(per_variant: dict[str, list[dict]], path) -> None:
-    fig = render.figure(11, 4)
+    render.save(layers_figure(per_variant), path, layout=False)
+
+
+def layers_figure(per_variant: dict[str, list[dict]]):
+    """Per layer and variant, the gate error against its prediction and the module's largest gap against c/λ; one
+    legend under both panels, where it covers no bar."""
+    fig = render.figure(11, 4.6)
     axes = fig.subplots(1, 2)
     width = 0.8 / max(1, len(per_variant))
     for k, (variant, layers) in enumerate(per_variant.items()):
         idx = [l["layer"] + k * width for l in layers]
-        axes[0].bar(idx, [l["gate_error"] for l in layers], width, label=f"{variant}: E_p|H − g(λx)|")
+        axes[0].bar(idx, [l["gate_error"] for l in layers], width, color=f"C{k}", label=variant)
         axes[0].scatter(idx, [l["gate_error_predicted"] for l in layers], marker="_", s=200, color="k")
-        axes[1].bar(idx, [l["max_gap_module"] for l in layers], width, label=f"{variant}: max|ReLU − f̂|")
+        axes[1].bar(idx, [l["max_gap_module"] for l in layers], width, color=f"C{k}")
         axes[1].scatter(idx, [l["sup_bound"] for l in layers], marker="_", s=200, color="k")
-    axes[0].set(yscale="log", xlabel="gate layer", ylabel="density-weighted gate error", title="gate error (— = prediction p̂(0)·E∞(λ))")
-    axes[1].set(yscale="log", xlabel="gate layer", ylabel="|ReLU(x) − f̂(x)|", title="max gap of the gate module (— = c/λ)")
+    axes[0].set(yscale="log", xlabel="gate layer", ylabel="E_p|H(x) − g(λx)|", title="gate error (— = prediction p̂(0)·E∞(λ))")
+    axes[1].set(yscale="log", xlabel="gate layer", ylabel="max |ReLU(x) − f̂(x)|", title="max gap of the gate module (— = c/λ)")
     n_layers = max(len(layers) for layers in per_variant.values())
     for ax in axes:
         ax.set_xticks([i + width * (len(per_variant) - 1) / 2 for i in range(n_layers)], [str(i) for i in range(n_layers)])
-        ax.legend(fontsize=7)
-    render.save(fig, path)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
 
 
 def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any]:
@@ -177,7 +196,7 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 
 @torch.no_grad()
-def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor) -> dict[str, Any]:
+def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None) -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -189,7 +208,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     model = model.cpu().eval()
     relu = to_relu(copy.deepcopy(model))
     out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
-                           "(analysis/theory/certificate.py); the exact statements are about real arithmetic"}
+                           "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
     try:
         cert = certificate.Certifier(model)
     except certificate.Refused as exc:
@@ -205,7 +224,10 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     measured = exact_max = 0.0
     acc = {k: {"violations": 0, "certified": 0, "excess": -math.inf, "refused": None} for k in ("float32", "float32_global")}
     per_sample_refused = None
-    for x, _ in batches(split, batch_size):
+    bar = _progress(progress, "swap certificate", split, batch_size)
+    for b, (x, _) in enumerate(batches(split, batch_size), start=1):
+        if bar:
+            bar.step(line=f"    {progress}: swap certificate, batch {b}/{bar.total}")
         smooth, swapped = model(x).double(), relu(x).double()
         n += len(x)
         change = (smooth - swapped).abs().reshape(len(x), -1)
@@ -229,6 +251,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
             a["violations"] += int((change > bound).any(dim=1).sum())
             a["excess"] = max(a["excess"], float((change - bound).max()))
             a["certified"] += int(certificate.certified_mask(smooth, bound).reshape(len(x), -1).all(dim=1).sum())
+    if bar:
+        bar.close()
     out["measured_max_logit_change"] = measured
     if per_sample_refused is not None:
         out["per_sample"] = {"status": "refused", "reason": per_sample_refused}
@@ -247,13 +271,6 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     return out
 
 
-def _facts(run: RunDir, variant: str) -> dict[str, Any]:
-    try:
-        return run.variant(variant)
-    except RunDirError:  # a run from before the train stage recorded facts
-        return {}
-
-
 def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     ds = dataset_for(cfg)
@@ -263,31 +280,84 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     for variant in cfg.variants:
         model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
         layers = empirical_check(model, ds.val, cfg.data.eval_batch_size, device, cfg.check.soft_delta, cfg.check.band,
-                                 cfg.check.sup_rtol)
+                                 cfg.check.sup_rtol, progress=f"check {variant}")
         if not layers:  # a ReLU baseline or a non-gate activation: the swap changes nothing
             out["variants"][variant] = {"layers": [], "note": "no gates: the swap leaves this model unchanged"}
             continue
-        target = _facts(run, variant).get("lambda_target")
+        target = run.variant(variant).lambda_target
         for layer in layers:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
-        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1])
-        verdicts = [l["pass"] for l in layers] + [cert[k]["pass"] for k in ("float32", "float32_global") if cert[k]["status"] == "sound"]
+        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}")
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
-                                    "pass": all(verdicts)}
+                                    "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:
         plot_layers(per_layer, run.file("check", "gate_error.png"))
     atomic_write_json(run.file("check", "bounds.json"), out)
-    return {v: {"pass": r.get("pass"),
+    return {v: {"verdict": r["verdict"]["certificate"],
                 "certificate": {k: (r["certificate"][k]["status"] if r["certificate"][k]["status"] == "refused"
                                     else "pass" if r["certificate"][k].get("pass", True) else "FAIL")
-                                for k in ("global", "float32", "float32_global")} if "certificate" in r else None,
-                "certified_fraction": (r.get("certificate") or {}).get("float32", {}).get("certified_fraction")}
+                                for k in ("global", "float32", "float32_global")},
+                "certified_fraction": r["certificate"]["float32"].get("certified_fraction"),
+                "predictions": "pass" if r["predictions"]["pass"] else "off"} if "certificate" in r else {"verdict": None}
             for v, r in out["variants"].items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the check means: the certificate's verdict, and the predictions as a diagnostic
+
+CERTIFIED = ("float32", "float32_global")  # the statements checked against the measured float32 change
+PREDICTIONS = ("gate_l1", "act_l1")  # closed-form predictions of per-layer means: a diagnostic, not a verdict
+
+
+def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any]:
+    """What the check proved about the swap. `certificate`:
+    - "fails": a sound statement was violated by the measured change on some sample, or a gate module is farther
+      from ReLU than c/λ (the `sup` check, the certificate's premise): a bug in the certificate, the swap or a gate;
+    - "refused": no float32 statement could be proved (each carries its reason);
+    - "holds": every sound statement held on every sample and every gate is within c/λ; `statements` lists which.
+    The closed-form predictions are not part of it (`predictions`)."""
+    sup_failed = [l["layer"] for l in layers if not l["checks"]["sup"]["pass"]]
+    sound = {k: cert[k]["pass"] for k in CERTIFIED if cert[k]["status"] == "sound"}
+    if sup_failed or not all(sound.values()):
+        violated = [k for k, ok in sound.items() if not ok]
+        why = "; ".join([*(f"{k} violated on {cert[k]['violations']} of {cert[k]['samples']} samples" for k in violated),
+                         *([f"gate layer(s) {', '.join(map(str, sup_failed))} farther from ReLU than c/λ"] if sup_failed else [])])
+        return {"certificate": "fails", "statements": violated, "why": why}
+    if not sound:
+        return {"certificate": "refused", "statements": [],
+                "why": "; ".join(f"{k}: {cert[k]['reason']}" for k in CERTIFIED)}
+    return {"certificate": "holds", "statements": list(sound),
+            "why": f"{', '.join(sound)} held on every sample; every gate within c/λ of ReLU"}
+
+
+def predictions(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The closed-form predictions p̂(0)·a/λ (gate error) and p̂(0)·b/λ² (activation gap) per layer against the
+    measured means: a diagnostic of how flat the pre-activation density is near 0, which says nothing about what
+    the swap does to the logits. `pass`: every prediction within its tolerance; `off`: the ones that are not."""
+    off = [{"layer": l["layer"], "check": k, "relative_error": l["checks"][k]["relative_error"],
+            "tolerance": l["checks"][k]["tolerance"]} for l in layers for k in PREDICTIONS if not l["checks"][k]["pass"]]
+    return {"pass": not off, "off": off,
+            "about": "closed-form predictions of per-layer means under a pre-activation density flat near 0; a diagnostic, "
+                     "not a verdict on the swap"}
 
 
 def _mark(ok: bool) -> str:
     return "pass" if ok else "FAIL"
+
+
+def _near(ok: bool) -> str:
+    return "near" if ok else "off"
+
+
+def verdict_line(v: dict[str, Any], pred: dict[str, Any]) -> str:
+    """The verdict in words, and the predictions apart as a diagnostic."""
+    head = {"holds": "**Verdict: the certificate holds**", "refused": "**Verdict: refused** (nothing is proved)",
+            "fails": "**Verdict: the certificate fails**"}[v["certificate"]]
+    diag = ("every closed-form prediction near its measurement" if pred["pass"] else
+            f"{len(pred['off'])} closed-form prediction(s) off (" + ", ".join(f"layer {o['layer']} {o['check']}" for o in pred["off"])
+            + "): the pre-activations are not flat near 0 there; this says nothing about the swap")
+    return f"{head}: {v['why']}. Diagnostic: {diag}."
 
 
 def certificate_lines(cert: dict[str, Any]) -> list[str]:
@@ -314,10 +384,9 @@ def certificate_lines(cert: dict[str, Any]) -> list[str]:
 
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The check stage's section of report.md (None when it has not run)."""
-    path = run.file("check", "bounds.json")
-    if not path.is_file():
+    b = run.read_json("check", "bounds.json")
+    if b is None:
         return None
-    b = json.loads(path.read_text())
     out = ["## Bounds (check stage)"]
     for gate, s in b["symbolic"]["gates"].items():
         out.append(f"- gate `{gate}` ({s['label']}): E∞(λ) = `{s['gate_l1']['expr']}`, ∫|ReLU − f_λ| = `{s['act_l1']['expr']}`, "
@@ -326,20 +395,21 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     out.append("Per layer: `sup` compares the gate module's own output with the bound c/λ (float32 allowance included); "
                "`gate_l1` and `act_l1` compare the measured means with their closed-form predictions p̂(0)·E∞(λ) and "
                "p̂(0)/(2λ²)-type terms, which assume a pre-activation density flat over |x| < band/λ (tolerance "
-               f"{PREDICTION_RTOL:g} + {PREDICTION_Z:g}/√n_band relative). A prediction FAIL says the closed form does not describe "
-               "that layer's distribution; what the swap does to the logits is the certificate's verdict below.")
+               f"{PREDICTION_RTOL:g} + {PREDICTION_Z:g}/√n_band relative). A prediction marked off says the closed form does not "
+               "describe that layer's distribution (a diagnostic); what the swap does to the logits is the certificate's verdict below.")
     for v, r in b["variants"].items():
         if not r["layers"]:
             out.append(f"`{v}`: {r.get('note', 'no gates')}.")
             continue
         rows = [[l["layer"], l["lambda_mean"], l.get("lambda_target"), l["max_gap_module"], l["sup_bound"], _mark(l["checks"]["sup"]["pass"]),
-                 l["mean_gap"], l["mean_gap_predicted"], _mark(l["checks"]["act_l1"]["pass"]),
-                 l["gate_error"], l["gate_error_predicted"], _mark(l["checks"]["gate_l1"]["pass"]), l["soft_fraction"]]
+                 l["mean_gap"], l["mean_gap_predicted"], _near(l["checks"]["act_l1"]["pass"]),
+                 l["gate_error"], l["gate_error_predicted"], _near(l["checks"]["gate_l1"]["pass"]), l["soft_fraction"]]
                 for l in r["layers"]]
         out.append(f"### `{v}` (best epoch {r.get('epoch')})\n\n" + render.table(
             ["layer", "λ", "λ_target", "max gap (module)", "c/λ", "sup", "mean gap", "predicted", "act_l1",
              "E_p|H − g|", "p̂(0)·E∞(λ)", "gate_l1", "soft fraction"], rows))
         if r.get("certificate"):
             out.append("Swap certificate (every gate → ReLU):\n\n" + "\n".join(certificate_lines(r["certificate"])))
+            out.append(verdict_line(r["verdict"], r["predictions"]))
     out.append("![gate error per layer](../check/gate_error.png)")
     return "\n\n".join(out)

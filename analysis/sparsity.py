@@ -23,7 +23,6 @@ results), and per variant `sparsity/<variant>/apoz_hist.png`, `pruned.pt` and `p
 from __future__ import annotations
 
 import copy
-import json
 from collections import OrderedDict
 from typing import Any
 
@@ -32,15 +31,17 @@ import torch
 from torch import nn
 
 from pipeline import checkpoint, render
-from pipeline.activations import Linked, activation_sites, channel_axis
+from pipeline.activations import Linked, activation_sites
+from pipeline.affine import AFFINE, set_inputs, set_outputs
 from pipeline.config import Config
 from pipeline.data import Split, batches, dataset_for
 from pipeline.distributed import resolve_device
 from pipeline.errors import PipelineError
+from pipeline.gates import channel_axis
+from pipeline.progress import Progress
 from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
 
 PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
-AFFINE = (nn.Linear, nn.Conv2d)
 
 
 class PruneError(PipelineError):
@@ -137,23 +138,14 @@ def prune_dead(model: nn.Sequential, dead: dict[str, np.ndarray]) -> tuple[nn.Se
 
 
 def _slice_out(layer: nn.Module, keep: torch.Tensor) -> None:
-    layer.weight = nn.Parameter(layer.weight.detach()[keep].clone())
-    if layer.bias is not None:
-        layer.bias = nn.Parameter(layer.bias.detach()[keep].clone())
-    if isinstance(layer, nn.Linear):
-        layer.out_features = len(keep)
-    else:
-        layer.out_channels = len(keep)
+    set_outputs(layer, layer.weight.detach()[keep], None if layer.bias is None else layer.bias.detach()[keep])
 
 
 def _slice_in(layer: nn.Module, keep: torch.Tensor) -> None:
-    if isinstance(layer, nn.Conv2d) and layer.groups != 1:
-        raise PruneError("grouped convolutions are not supported by pruning")
-    layer.weight = nn.Parameter(layer.weight.detach()[:, keep].clone())
-    if isinstance(layer, nn.Linear):
-        layer.in_features = len(keep)
-    else:
-        layer.in_channels = len(keep)
+    try:
+        set_inputs(layer, layer.weight.detach()[:, keep])
+    except ValueError as exc:
+        raise PruneError(f"cannot prune: {exc}") from None
 
 
 def pruned_spec(spec: dict[str, Any], model: nn.Sequential) -> dict[str, Any]:
@@ -223,15 +215,18 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
     bs = cfg.data.eval_batch_size
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
+    progress = Progress("sparsity", len(cfg.variants), "variant")
     for variant in cfg.variants:
         relu, payload = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
-        facts = run.variant(variant)
-        if facts["swapped_to"] is None:  # not a gate: the swap left it, no ReLU to count
-            summary[variant] = {"note": f"no swap ({facts['activation']} is not a gate): no APoZ", "layers": {}}
+        record = run.variant(variant)
+        if record.swapped_to is None:  # not a gate: the swap left it, no ReLU to count
+            summary[variant] = {"note": f"no swap ({record.activation} is not a gate): no APoZ", "layers": {}}
+            progress.step(line=f"    sparsity {variant}: not a gate, nothing to count")
             continue
+        progress.step(0, line=f"    sparsity {variant}: APoZ on {len(split)} {scfg.split} samples")
         relu_apoz = apoz(unit_stats(relu, split, bs, device))
         smooth_nonpos = None
-        if facts["smooth"]:
+        if record.smooth:
             smooth, _ = checkpoint.load_model(run.file("train", variant, "best.pt"))
             smooth_nonpos = nonpositive_fraction(unit_stats(smooth, split, bs, device))
         linked_sites = {n for n, m in activation_sites(relu) if isinstance(m, Linked)}
@@ -248,6 +243,7 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
                              # a linked unit (g(z), g(−z)) is dead only when both of its outputs are (Riera & Pujol)
                              **({"dead_pairs": int((dead[:len(a) // 2] & dead[len(a) // 2:]).sum())} if layer in linked_sites else {}),
                              **({"nonpos_smooth_mean": float(smooth_nonpos[layer].mean())} if smooth_nonpos is not None else {})}
+        progress.step(0, line=f"    sparsity {variant}: provably dead / always active units (CROWN/α-CROWN over the input range)")
         provable = _provable(relu, ds.info, layers)
         units = sum(v["units"] for v in layers.values())
         entry: dict[str, Any] = {
@@ -262,9 +258,13 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
             why_not = _unprunable(payload["spec"]) or (
                 "not pruned: sparsity.split=test (pruning is checked lossless on the validation split it counts on)"
                 if scfg.split != "val" else None)
+            if not why_not:
+                progress.step(0, line=f"    sparsity {variant}: pruning {entry['dead']} dead units, checking and exporting")
             entry["pruning"] = ({"note": why_not} if why_not else
                                 _prune_variant(cfg, run, ds, variant, relu, payload, relu_apoz, export_mod))
         summary[variant] = entry
+        progress.step(line=f"    sparsity {variant}: done ({entry['dead']} dead of {entry['units']} units)")
+    progress.close()
     atomic_write_csv(run.file("sparsity", "apoz.csv"), rows,
                      ["variant", "layer", "unit", "apoz", "dead", "always_active", "nonpos_smooth"])
     result = {"split": scfg.split, "samples": len(split), "variants": summary}
@@ -337,10 +337,9 @@ def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequenti
 
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The sparsity stage's section of report.md: APoZ per variant and what pruning the dead units removed."""
-    path = run.file("sparsity", "sparsity.json")
-    if not path.is_file():
+    sp = run.read_json("sparsity", "sparsity.json")
+    if sp is None:
         return None
-    sp = json.loads(path.read_text())
     rows, notes = [], []
     for v, e in sp["variants"].items():
         if not e.get("layers"):
@@ -362,4 +361,6 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                       "provably dead / always active", "pruned units", "params before", "params after",
                       "argmax agreement after pruning (test)"], rows),
         *notes,
+        "APoZ per unit, layer by layer (the smooth model's non-positive pre-activations beside it):",
+        *(f"![APoZ histogram, {v}](../sparsity/{v}/apoz_hist.png)" for v, e in sp["variants"].items() if e.get("layers")),
     ])

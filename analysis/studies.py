@@ -17,13 +17,12 @@ linked table when it has a linked variant or matched widths.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from pipeline import render
-from pipeline.activations import ACTIVATIONS
+from pipeline.rundir import RunDir
 
 from .stats import mean_ci
 
@@ -47,13 +46,10 @@ ARMS = {  # (width_match, linked) -> the study's name for it
 }
 
 
-def _json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _run(path: Path) -> dict[str, Any]:
-    return {"path": path, "cfg": _json(path / "config.json"), "manifest": _json(path / "manifest.json") or {},
-            "swap": _json(path / "swap" / "swap.json") or {}, "sparsity": _json(path / "sparsity" / "sparsity.json")}
+    run = RunDir.open(path)
+    return {"path": path, "cfg": run.cfg.to_dict(), "manifest": run.manifest(), "records": run.variants(),
+            "swap": run.read_json("swap", "swap.json") or {}, "sparsity": run.read_json("sparsity", "sparsity.json")}
 
 
 def _harden_metrics(run: dict[str, Any], variant: str) -> dict[str, Any]:
@@ -64,14 +60,14 @@ def _harden_metrics(run: dict[str, Any], variant: str) -> dict[str, Any]:
 def zoo_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for run in runs:
-        variants = run["cfg"]["variants"]
-        if sum(ACTIVATIONS[v].swap_to is None and v != "relu" for v in variants if v in ACTIVATIONS) < 2:
-            continue  # not an activation comparison
+        variants, records = run["cfg"]["variants"], run["records"]
+        if sum(v in records and records[v].swapped_to is None for v in variants) < 2:
+            continue  # not an activation comparison (of two or more activations that are not gates)
         for v in variants:
             sw = run["swap"].get(v)
             if sw is None or "test_loss_before" not in sw:
                 continue
-            gate = ACTIVATIONS[v].swap_to not in (None, v) if v in ACTIVATIONS else False
+            gate = records[v].swap_changes
             h = _harden_metrics(run, v)
             out.append({"run": run["path"].name, "activation": v, "loss": sw["test_loss_before"], "accuracy": sw["test_before"],
                         "accuracy_swapped": sw["test_after"] if gate else None, "epoch": h.get("best_epoch"),
@@ -81,16 +77,16 @@ def zoo_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _setting(cfg: dict[str, Any]) -> tuple:
     """What makes two runs arms of one comparison: same data, model, training length and seed."""
-    return (cfg["data"]["name"], cfg["data"].get("subset"), cfg["model"]["name"], cfg["train"]["epochs"], cfg["seed"])
+    return (cfg["data"]["name"], cfg["data"]["subset"], cfg["model"]["name"], cfg["train"]["epochs"], cfg["seed"])
 
 
 def linked_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     studied = {_setting(r["cfg"]) for r in runs
-               if r["cfg"]["model"].get("width_match", "none") != "none" or any(v.startswith("linked_") for v in r["cfg"]["variants"])}
+               if r["cfg"]["model"]["width_match"] != "none" or any(v.startswith("linked_") for v in r["cfg"]["variants"])}
     out = []
     for run in runs:
         cfg = run["cfg"]
-        wm = cfg["model"].get("width_match", "none")
+        wm = cfg["model"]["width_match"]
         if _setting(cfg) not in studied:  # the "single" arm is a plain run: it joins a study run of the same setting
             continue
         for v in cfg["variants"]:
@@ -114,7 +110,7 @@ def select_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[tuple[dict, str]]] = {}
     for run in runs:
         cfg = run["cfg"]
-        rule = cfg["harden"].get("select", "best_val") + (f" (hold {cfg['harden']['hold']})" if cfg["harden"].get("hold") else "")
+        rule = cfg["harden"]["select"] + (f" (hold {cfg['harden']['hold']})" if cfg["harden"]["hold"] else "")
         for v in cfg["variants"]:
             if v in run["swap"]:
                 key = (cfg["data"]["name"], cfg["model"]["name"], cfg["train"]["epochs"], v)

@@ -22,7 +22,7 @@ import torch
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.models import build_model, make_spec
-from pipeline.swap import to_relu
+from pipeline.relu_swap import to_relu
 from quantize import export as export_mod
 from quantize import int8 as int8_mod
 from quantize import ort as ort_util

@@ -28,7 +28,7 @@ from pipeline import kernels
 from pipeline.activations import hardenable_gates, lambda_gelu
 from pipeline.config import Config
 from pipeline.data import Split, dataset_for
-from pipeline.hardness import param_groups
+from pipeline.schedule import param_groups
 from pipeline.models import build_model, make_spec
 from pipeline.train import OPTIMIZERS, _train_epoch
 

@@ -17,9 +17,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "to_gates": "pipeline.convert:to_gates",
     "ConvertReport": "pipeline.convert:ConvertReport",
-    "to_relu": "pipeline.swap:to_relu",
-    "swap_report": "pipeline.swap:swap_report",
-    "Hardener": "pipeline.harden:Hardener",
+    "to_relu": "pipeline.relu_swap:to_relu",
+    "swap_report": "pipeline.relu_swap:swap_report",
+    "Hardener": "pipeline.hardener:Hardener",
     "GateConfig": "pipeline.config:GateConfig",
     "as_split": "pipeline.data:as_split",
     "Split": "pipeline.data:Split",

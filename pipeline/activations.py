@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .config import GateConfig, HardenConfig, check_choice
-from .gates import GATES, lambda_target
+from .config import GateConfig, check_choice
+from .gates import GATES, channel_axis, per_channel
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -48,21 +48,6 @@ def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
         return lambda_gelu_reference(x, lam)
     # training: the chosen kernel (pipeline.kernels), one autograd node per layer
     return kernels.apply(x, lam)
-
-
-def channel_axis(x: torch.Tensor) -> int:
-    """Where a per-channel λ varies: dim 1 of [N, C] features and [N, C, H, W] images, the last dim of token
-    sequences [B, T, C] (a transformer's features)."""
-    return x.dim() - 1 if x.dim() == 3 else 1
-
-
-def per_channel(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A [1] or [C] parameter viewed to broadcast against x along `channel_axis`."""
-    if p.numel() == 1:
-        return p.reshape(())
-    shape = [1] * x.dim()
-    shape[channel_axis(x)] = -1
-    return p.view(shape)
 
 
 def _kernel_path(x: torch.Tensor) -> bool:
@@ -400,22 +385,6 @@ def build_activation(name: str, ctx: GateContext) -> nn.Module:
     return ACTIVATIONS[name].build(ctx)
 
 
-def variant_facts(name: str, harden: HardenConfig) -> dict:
-    """What every stage needs to know about one variant, decided once (the train stage records it in the
-    manifest and later stages read it there): its activation, whether Algorithm 1 hardens it, its gate
-    family, its λ_target, what the swap turns it into, and whether it has a smooth form at all."""
-    spec = ACTIVATIONS[name]
-    return {
-        "activation": name,
-        "hardenable": spec.hardenable,
-        "gate": spec.gate,
-        "lambda_target": lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, spec.gate)
-        if spec.hardenable else None,
-        "swapped_to": swapped_activation(name),  # None: not a gate, the swap leaves it as it is
-        "smooth": name not in RELU_FORMS,  # has a form other than ReLU (export writes it as "smooth")
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # Walking a model: which modules are gates, and where the activation sites are
 
@@ -474,8 +443,3 @@ def hardness_parameters(model: nn.Module) -> list[nn.Parameter]:
     for g in hardenable_gates(model):
         seen.setdefault(id(g.s), g.s)
     return list(seen.values())
-
-
-def layer_lambdas(model: nn.Module) -> list[float]:
-    """One λ per activation site (the channel mean for per-channel gates), for logs and reports."""
-    return [float(g.lam.detach().mean()) for g in hardenable_gates(model)]

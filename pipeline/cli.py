@@ -10,7 +10,8 @@ from pathlib import Path
 
 from . import config as config_mod
 from .errors import PipelineError
-from .stages import resolve, validate
+from .runner import validate
+from .stages import resolve
 
 # Commands whose logic lives above pipeline/ (analysis, quantize), named like the stage registry's
 # targets: pipeline's own modules never import those packages, the CLI resolves these on use.
@@ -102,7 +103,7 @@ def cmd_stages(args: argparse.Namespace) -> int:
 
     width = max(map(len, STAGES))
     for name, st in STAGES.items():
-        print(f"{name:<{width}}  {st.directory + '/':<12} {st.help}")
+        print(f"{name:<{width}}  {st.directory + '/':<12} {st.describe()}")
     return 0
 
 

@@ -362,8 +362,9 @@ def check_choice(key: str, value: str, choices: Any) -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Field and cross-field checks. Names in the registries are checked beside them
-    (`pipeline.stages.validate` runs both; this module imports nothing else from the project)."""
+    """Field and cross-field checks. Names in the registries are checked beside them, and a stage with its own
+    validation hook (verify: `analysis.verify.validate_config`) checks its section there
+    (`pipeline.runner.validate` runs them all; this module imports nothing else from the project)."""
     need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")

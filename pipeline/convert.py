@@ -2,12 +2,12 @@
 
     model, report = to_gates(model)     # a copy (inplace=True changes `model` itself)
     print(report)                       # what was converted, what was left and why
-    ...                                 # harden it in any loop: pipeline.harden.Hardener
-    relu = to_relu(model)               # every gate -> ReLU, in place (pipeline.swap.to_relu)
+    ...                                 # harden it in any loop: pipeline.hardener.Hardener
+    relu = to_relu(model)               # every gate -> ReLU, in place (pipeline.relu_swap.to_relu)
 
 Like torchao's `quantize_(model, config, filter_fn)`: `filter_fn(module, fqn)` chooses the sites, a
 `GateConfig` sets each gate's granularity (layer / channel / global), initial λ and temperature, and the one
-walker (`pipeline.swap.replace_modules`) puts the new modules in. What becomes what:
+walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What becomes what:
 
 - a gate of family g (`activations.gate_of`: torch's nn.GELU in its exact erf form, nn.SiLU, nn.Mish, the
   registry's GELU / SiLU / SERF / Mish, a user's module declaring `GATE`) becomes the registry's hardenable
@@ -42,10 +42,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from . import render
-from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, channel_axis, gate_of
+from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of
+from .gates import channel_axis
 from .config import GateConfig
 from .errors import PipelineError
-from .swap import replace_modules, to_relu
+from .relu_swap import replace_modules, to_relu
 
 __all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hardenable_for"]
 

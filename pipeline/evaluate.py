@@ -46,10 +46,6 @@ def evaluate(model: nn.Module, split: Split, batch_size: int, device: torch.devi
     return score(predict(model, split, batch_size, device), split.y, metric)
 
 
-def improved(new: float, best: float, metric: str) -> bool:
-    return new > best if METRICS[metric][1] else new < best
-
-
 def worst(metric: str) -> float:
     """The starting value of a best-so-far search for `metric`."""
     return -math.inf if METRICS[metric][1] else math.inf

@@ -1,4 +1,4 @@
-"""Gate families: the one place that knows a gate's identity and its constants.
+"""Gate families: the one place that knows a gate's identity, its constants, λ_target and the channel axis.
 
 A self-gated activation is f_λ(x) = x·g(λx) with a smooth step g (g(−∞) = 0, g(+∞) = 1), so f_λ → ReLU
 as λ → ∞. A family is named by its gate g ("phi" for λ-GELU, "sigmoid" for λ-Swish, ...); activation
@@ -9,7 +9,9 @@ Per family, three constants, each a bound over a power of λ:
   a: E∞(λ) = ∫|H(x) − g(λx)| dx = a/λ                (the λ-GELU paper's criterion, `gate_l1`)
   b: ∫|ReLU(x) − f_λ(x)| dx = b/λ²                     (`act_l1`)
   c: sup_x |ReLU(x) − f_λ(x)| = c/λ                    (`sup`: what a swap changes per unit)
-Closed forms where they exist, scipy quadrature otherwise; the sympy derivations are tested against them.
+a and b in closed form where one exists, scipy quadrature of the two tails otherwise; c always from the tails
+(`tail_peaks`, computed once per family and nudged up so that it is a sound upper bound). The sympy derivations
+in `analysis/theory/symbolic.py` are tested against these numbers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +27,9 @@ from scipy import integrate, optimize, special
 
 CRITERIA = ("gate_l1", "act_l1", "sup")
 QUAD_RTOL = 1e-12  # scipy quad's relative tolerance for the gates without closed forms (SERF, Mish)
+# A peak found by a bounded search is the function's value at the best point found, at most the true maximum:
+# the reported maximum is raised by this relative amount (far above the search's xatol² and float64 rounding).
+PEAK_NUDGE = 1e-12
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,10 @@ class GateFamily:
     label: str
     g: Callable[[torch.Tensor], torch.Tensor]  # g(y) on tensors, accurate in both tails (the float64 reference)
     sym: Callable[[Any], Any]  # g(y) as a sympy expression (sympy is imported by the caller's first use)
-    bounds: Callable[[], GateBounds]  # the constants a, b, c
+    upper_tail: Callable[[float], float]  # 1 − g(u) for u ≥ 0: the x > 0 side, where f_λ falls short of ReLU
+    lower_tail: Callable[[float], float]  # g(−u) for u ≥ 0: the x < 0 side, where f_λ is below 0
+    # (a, b) in closed form; None: scipy quadrature of the tails (`gate_bounds`)
+    l1: Callable[[], tuple[float, float]] | None = None
     # The tail 1 − g(u), u > 0, as Σ_{k≥1} a(k)·e^{−b(k)u}: lets sympy integrate moments it cannot do directly.
     tail_series: Callable[[Any], tuple[Any, Any]] | None = None
     # No closed forms (and g(−y) ≠ 1 − g(y)): sympy builds the expressions, mpmath does the integrals.
@@ -64,26 +72,6 @@ class GateFamily:
 
 # ---------------------------------------------------------------------------------------------
 # The families
-
-
-def _max_u_tail(tail: Callable[[float], float]) -> float:
-    """max_{u ≥ 0} u·tail(u) (unimodal): a grid, then a bounded search around its best point."""
-    grid = np.linspace(0.0, 20.0, 2001)
-    i = int(np.argmax([u * tail(u) for u in grid]))
-    res = optimize.minimize_scalar(lambda u: -u * tail(u), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]),
-                                   method="bounded", options={"xatol": 1e-12})
-    return -float(res.fun)
-
-
-def _numeric_bounds(upper_tail: Callable[[float], float], lower_tail: Callable[[float], float]) -> GateBounds:
-    """Bounds of a gate from its two tails on u ≥ 0: 1 − g(u) (x > 0 side) and g(−u) (x < 0 side).
-
-    With u = λ|x|: E∞ = (∫t₊ + ∫t₋)/λ, ∫|ReLU − f_λ| = (∫u·t₊ + ∫u·t₋)/λ², sup = max_u u·t±(u)/λ.
-    """
-    quad = lambda f: integrate.quad(f, 0.0, np.inf, epsabs=0.0, epsrel=QUAD_RTOL, limit=200)[0]  # noqa: E731
-    a = quad(upper_tail) + quad(lower_tail)
-    b = quad(lambda u: u * upper_tail(u)) + quad(lambda u: u * lower_tail(u))
-    return GateBounds(a, b, max(_max_u_tail(upper_tail), _max_u_tail(lower_tail)))
 
 
 def _softplus(u: float) -> float:
@@ -120,23 +108,28 @@ def _sym_mish(y):
     return sp.tanh(sp.log(1 + sp.exp(y)))
 
 
+def _phi_tail(u: float) -> float:
+    return float(special.ndtr(-u))
+
+
+def _sigmoid_tail(u: float) -> float:
+    return float(special.expit(-u))
+
+
 GATES: dict[str, GateFamily] = {
-    # E∞ = 2/(λ√(2π)), 1/(2λ²), c/λ with c = max_u u·Φ(−u) ≈ 0.169971
-    "phi": GateFamily("phi", "λ-GELU  x·Φ(λx)", _phi, _sym_phi,
-                      lambda: GateBounds(2.0 / math.sqrt(2 * math.pi), 0.5, _max_u_tail(lambda u: float(special.ndtr(-u))))),
-    # E∞ = 2·ln2/λ, π²/(6λ²), W(1/e)/λ (u·σ(−u) is largest where u − 1 = e^{−u}); 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku}
-    "sigmoid": GateFamily("sigmoid", "λ-Swish  x·σ(λx)", torch.sigmoid, _sym_sigmoid,
-                          lambda: GateBounds(2 * math.log(2), math.pi**2 / 6, float(special.lambertw(1 / math.e).real)),
-                          tail_series=lambda k: ((-1) ** (k + 1), k)),
+    # E∞ = 2/(λ√(2π)), 1/(2λ²); c = max_u u·Φ(−u) ≈ 0.169971 (both tails are Φ(−u))
+    "phi": GateFamily("phi", "λ-GELU  x·Φ(λx)", _phi, _sym_phi, _phi_tail, _phi_tail,
+                      l1=lambda: (2.0 / math.sqrt(2 * math.pi), 0.5)),
+    # E∞ = 2·ln2/λ, π²/(6λ²); c = W(1/e) (u·σ(−u) is largest where u − 1 = e^{−u}); 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku}
+    "sigmoid": GateFamily("sigmoid", "λ-Swish  x·σ(λx)", torch.sigmoid, _sym_sigmoid, _sigmoid_tail, _sigmoid_tail,
+                          l1=lambda: (2 * math.log(2), math.pi**2 / 6), tail_series=lambda k: ((-1) ** (k + 1), k)),
     # erf(softplus(y)): not symmetric (g(0) = erf(ln 2) ≈ 0.673), so the two sides differ
     "serf": GateFamily("serf", "λ-SERF  x·erf(softplus(λx))", lambda y: torch.erf(torch.nn.functional.softplus(y)), _sym_serf,
-                       lambda: _numeric_bounds(lambda u: float(special.erfc(_softplus(u))),
-                                               lambda u: float(special.erf(math.log1p(math.exp(-u))))),
+                       lambda u: float(special.erfc(_softplus(u))), lambda u: float(special.erf(math.log1p(math.exp(-u)))),
                        numeric=True),
     # tanh(softplus(y)): 1 − tanh(s) = 2σ(−2s)
     "mish": GateFamily("mish", "λ-Mish  x·tanh(softplus(λx))", lambda y: torch.tanh(torch.nn.functional.softplus(y)), _sym_mish,
-                       lambda: _numeric_bounds(lambda u: 2.0 * float(special.expit(-2.0 * _softplus(u))),
-                                               lambda u: math.tanh(math.log1p(math.exp(-u)))),
+                       lambda u: 2.0 * float(special.expit(-2.0 * _softplus(u))), lambda u: math.tanh(math.log1p(math.exp(-u))),
                        numeric=True),
 }
 
@@ -151,24 +144,78 @@ def family(name: str) -> GateFamily:
 def register(fam: GateFamily) -> None:
     """Add (or replace) a gate family; cached constants of a replaced one are dropped."""
     GATES[fam.name] = fam
+    tail_peaks.cache_clear()
     gate_bounds.cache_clear()
+
+
+class TailPeaks(NamedTuple):
+    """Per side of a gate, (u*, max_{u ≥ 0} u·tail(u)) with the maximum nudged up (`PEAK_NUDGE`): with u = λ|x|,
+    |ReLU(x) − x·g(λx)| = u·tail(u)/λ, so each side's maximum over λ is the constant of that side's c/λ bound."""
+
+    upper: tuple[float, float]  # x > 0: u·(1 − g(u))
+    lower: tuple[float, float]  # x < 0: u·g(−u)
+
+
+def _peak(tail: Callable[[float], float]) -> tuple[float, float]:
+    """(argmax, nudged max) of u·tail(u) on u ≥ 0 (unimodal): a grid, then a bounded search around its best point."""
+    grid = np.linspace(0.0, 20.0, 2001)
+    i = int(np.argmax([u * tail(u) for u in grid]))
+    res = optimize.minimize_scalar(lambda u: -u * tail(u), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]),
+                                   method="bounded", options={"xatol": 1e-12})
+    return float(res.x), -float(res.fun) * (1 + PEAK_NUDGE)
+
+
+@functools.lru_cache(maxsize=None)
+def tail_peaks(gate: str = "phi") -> TailPeaks:
+    """Both sides' peaks of u·tail(u) for one gate family, computed once."""
+    fam = family(gate)
+    return TailPeaks(_peak(fam.upper_tail), _peak(fam.lower_tail))
 
 
 @functools.lru_cache(maxsize=None)
 def gate_bounds(gate: str = "phi") -> GateBounds:
-    return family(gate).bounds()
+    """a, b (closed forms, or quadrature of the tails: E∞ = (∫t₊ + ∫t₋)/λ, ∫|ReLU − f_λ| = (∫u·t₊ + ∫u·t₋)/λ²)
+    and c = the larger tail peak (`tail_peaks`)."""
+    fam = family(gate)
+    if fam.l1 is not None:
+        a, b = fam.l1()
+    else:
+        quad = lambda f: integrate.quad(f, 0.0, np.inf, epsabs=0.0, epsrel=QUAD_RTOL, limit=200)[0]  # noqa: E731
+        a = quad(fam.upper_tail) + quad(fam.lower_tail)
+        b = quad(lambda u: u * fam.upper_tail(u)) + quad(lambda u: u * fam.lower_tail(u))
+    peaks = tail_peaks(gate)
+    return GateBounds(a, b, max(peaks.upper[1], peaks.lower[1]))
 
 
 def sup_constant(gate: str = "phi") -> float:
-    """c of sup|ReLU − f_λ| = c/λ, nudged up so that a bound built on it stays sound: the bounded search
-    returns the function's value at its best point, which is at most the true maximum."""
-    return gate_bounds(gate).sup * (1 + 1e-12)
+    """c of sup|ReLU − f_λ| ≤ c/λ: a sound upper bound (`tail_peaks` nudges it up)."""
+    return gate_bounds(gate).sup
 
 
 def lambda_target(epsilon: float, criterion: str = "gate_l1", override: float = 0.0, gate: str = "phi") -> float:
-    """λ_target for the gate g of x·g(λx): the smallest λ whose bound `criterion` is ≤ ε (at least 1)."""
+    """λ_target for the gate g of x·g(λx): the smallest λ whose bound `criterion` is ≤ ε (at least 1), or the
+    override when one is set (> 0)."""
     if override > 0:
         return float(override)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
     return max(1.0, gate_bounds(gate).lambda_for(criterion, epsilon))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a per-channel λ varies
+
+
+def channel_axis(x: torch.Tensor) -> int:
+    """Where a per-channel λ varies: dim 1 of [N, C] features and [N, C, H, W] images, the last dim of token
+    sequences [B, T, C] (a transformer's features)."""
+    return x.dim() - 1 if x.dim() == 3 else 1
+
+
+def per_channel(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A [1] or [C] parameter viewed to broadcast against x along `channel_axis`."""
+    if p.numel() == 1:
+        return p.reshape(())
+    shape = [1] * x.dim()
+    shape[channel_axis(x)] = -1
+    return p.view(shape)

@@ -10,7 +10,7 @@ points, one group per registry. A plug-in package declares them in its pyproject
                                         # subclasses HardenableGate); linked_<name> comes with it
 
 `load()` imports every entry point once per process and adds it to its registry (`data.DATASETS`,
-`models.MODELS`, `activations.ACTIVATIONS`); `stages.validate` calls it before any name is checked, so a
+`models.MODELS`, `activations.ACTIVATIONS`); `runner.validate` calls it before any name is checked, so a
 config may name a plug-in like a built-in. A plug-in that cannot be imported, has the wrong type or reuses a
 taken name stops the run with one line naming its package and entry point. `pipeline plugins` lists them.
 """

@@ -53,10 +53,25 @@ def figure(width: float, height: float, dpi: int = 120):
     return fig
 
 
-def save(fig, path: str | Path, tight: bool = False) -> Path:
-    """tight_layout, then an atomic PNG write."""
+def save(fig, path: str | Path, tight: bool = False, layout: bool = True) -> Path:
+    """tight_layout (unless the caller laid the figure out itself: `layout=False`), then an atomic PNG write."""
     path = Path(path)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
     return path
+
+
+def value_range(low: Any, high: Any, names: Sequence[str] = (), digits: int = 3) -> str:
+    """A data set's valid input range in a sentence: one interval when every input shares it, else the spread of
+    the per-feature bounds (how many features, the smallest low, the largest high, and the feature names at the
+    extremes when given): never the whole list of per-feature numbers."""
+    lo = [float(v) for v in low] if isinstance(low, (list, tuple)) else [float(low)]
+    hi = [float(v) for v in high] if isinstance(high, (list, tuple)) else [float(high)]
+    if len(set(lo)) == 1 and len(set(hi)) == 1:
+        return f"[{lo[0]:.{digits}g}, {hi[0]:.{digits}g}]"
+    i, j = min(range(len(lo)), key=lo.__getitem__), max(range(len(hi)), key=hi.__getitem__)
+    where = f" ({names[i]}, {names[j]})" if len(names) == len(lo) else ""
+    return (f"per feature ({len(lo)} features, raw units): lows from {min(lo):.{digits}g} to {max(lo):.{digits}g}, highs from "
+            f"{min(hi):.{digits}g} to {max(hi):.{digits}g}; widest [{lo[i]:.{digits}g}, {hi[j]:.{digits}g}]{where}")

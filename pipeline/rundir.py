@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 from .config import Config, from_dict, validate
 from .errors import RunDirError
+from .records import VariantRecord
+from .records import from_dict as record_from_dict
 
 VERSIONED = ["torch", "numpy", "scipy", "sympy", "onnx", "onnxruntime", "onnxsim", "maraboupy"]
 
@@ -197,17 +199,36 @@ class RunDir:
         entry.update(fields)
         self._write_manifest(m)
 
-    def record_variants(self, facts: dict[str, dict[str, Any]]) -> None:
-        """The per-variant facts of `pipeline.activations.variant_facts`, recorded by the train stage."""
-        self.update_manifest(variants=facts)
+    def record_variants(self, records: dict[str, VariantRecord]) -> None:
+        """Each variant's record (`pipeline.records`), written once by the train stage."""
+        self.update_manifest(variants={v: r.as_dict() for v, r in records.items()})
 
-    def variant(self, name: str) -> dict[str, Any]:
-        """What the train stage decided about one variant (hardenable, gate, λ_target, swapped_to, smooth)."""
-        facts = self.manifest().get("variants", {}).get(name)
-        if facts is None:
-            raise RunDirError(f"{self.path}: the train stage recorded no facts for variant {name!r}; "
+    def variant(self, name: str) -> VariantRecord:
+        """The train stage's record of one variant: the one way every later stage reads a variant's facts. A run
+        directory without it (the train stage has not started, or an older version wrote it) is an error naming
+        the fix."""
+        record = record_from_dict(self.manifest().get("variants", {}).get(name))
+        if record is None:
+            raise RunDirError(f"{self.path}: no record of variant {name!r} from this version's train stage; "
                               f"rerun it with `pipeline run --resume {self.path} --redo train`")
-        return facts
+        return record
+
+    def variants(self) -> dict[str, VariantRecord]:
+        """Every variant's record the train stage wrote ({} before it has run); `variant` for one that must exist."""
+        return {v: self.variant(v) for v in self.manifest().get("variants", {})}
+
+    def read_json(self, stage: str, name: str) -> Any | None:
+        """A JSON file a stage wrote into its directory, or None when it has not written it (a report section
+        of a stage that has not run is left out). A corrupt file is an error naming the `--redo` that rewrites it."""
+        from .stages import STAGES  # the stage registry names each stage's directory (it imports the registries)
+
+        path = self.file(STAGES[stage].directory, name)
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{path} is corrupt ({exc.msg}); rewrite it with `pipeline run --resume {self.path} --redo {stage}`") from None
 
     def writer_of(self, path: str | Path) -> str | None:
         """The stage whose manifest record lists this file (as written or rewritten by it), or None."""

@@ -13,13 +13,29 @@ from typing import Any, Callable
 
 import torch
 
+from . import activations, data, distributed, models, plugins
 from . import config as config_mod
-from . import distributed
 from .config import Config
+from .config import validate as validate_fields
 from .data import dataset_for
 from .errors import CheckpointError, PipelineError
 from .rundir import RunDir, now
-from .stages import DISTRIBUTED, STAGES, expand_redo, selected, validate
+from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, resolve, selected
+
+
+def validate(cfg: Config) -> Config:
+    """Everything a run checks before it starts: fields, registry names (plug-ins registered first), and each
+    stage's own hook."""
+    validate_fields(cfg)
+    plugins.load()
+    data.check_config(cfg.data)
+    models.check_config(cfg.model)
+    activations.check_names(cfg.variants)
+    check_names(cfg.stages)
+    for stage in STAGES.values():
+        if stage.validate:
+            resolve(stage.validate)(cfg)
+    return cfg
 
 
 def create(cfg: Config, argv: list[str] | None = None) -> RunDir:
@@ -34,10 +50,8 @@ def create(cfg: Config, argv: list[str] | None = None) -> RunDir:
     return RunDir.create(cfg, argv=argv)
 
 
-# Which stage first reads each config section (a key of "train.lr" form looks up "train.lr", then "train").
-FIRST_STAGE = {"seed": "train", "variants": "train", "data": "train", "model": "train", "gate": "train", "train": "train",
-               "harden": "harden", "check": "check", "export": "export", "quantize": "int8", "sparsity": "sparsity",
-               "verify": "verify"}
+# Which stage first reads each config section, from what each stage declares it reads (`Stage.reads`).
+FIRST_STAGE = first_readers()
 # Keys that may change while their stages are under way or partly done: they change no shape and no schedule,
 # only how the remaining epochs run (the usual fix after a divergence is a lower train.lr), and every stage
 # listed still reads them.
@@ -160,7 +174,7 @@ def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: C
                     continue
             else:
                 distributed.barrier()  # rank 0 has written everything earlier stages left
-        log(f"[{name}] {stage.help}")
+        log(f"[{name}] {stage.describe(cfg)}")
         started = time.time()
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.

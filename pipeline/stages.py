@@ -1,8 +1,9 @@
 """The stage registry: every stage of a run, in run order, as data. A stage is `run(cfg, run) -> metrics`
 that writes only under its own directory; it may name a `report` section `(cfg, run) -> Markdown | None`
-and a `validate(cfg)` hook for its own config section. Targets are "module:function" strings, imported
-on use, so `pipeline stages` stays fast and this module imports no stage: the runner (`runner.py`) and
-the report stage resolve them.
+and a `validate(cfg)` hook for its own config section, and declares the config sections it reads. Targets are
+"module:function" strings, imported on use, so `pipeline stages` stays fast and this module imports no stage and
+no other registry: the runner (`runner.py`, which also validates a config against every registry) and the report
+stage resolve them.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import activations, data, models, plugins
 from .config import Config, check_choice
-from .config import validate as validate_fields
 from .errors import PipelineError
 
 
@@ -27,33 +26,51 @@ def resolve(target: str) -> Callable[..., Any]:
 class Stage:
     run: str  # "module:function" -> metrics dict
     directory: str  # where the stage writes (train and harden share train/)
-    help: str
+    help: str  # what it does; "{cfg.<section>.<key>}" fields are filled from the run's config (`describe`)
+    reads: tuple[str, ...]  # the config sections it reads: a --resume override of one takes effect from the first reader
     report: str | None = None  # "module:function" -> this stage's section of report.md (None: no section of its own)
     validate: str | None = None  # "module:function" -> raises ConfigError for a bad setting of its own section
 
     def fn(self) -> Callable[[Config, Any], dict[str, Any]]:
         return resolve(self.run)
 
+    def describe(self, cfg: Config | None = None) -> str:
+        """`help` with the config's values (the defaults without one)."""
+        return self.help.format(cfg=cfg if cfg is not None else Config())
 
+
+_MODEL = ("seed", "variants", "data", "model", "gate", "train")  # what builds and trains a variant
 # In run order.
 STAGES: dict[str, Stage] = {
-    "train": Stage("pipeline.train:run_train", "train", "learn weights and λ for the first 25% of epochs (Algorithm 1, line 1)",
-                   report="analysis.report:section_training"),
-    "harden": Stage("pipeline.train:run_harden", "train", "freeze s, anneal λ linearly to λ_target, keep the best-validation checkpoint"),
+    "train": Stage("pipeline.train:run_train", "train",
+                   "learn weights and λ for epochs 1..e_s, e_s = ⌊{cfg.train.switch_fraction:g}·T⌋ (Algorithm 1, line 1)",
+                   _MODEL, report="pipeline.train:report_section"),
+    "harden": Stage("pipeline.train:run_harden", "train",
+                    "epochs e_s+1..T by harden.method={cfg.harden.method} (anneal: λ linearly to λ_target; swap: ReLU, "
+                    "fine-tuned); keep the checkpoint harden.select={cfg.harden.select} picks", (*_MODEL, "harden")),
     "check": Stage("analysis.check:run_check", "check", "bounds: sympy closed forms, per-layer check on validation pre-activations, swap certificate",
-                   report="analysis.check:report_section"),
-    "swap": Stage("pipeline.swap:run_swap", "swap", "replace every gate of the best checkpoint by ReLU and re-evaluate, no weight update",
-                  report="analysis.report:section_swap"),
-    "export": Stage("quantize.export:run_export", "export", "fp32 ONNX (opset 20, onnxsim, dynamic batch) of the smooth and the swapped models, checked against PyTorch",
-                    report="quantize.export:report_section"),
+                   ("variants", "data", "harden", "check"), report="analysis.check:report_section"),
+    "swap": Stage("pipeline.swap:run_swap", "swap", "replace every gate of the selected checkpoint by ReLU and re-evaluate, no weight update",
+                  ("variants", "data", "train"), report="pipeline.swap:report_section"),
+    "export": Stage("quantize.export:run_export", "export", "fp32 ONNX (opset {cfg.export.opset}, onnxsim, dynamic batch) of the smooth and "
+                    "the swapped models, checked against PyTorch", ("variants", "data", "export"), report="quantize.export:report_section"),
     "int8": Stage("quantize.int8:run_int8", "quantize", "onnxruntime static int8 (QDQ, per-channel): accuracy, size, latency, op counts, SQNR",
-                  report="quantize.int8:report_section"),
+                  ("variants", "data", "export", "quantize"), report="quantize.int8:report_section"),
     "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported",
-                      report="analysis.sparsity:report_section"),
+                      ("variants", "data", "export", "quantize", "sparsity"), report="analysis.sparsity:report_section"),
     "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped ReLU and the smooth models (VNN-COMP layout, staged verifier, tight bounds)",
-                    report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
-    "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above"),
+                    ("variants", "data", "export", "verify"), report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
+    "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above", _MODEL),
 }
+
+
+def first_readers() -> dict[str, str]:
+    """Config section -> the first stage (in run order) that reads it: where a --resume override of it takes effect."""
+    out: dict[str, str] = {}
+    for name, stage in STAGES.items():
+        for section in stage.reads:
+            out.setdefault(section, name)
+    return out
 
 
 # Stages every torchrun rank runs together (data-parallel training); the others run on rank 0 only.
@@ -63,21 +80,6 @@ DISTRIBUTED = {"train", "harden"}
 def check_names(names: list[str], key: str = "stages") -> None:
     for n in names:
         check_choice(key, n, STAGES)
-
-
-def validate(cfg: Config) -> Config:
-    """Everything a run checks before it starts: fields, registry names (plug-ins registered first), and each
-    stage's own hook."""
-    validate_fields(cfg)
-    plugins.load()
-    data.check_config(cfg.data)
-    models.check_config(cfg.model)
-    activations.check_names(cfg.variants)
-    check_names(cfg.stages)
-    for stage in STAGES.values():
-        if stage.validate:
-            resolve(stage.validate)(cfg)
-    return cfg
 
 
 def selected(cfg: Config) -> list[str]:

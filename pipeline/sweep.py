@@ -43,7 +43,8 @@ from . import config as config_mod
 from . import distributed, runner
 from .errors import ConfigError, PipelineError
 from .rundir import RunDir, atomic_write_json
-from .stages import selected, validate
+from .runner import validate
+from .stages import selected
 
 DEFAULT_STAGES = ["train", "harden", "swap"]
 RESERVED = {"label", "set"}  # block keys that are not axes

@@ -1,7 +1,9 @@
 """The `train` and `harden` stages: Algorithm 1 over every variant of a run. The `train` stage runs epochs
 1..e_s (λ learned), the `harden` stage e_s+1..T (s frozen, λ annealed to λ_target, `harden.method=anneal`;
-or every gate swapped to ReLU and fine-tuned, `swap`). The schedule itself is `pipeline.harden.Hardener`;
-this module is the loop around it: data order, the optimizer, checkpoints, selection and its checks.
+or every gate swapped to ReLU and fine-tuned, `swap`). The schedule itself is `pipeline.hardener.Hardener`;
+this module is the loop around it: data order, the optimizer, checkpoints, selection and its checks; and the
+stages' section of report.md. Each variant's record (`pipeline.records`) is written here, once per phase, and read
+back: nothing below derives a variant's facts again.
 
 Every epoch ends with `last.pt` (weights, optimizer, hardener and selection state, history) written
 atomically, so a killed run resumes at the next epoch with the same numbers. Resume state is validated
@@ -16,11 +18,12 @@ epoch named, before that epoch's checkpoint is written.
 from __future__ import annotations
 
 import contextlib
+import csv
 import copy
 import json
+import math
 import os
 import signal
-import sys
 import time
 import warnings
 from typing import Any
@@ -28,20 +31,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
-from . import checkpoint, distributed
-from .activations import variant_facts
+from . import checkpoint, distributed, lambda_stats, records
 from .config import Config
 from .data import Dataset, Split, augment, batches, dataset_for, on_device
 from .errors import CheckpointError, TrainingError
 from .evaluate import METRICS, evaluate, worst
 from .evaluate import loss as cross_entropy
-from .harden import HARDENED_RTOL, Hardener
-from .hardness import lr_at, switch_epoch
+from .hardener import HARDENED_RTOL, Hardener
 from .models import build_model, make_spec
+from .progress import Progress
+from .records import VariantRecord
+from .relu_swap import relu_spec, to_relu
+from .render import figure, save, table
 from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
-from .swap import relu_spec, to_relu
+from .schedule import lr_at
 
 OPTIMIZERS = {
     "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
@@ -199,14 +203,13 @@ def _timing_path(run: RunDir, variant: str):
     return run.file("train", variant, "timing.json")
 
 
-def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int, harden_phase: bool,
+def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: VariantRecord, last: int, harden_phase: bool,
                   histories: dict[str, list[dict]], device: torch.device, log=print) -> dict[str, Any]:
     world = distributed.world()
     vdir = run.dir("train", variant) if world.main else run.file("train", variant)  # only rank 0 writes
     T = cfg.train.epochs
-    facts = variant_facts(variant, cfg.harden)
     metric = ds.info.metric
-    swap_method = cfg.harden.method == "swap" and facts["swapped_to"] not in (None, variant)
+    swap_method = cfg.harden.method == "swap" and record.swap_changes
 
     # Rank 0 validates (and sets aside what is unusable); every rank then reads the file it chose.
     source = distributed.broadcast(_resume_payload(vdir, variant, harden_phase, device, log)[1] if world.main else None)
@@ -214,8 +217,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
-    hardener = Hardener(model, T, cfg.train.switch_fraction, cfg.harden.epsilon, cfg.harden.criterion,
-                        cfg.harden.lambda_target, cfg.gate.lr_mult, cfg.harden.hold)
+    hardener = _hardener(model, cfg)
     opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
     state: dict[str, Any] = {"epoch": 0, "history": [], "hardener": None, "initial_loss": None, "swapped": False,
                              "best": {"epoch": 0, "value": None, "metric": worst(metric), "hardness": None}}
@@ -238,19 +240,18 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
     split = on_device(ds.train, device)
 
     epochs = range(state["epoch"] + 1, last + 1)
-    bar = tqdm(epochs, desc=f"{variant:>12}", unit="ep", disable=None if world.main else True, leave=True)
-    progress = world.main and not sys.stderr.isatty()  # tqdm is off without a terminal: print lines instead
-    for epoch in bar:
+    progress = Progress(f"{variant:>12}", len(epochs), "ep", log, active=world.main)
+    for epoch in epochs:
         t0 = time.time()
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
-        if swap_method and epoch > hardener.switch and not state["swapped"]:
-            model, spec = _swap_for_finetune(model, spec, opt, device)
-            hardener = Hardener(model, T, cfg.train.switch_fraction, hold=cfg.harden.hold)  # no gates left: plain training
+        if swap_method and epoch > record.switch_epoch and not state["swapped"]:
+            model, spec = _swap_for_finetune(model, spec, record.swapped_to, opt, device)
+            hardener = _hardener(model, cfg)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
-        phase = "finetune" if swap_method and epoch > hardener.switch else hardener.start_epoch(epoch)
+        phase = "finetune" if swap_method and epoch > record.switch_epoch else hardener.start_epoch(epoch)
         stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast)
         if state["initial_loss"] is None:
             state["initial_loss"] = stats["first_loss"]
@@ -258,6 +259,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
         state["hardener"] = hardener.state_dict()
         if not world.main:  # rank 0 evaluates, selects and writes; the others only train
             state["epoch"] = epoch
+            progress.step()
             continue
         val = evaluate(model, ds.val, cfg.data.eval_batch_size, device, metric)
         swapped = None
@@ -285,11 +287,11 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, last: int
         _write_metrics(run, histories)
         _fault_injection(variant, epoch)
         mean_lam = f"{sum(lams) / len(lams):.3g}" if lams else "-"
-        bar.set_postfix(loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
-        if progress:
-            log(f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
-                f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s")
-    summary = _variant_summary(state, hardener, facts, cfg, variant, log if world.main else None)
+        progress.step(line=f"    {variant} epoch {epoch}/{T} ({phase}): loss {stats['train_loss']:.4f}, val {metric} "
+                           f"{val['metric']:.4f}, λ {mean_lam}, {timing[str(epoch)]:.1f} s",
+                      loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
+    progress.close()
+    summary = _variant_summary(state, hardener, record, cfg, variant, log if world.main else None)
     hard = {id(g.s) for g in hardener.gates}
     summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
     return summary
@@ -308,7 +310,12 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
     return torch.compile(model)
 
 
-def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], opt: torch.optim.Optimizer, device) -> tuple[nn.Module, dict]:
+def _hardener(model: nn.Module, cfg: Config) -> Hardener:
+    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult)
+
+
+def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,
+                       device) -> tuple[nn.Module, dict]:
     """harden.method=swap: every gate becomes ReLU now; the optimizer drops the hardness parameters."""
     model = to_relu(model).to(device)
     keep = {id(p) for p in model.parameters()}
@@ -318,7 +325,14 @@ def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], opt: torch.optim.
             opt.state.pop(p, None)
         group["params"] = [p for p in group["params"] if id(p) in keep]
     opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
-    return model, relu_spec(spec)
+    return model, relu_spec(spec, swapped_to)
+
+
+def diverged(loss: float, initial_loss: float | None, factor: float) -> bool:
+    """The divergence rule: a non-finite mean training loss, or one above `factor` (train.divergence_factor; 0 = off)
+    times the untrained model's loss (its first batch, before any update). The swap stage applies it again to
+    the checkpoint it would ship."""
+    return not math.isfinite(loss) or bool(factor > 0 and initial_loss and loss > factor * initial_loss)
 
 
 def _stop_if_diverged(cfg: Config, run: RunDir, variant: str, epoch: int, stats: dict[str, Any], state: dict[str, Any]) -> None:
@@ -327,20 +341,20 @@ def _stop_if_diverged(cfg: Config, run: RunDir, variant: str, epoch: int, stats:
     kept = (f"the last good checkpoint (epoch {state['epoch']}) is kept" if state["epoch"]
             else "no checkpoint of this variant is kept (it failed in its first epoch)")
     fix = f"lower train.lr (now {cfg.train.lr:g}) or set train.grad_clip, then `pipeline run --resume {run.path} train.lr=...`"
-    if stats["nonfinite_batch"] is not None or not stats["train_loss"] == stats["train_loss"]:
+    if stats["nonfinite_batch"] is not None or not math.isfinite(stats["train_loss"]):
         raise TrainingError(f"{variant}: the loss became non-finite at epoch {epoch}, batch {stats['nonfinite_batch']}; {kept}: {fix}")
     f, init = cfg.train.divergence_factor, state["initial_loss"]
-    if f > 0 and init and stats["train_loss"] > f * init:
+    if diverged(stats["train_loss"], init, f):
         raise TrainingError(f"{variant}: training diverged at epoch {epoch}: mean loss {stats['train_loss']:.4g} is "
                             f"{stats['train_loss'] / init:.0f}× the untrained model's {init:.4g} (train.divergence_factor={f:g}); "
                             f"{kept}: {fix}")
 
 
-def _variant_summary(state: dict[str, Any], hardener: Hardener, facts: dict[str, Any], cfg: Config, variant: str, log) -> dict[str, Any]:
+def _variant_summary(state: dict[str, Any], hardener: Hardener, record: VariantRecord, cfg: Config, variant: str, log) -> dict[str, Any]:
     out = {"epoch": state["epoch"], "best_epoch": state["best"]["epoch"], "best_val": state["best"]["metric"],
            "select": cfg.harden.select, "lambdas": hardener.lambdas()}
-    if facts["hardenable"]:
-        out["lambda_target"] = facts["lambda_target"]
+    if record.hardenable:
+        out["lambda_target"] = record.lambda_target
         best = state["best"]
         if best["epoch"] and best["hardness"] is not None and state["epoch"] == cfg.train.epochs:
             out["selected_hardness"] = ratio = best["hardness"]
@@ -348,7 +362,7 @@ def _variant_summary(state: dict[str, Any], hardener: Hardener, facts: dict[str,
                 fix = ("harden.select=best_hardened avoids this" if cfg.harden.select not in ("best_hardened", "last")
                        else "no epoch reached it: the run has no anneal phase (train.switch_fraction=1)")
                 msg = (f"{variant}: the selected checkpoint (epoch {best['epoch']}, harden.select={cfg.harden.select}) is not "
-                       f"hardened: its smallest λ is {100 * ratio:.1f}% of λ_target {facts['lambda_target']:.4g}, so the "
+                       f"hardened: its smallest λ is {100 * ratio:.1f}% of λ_target {record.lambda_target:.4g}, so the "
                        f"ε = {cfg.harden.epsilon:g} bound does not cover its swap ({fix})")
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 if log:
@@ -374,10 +388,13 @@ def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
 def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[str, Any]:
     device = distributed.resolve_device(cfg.device)
     ds = dataset_for(cfg)
-    T = cfg.train.epochs
-    e_s = switch_epoch(T, cfg.train.switch_fraction)
-    last = T if harden_phase else e_s
     world = distributed.world()
+    if world.main:  # decided once per phase (harden.* may change on --resume from the harden stage), read back
+        run.record_variants({v: records.decide(v, cfg.harden, cfg.train) for v in cfg.variants})
+    recs = distributed.broadcast({v: run.variant(v) for v in cfg.variants} if world.main else None)
+    T = cfg.train.epochs
+    e_s = recs[cfg.variants[0]].switch_epoch  # one schedule for every variant of a run
+    last = T if harden_phase else e_s
     histories: dict[str, list[dict]] = {}
     for v in cfg.variants:  # histories of every variant, so metrics.csv always holds them all
         p = run.file("train", v, "last.pt")
@@ -388,10 +405,8 @@ def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[
     out = {"epochs": [1 if not harden_phase else e_s + 1, last], "switch_epoch": e_s, "device": str(device)}
     if world.distributed:
         out["world_size"] = world.size
-    if world.main:  # decided once, here; every later stage reads them from the manifest
-        run.record_variants({v: variant_facts(v, cfg.harden) for v in cfg.variants})
     for v in cfg.variants:
-        out[v] = train_variant(cfg, run, ds, v, last, harden_phase, histories, device, log)
+        out[v] = train_variant(cfg, run, ds, v, recs[v], last, harden_phase, histories, device, log)
         if not harden_phase and world.main and run.file("train", v, "last.pt").is_file():
             # Algorithm 1, line 2: keep the state at e_s (λ(e_s), the weights, the best so far) beside the run.
             atomic_write_bytes(run.file("train", v, "switch.pt"), run.file("train", v, "last.pt").read_bytes())
@@ -408,3 +423,100 @@ def run_train(cfg: Config, run: RunDir) -> dict[str, Any]:
 def run_harden(cfg: Config, run: RunDir) -> dict[str, Any]:
     """Epochs e_s+1..T: s frozen, λ annealed linearly to λ_target (or gates swapped and fine-tuned)."""
     return _run_phase(cfg, run, harden_phase=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The train and harden stages' section of report.md
+
+
+def _metrics_rows(run: RunDir) -> list[dict[str, str]]:
+    p = run.file("train", "metrics.csv")
+    if not p.is_file():
+        return []
+    with open(p) as f:
+        return list(csv.DictReader(f))
+
+
+def _shipped(run: RunDir) -> tuple[str, dict[str, Any]]:
+    """Which stage's summary says which checkpoint ships (harden once it has finished, else train), and the summary."""
+    stages = run.manifest()["stages"]
+    for name in ("harden", "train"):
+        metrics = stages.get(name, {}).get("metrics")
+        if stages.get(name, {}).get("status") == "done" and metrics:
+            return name, metrics
+    return "", {}
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The shipped checkpoint of every variant (the one `harden.select` chose: what swap, export and verify use),
+    training curves with the shipped epoch marked, the λ per layer and the learned phase's drift (None before the
+    train stage wrote metrics)."""
+    rows = _metrics_rows(run)
+    if not rows:
+        return None
+    figs = run.dir("report")
+    metric_col = next(k for k in rows[0] if k.startswith("val_") and k != "val_loss" and not k.endswith("_swapped"))
+    higher = METRICS[metric_col[len("val_"):]][1]
+    stage, summaries = _shipped(run)
+    body, summary, shipped_epochs = [], [], {}
+    for v in cfg.variants:
+        vr = [r for r in rows if r["variant"] == v]
+        if not vr:
+            continue
+        record = run.variant(v)
+        vals = [float(r[metric_col]) for r in vr]
+        best_i = max(range(len(vals)), key=lambda i: vals[i] if higher else -vals[i])
+        lam_cols = [k for k in vr[0] if k.startswith("lambda_") and vr[0][k] != ""]
+        ship = (summaries.get(v) or {}).get("best_epoch")
+        at = next((r for r in vr if int(r["epoch"]) == ship), None) if ship else None
+        if at is not None:
+            shipped_epochs[v] = ship
+        lam_at = [float(at[k]) for k in lam_cols] if at is not None else []
+        summary.append([v, ship if at is not None else "—", float(at[metric_col]) if at is not None else "—",
+                        f"{vals[best_i]:.4f} (epoch {vr[best_i]['epoch']})", vals[-1],
+                        (sum(lam_at) / len(lam_at)) if lam_at else "—", record.lambda_target or "—"])
+        if lam_cols:
+            table_ = [[float(r[k]) for k in lam_cols] for r in vr]
+            e_s = record.switch_epoch
+            lambda_stats.plot_lambda(table_, figs / f"lambda_{v}.png", layer_names=[f"layer {i}" for i in range(len(lam_cols))],
+                                     title=f"{v}: λ per layer", switch_epoch=e_s, target=record.lambda_target,
+                                     marked_epoch=shipped_epochs.get(v))
+            body.append(f"![λ per layer, {v}](lambda_{v}.png)")
+            if e_s >= 2:
+                learned = table_[:e_s]
+                body.append(f"`{v}`: drift of the learned phase V_λ = {lambda_stats.drift(learned):.4f} over epochs 1..{e_s}; "
+                            f"λ(e_s) per layer = {', '.join(f'{x:.3f}' for x in learned[-1])}.")
+    for v in cfg.variants:
+        if isinstance(summaries.get(v), dict) and summaries[v].get("warning"):
+            body.append(f"**Warning** ({v}): {summaries[v]['warning']}.")
+    _plot_curves(rows, cfg.variants, metric_col, shipped_epochs, figs / "validation.png")
+    which = (f"the checkpoint `harden.select={cfg.harden.select}` chose ({stage} stage's record in the manifest): what the "
+             "swap, export and verify stages use" if stage else "not chosen yet (the train stage has not finished)")
+    return "\n\n".join(["## Training (Algorithm 1)", f"Shipped: {which}.",
+                        table(["variant", "shipped epoch", f"{metric_col} shipped", f"best {metric_col}", f"last {metric_col}",
+                               "mean λ shipped", "λ_target"], summary),
+                        "![validation curves](validation.png)", *body])
+
+
+def _plot_curves(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int], path) -> None:
+    save(curves_figure(rows, variants, col, shipped), path)
+
+
+def curves_figure(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int]):
+    """The validation metric per epoch, each variant's shipped epoch marked (★), whole-number epoch ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = figure(6.4, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, v in enumerate(variants):
+        vr = [r for r in rows if r["variant"] == v]
+        line, = ax.plot([int(r["epoch"]) for r in vr], [float(r[col]) for r in vr], marker="o", ms=3, label=v, color=f"C{i}")
+        at = next((r for r in vr if int(r["epoch"]) == shipped.get(v)), None)
+        if at is not None:
+            ax.plot([int(at["epoch"])], [float(at[col])], marker="*", ms=13, color=line.get_color(), markeredgecolor="k",
+                    linestyle="none", label=f"{v}: shipped (epoch {at['epoch']})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="epoch", ylabel=col, title="validation metric per epoch (★ = the checkpoint that ships)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig

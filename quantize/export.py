@@ -4,7 +4,7 @@ For each variant: the smooth best checkpoint (`train/<v>/best.pt`, form "smooth"
 ReLU model (`swap/<v>/relu.pt`, form "relu"); a ReLU-baseline variant has only the "relu" form.
 Files land in `export/<variant>/<form>/model.onnx`; `export/export.json` lists them with their checks.
 
-Decisions (see also DESIGN.md, Known pitfalls):
+Decisions (see also docs/architecture.md, "Pitfalls"):
 - Exporter: `torch.onnx.export(..., dynamo=False)`, the TorchScript tracer. The dynamo exporter
   (torch ≥ 2.9's default) needs onnxscript, a further dependency, for graphs this simple; the tracer
   is deprecated but present through torch 2.14 (pyproject pins torch < 2.15).
@@ -57,10 +57,10 @@ def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
     """(variant, form, checkpoint) for every model the run exports, in a fixed order."""
     out = []
     for v in cfg.variants:
-        facts = run.variant(v)
-        if facts["smooth"]:
+        record = run.variant(v)
+        if record.smooth:
             out.append((v, "smooth", run.file("train", v, "best.pt")))
-        if facts["swapped_to"] is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
+        if record.swapped_to is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
             out.append((v, "relu", run.file("swap", v, "relu.pt")))
     return out
 
@@ -170,7 +170,7 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
     """The form of a swapped ReLU model that verifiers read: linked ReLU pairs unfolded into one wider
     affine layer (Linear([W; −W]) → ReLU), the input normalization folded into the first Linear where it
     can be. Same function as `model` (exact algebra, float64 folds)."""
-    from pipeline.swap import unfold_linked_relu
+    from pipeline.relu_swap import unfold_linked_relu
 
     net = unfold_linked_relu(model).eval()
     return (fold_normalization(net, tuple(input_shape)) if isinstance(net, nn.Sequential) else None) or net
@@ -219,10 +219,9 @@ def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The export stage's section of report.md: every graph, its ops and its check against PyTorch."""
-    path = run.file("export", "export.json")
-    if not path.is_file():
+    e = run.read_json("export", "export.json")
+    if e is None:
         return None
-    e = json.loads(path.read_text())
     rows = [[v, form, ", ".join(f"{op}×{n}" for op, n in m["ops"].items()), m["bytes"], m["max_abs_diff"], m["tolerance"],
              m["argmax_agreement"]] for v, forms in e["models"].items() for form, m in forms.items()]
     return "\n\n".join([

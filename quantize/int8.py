@@ -279,10 +279,9 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
 
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The int8 stage's section of report.md: accuracy, size and speed of every model in both precisions."""
-    path = run.file("quantize", "quantize.json")
-    if not path.is_file():
+    q = run.read_json("int8", "quantize.json")
+    if q is None:
         return None
-    q = json.loads(path.read_text())
     metric, st = q["metric"], q["settings"]
     tb = f"throughput_b{st['timing']['throughput_batch']}"
     rows = [[v, form, m["fp32"][f"test_{metric}"], m["int8"][f"test_{metric}"], m["test_argmax_agreement"], m["size_ratio"],

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.activations import hardenable_gates, variant_facts
+from pipeline.activations import hardenable_gates
 from pipeline.config import DataConfig, GateConfig, ModelConfig
 from pipeline.data import Dataset, batches, load_dataset
 from pipeline.models import build_model, make_spec
@@ -52,10 +52,10 @@ def trained(activation: str, model: str = "mlp", epochs: int = 15, lam: float | 
 def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir:
     """A run directory holding train/<v>/best.pt and swap/<v>/relu.pt for each variant, as the
     train/harden/swap stages would leave it, so a later stage can be called directly."""
-    from pipeline import checkpoint
+    from pipeline import checkpoint, records
     from pipeline.config import Config
     from pipeline.rundir import RunDir
-    from pipeline.swap import relu_spec, to_relu
+    from pipeline.relu_swap import relu_spec, to_relu
 
     cfg = Config(name="r", out_dir=str(out), variants=list(nets), device="cpu")
     cfg.data.name = "digits"
@@ -63,8 +63,9 @@ def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir
     for k, v in quantize.items():
         setattr(cfg.quantize, k, v)
     run = RunDir.create(cfg)
-    run.record_variants({v: variant_facts(spec["activation"], cfg.harden) for v, (_, spec) in nets.items()})
+    run.record_variants({v: records.decide(spec["activation"], cfg.harden, cfg.train) for v, (_, spec) in nets.items()})
     for variant, (net, spec) in nets.items():
         checkpoint.save(run.file("train", variant, "best.pt"), net, spec, epoch=1)
-        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(copy.deepcopy(net)), relu_spec(spec))
+        swapped_to = run.variant(variant).swapped_to or spec["activation"]  # a non-gate keeps its own
+        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(copy.deepcopy(net)), relu_spec(spec, swapped_to))
     return run

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import mpmath
 import numpy as np
 import pytest
 import sympy as sp
@@ -122,7 +123,9 @@ def test_lambda_targets():
     assert S.lambda_target(eps, "gate_l1") == pytest.approx(2 / (eps * math.sqrt(2 * math.pi)), rel=1e-14)
     assert S.lambda_target(eps, "gate_l1") == pytest.approx(159.577, abs=5e-4)
     assert S.lambda_target(eps, "act_l1") == pytest.approx(10.0, rel=1e-14)  # 1/(2λ²) = 5e-3
-    assert S.lambda_target(eps, "sup") == pytest.approx(float(S.sup_constant("phi").c) / eps, rel=1e-14)
+    # c = max_u u·Φ(−u) by a 30-digit root of its stationarity condition Φ(−u) = u·φ(u), independent of symbolic.py
+    u = mpmath.findroot(lambda v: mpmath.ncdf(-v) - v * mpmath.npdf(v), 0.75)
+    assert S.lambda_target(eps, "sup") == pytest.approx(float(u * mpmath.ncdf(-u)) / eps, rel=1e-14)
     assert S.lambda_target(eps, "gate_l1", "sigmoid") == pytest.approx(2 * math.log(2) / eps, rel=1e-14)
     # The target meets the tolerance, and anything smaller does not.
     for crit in S.CRITERIA:
@@ -144,15 +147,18 @@ def test_bad_arguments():
 def test_register_gate_derives_a_new_gate():
     # g(y) = σ(2y) = (1 + tanh y)/2: the sigmoid results at twice the hardness.
     sig = gates.gate_bounds("sigmoid")
+    tail = lambda u: float(expit(-2 * u))  # noqa: E731  1 − (1 + tanh u)/2 = σ(−2u), both sides
     spec = gates.GateFamily("tanh_step", "x·(1+tanh(λx))/2", lambda y: 0.5 * (1 + torch.tanh(y)), lambda y: (1 + sp.tanh(y)) / 2,
-                            lambda: gates.GateBounds(sig.gate_l1 / 2, sig.act_l1 / 4, sig.sup / 2),
-                            tail_series=lambda k: ((-1) ** (k + 1), 2 * k))
+                            tail, tail, l1=lambda: (sig.gate_l1 / 2, sig.act_l1 / 4), tail_series=lambda k: ((-1) ** (k + 1), 2 * k))
     S.register_gate(spec)
     try:
         assert sp.simplify(S.gate_l1_bound("tanh_step") - sp.log(2) / LAM) == 0
         assert float(S.sup_constant("tanh_step").c) == pytest.approx(float(S.sup_constant("sigmoid").c) / 2, rel=1e-12)
+        assert gates.gate_bounds("tanh_step").sup == pytest.approx(sig.sup / 2, rel=1e-11)  # from its own tails
     finally:
         del S.GATES["tanh_step"]
+        gates.gate_bounds.cache_clear()
+        gates.tail_peaks.cache_clear()
 
 
 def test_summary_is_json_and_fast_enough():

@@ -4,7 +4,7 @@ import pytest
 
 from pipeline import config
 from pipeline.errors import ConfigError
-from pipeline.stages import validate
+from pipeline.runner import validate
 
 
 def test_defaults_are_the_paper_fashion_mnist_setup():

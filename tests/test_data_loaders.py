@@ -12,6 +12,7 @@ import torch
 
 from pipeline.config import DataConfig
 from pipeline.data import augment, load_dataset
+from pipeline.evaluate import METRICS
 from pipeline.errors import DataError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -105,7 +106,7 @@ def test_wikitext2_bytes_shifted_by_one(tmp_path):
     for split, t in text.items():
         (d / f"wiki.{split}.raw").write_text(t, encoding="utf-8")
     ds = load_dataset(DataConfig(name="wikitext2", root=str(tmp_path), seq_len=16))
-    assert ds.info.metric == "perplexity" and not ds.info.higher_is_better
+    assert ds.info.metric == "perplexity" and METRICS[ds.info.metric][1] is False  # lower is better
     assert ds.info.num_classes == 256 and ds.info.input_shape == (16,) and ds.info.mean == []
     tokens = list(text["valid"].encode("utf-8"))
     assert ds.val.x[0].tolist() == tokens[:16] and ds.val.y[0].tolist() == tokens[1:17]

@@ -28,6 +28,8 @@ import torch
 from pipeline import checkpoint
 from pipeline.cli import main
 
+pytestmark = pytest.mark.slow  # child processes (torchrun, 2 ranks)
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-c", str(ROOT / "configs" / "digits-tiny.toml"), "stages=train,harden,swap", "variants=lambda_gelu,gelu,relu",
         "train.precision=fp64"]

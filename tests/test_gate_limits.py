@@ -1,4 +1,4 @@
-"""Every gate on every path at the edges (issue 15, item 7): values and gradients finite and equal to their
+"""Every gate on every path at the edges: values and gradients finite and equal to their
 limits at x = ±∞, and the float32 far left tail with the relative accuracy float32 allows, the same at every
 position in the tensor. Paths: the eager and C++ kernels (learned λ, λ from s inside the op, frozen λ), the
 no-grad evaluation path, the float64 reference, λ-Swish and λ-SERF. (The Triton kernels have the same

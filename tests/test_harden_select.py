@@ -1,4 +1,4 @@
-"""Algorithm 1 as a library object (`pipeline.harden.Hardener`) and the checkpoint it selects (`harden.select`,
+"""Algorithm 1 as a library object (`pipeline.hardener.Hardener`) and the checkpoint it selects (`harden.select`,
 `harden.method`, `harden.hold`): the schedule, its state across a checkpoint, and a selection that cannot
 silently skip hardening.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -18,9 +19,9 @@ from torch import nn
 from pipeline import checkpoint
 from pipeline.activations import LambdaGELU, LambdaSwish, hardenable_gates
 from pipeline.cli import main
-from pipeline.config import GateConfig, ModelConfig
+from pipeline.config import GateConfig, HardenConfig, ModelConfig
 from pipeline.gates import lambda_target
-from pipeline.harden import HARDENED_RTOL, Hardener
+from pipeline.hardener import HARDENED_RTOL, Hardener
 from pipeline.models import build_model, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,11 +52,19 @@ def test_schedule_learns_then_anneals_each_family_to_its_own_target():
 
 
 def test_hold_reaches_the_target_early_and_keeps_it():
-    h = Hardener(_model(), epochs=10, switch_fraction=0.2, hold=3)
+    h = Hardener(_model(), HardenConfig(hold=3), 10, switch_fraction=0.2)  # the harden section, then T
     assert (h.switch, h.anneal_end) == (2, 7)
     phases = [h.start_epoch(e) for e in range(1, 11)]
     assert phases == ["learn"] * 2 + ["anneal"] * 5 + ["hold"] * 3
     assert h.hardened()
+
+
+def test_the_harden_section_sets_the_targets():
+    h = Hardener(_model(), HardenConfig(epsilon=1e-2), 8)
+    assert h.targets == [pytest.approx(2 / (1e-2 * math.sqrt(2 * math.pi)), rel=1e-12)] * len(h.gates)  # E∞ = 2/(λ√(2π)) = ε
+    assert Hardener(_model(), HardenConfig(lambda_target=40.0), 8).targets == [40.0] * len(h.gates)
+    with pytest.raises(ValueError, match="epochs"):
+        Hardener(_model())
 
 
 def test_per_step_schedule_ends_each_epoch_where_the_per_epoch_one_is():

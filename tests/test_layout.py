@@ -103,7 +103,7 @@ def _cycles() -> list[list[str]]:
 def test_the_reader_sees_the_imports_that_exist():
     # a guard on the checker itself: known edges must be found, or the tests below prove nothing
     assert "pipeline.config" in GRAPH["pipeline.stages"]
-    assert "pipeline.swap" in GRAPH["analysis.theory.certificate"]  # a function-level import
+    assert "pipeline.relu_swap" in GRAPH["analysis.theory.certificate.interpreter"]  # a function-level import
     assert "quantize.ort" in GRAPH["quantize.export"]  # "from . import ort as ort_util"
 
 
@@ -128,3 +128,85 @@ def test_every_named_target_exists(kind):
                else list(cli.TARGETS.values()))
     for target in targets:
         assert callable(stages.resolve(target)), target
+
+
+# --------------------------------------------------------------------------------------------------
+# One home for each fact: a variant's facts are decided once (pipeline/records.py, from the config) and read
+# from its record (`RunDir.variant`); nothing else derives them again.
+
+# The deciding functions, by qualified name -> the modules that may call them (besides the one defining them).
+DECIDERS = {
+    "pipeline.gates.lambda_target": {"pipeline.records", "pipeline.hardener"},  # the record; the library schedule
+    "pipeline.schedule.switch_epoch": {"pipeline.records", "pipeline.hardener"},
+    "pipeline.activations.swapped_activation": {"pipeline.records"},
+    "pipeline.records.decide": {"pipeline.train"},  # the one writer of the records
+}
+RELU_FORMS = "pipeline.activations.RELU_FORMS"  # `x in RELU_FORMS` decides "is it ReLU": the record's is_relu
+RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.records"}
+# Files being rewritten apart from this one; they still derive facts of their own (docs/architecture.md).
+NOT_YET = ("analysis.verification", "analysis.verify")
+
+
+def _aliases(tree: ast.AST, module: str) -> dict[str, str]:
+    """Local name -> the qualified name it stands for ("pipeline.gates" for a module, "pipeline.gates.lambda_target"
+    for a function), from the module's imports."""
+    package = module if MODULES.get(module, Path("x.py")).name == "__init__.py" else module.rpartition(".")[0]
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for a in node.names:
+                out[a.asname or a.name] = f"{base}.{a.name}"
+    return out
+
+
+def _qualified(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _qualified(node.value, aliases)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def rederived_facts(source: str, module: str) -> list[str]:
+    """Where `module` decides a variant's fact again instead of reading its record."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree, module)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _qualified(node.func, aliases)
+            if name in DECIDERS and module not in DECIDERS[name] and module != name.rpartition(".")[0]:
+                bad.append(f"{module}:{node.lineno} calls {name}")
+        elif isinstance(node, ast.Compare) and module not in RELU_FORMS_HOMES:
+            for op, right in zip(node.ops, node.comparators):
+                if isinstance(op, (ast.In, ast.NotIn)) and _qualified(right, aliases) == RELU_FORMS:
+                    bad.append(f"{module}:{node.lineno} tests `in RELU_FORMS`")
+    return bad
+
+
+def test_the_fact_rule_sees_a_rederived_fact():
+    # a guard on the checker itself: each way of deciding a fact again is found
+    src = ("from pipeline.gates import lambda_target\nfrom pipeline import schedule\nimport pipeline.activations as A\n"
+           "from .activations import RELU_FORMS, swapped_activation\n"
+           "a = lambda_target(1e-3)\nb = schedule.switch_epoch(8, 0.25)\nc = 'relu' in A.RELU_FORMS\n"
+           "d = swapped_activation('gelu')\ne = 'x' not in RELU_FORMS\n")
+    found = rederived_facts(src, "pipeline.somewhere")
+    assert [f.split(" ", 1)[1] for f in found] == [
+        "calls pipeline.gates.lambda_target", "calls pipeline.schedule.switch_epoch", "tests `in RELU_FORMS`",
+        "calls pipeline.activations.swapped_activation", "tests `in RELU_FORMS`"], found
+    assert rederived_facts(src, "pipeline.records") == []  # the record writer may
+
+
+def test_no_fact_is_derived_twice():
+    bad = [f for m, path in MODULES.items() if not m.startswith(NOT_YET)
+           for f in rederived_facts(path.read_text(), m)]
+    assert bad == []

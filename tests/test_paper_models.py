@@ -17,12 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline import checkpoint, data
-from pipeline.activations import Gate, hardenable_gates, layer_lambdas
+from pipeline.activations import Gate, hardenable_gates
+from pipeline.hardener import Hardener
 from pipeline.cli import main
 from pipeline.config import GateConfig, ModelConfig
-from pipeline.hardness import param_groups
+from pipeline.schedule import param_groups
 from pipeline.models import build_model
-from pipeline.swap import to_relu
+from pipeline.relu_swap import to_relu
 
 ROOT = Path(__file__).resolve().parent.parent
 HARD_LAMBDA = 1e4  # |ReLU − xΦ(λx)| ≤ 0.17/λ per unit: the swap moves logits by ~1e-4 or less
@@ -59,7 +60,7 @@ def test_every_site_is_a_gate_with_depth_ordered_lambda(name):
     sites = TINY[name][3]
     gates = hardenable_gates(model)
     assert len(gates) == sites
-    lams = layer_lambdas(model)
+    lams = Hardener(model, epochs=1).lambdas()
     assert lams == sorted(lams) and lams[0] == pytest.approx(1.05) and lams[-1] == pytest.approx(2.0)
     assert ("norm" in dict(model.named_children())) == (len(TINY[name][1]) == 3)  # token models skip Normalize
 
@@ -159,7 +160,7 @@ def _synthetic(name: str, shape: tuple, classes: int, mean: list, std: list):
             return data.Split(torch.rand(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g))
 
         info = data.DataInfo(name, shape, classes, mean, std, 0.0, 1.0 if not text else classes - 1,
-                             metric="perplexity" if text else "accuracy", higher_is_better=not text, source="synthetic")
+                             metric="perplexity" if text else "accuracy", source="synthetic")
         return data.Dataset(info, split(24), split(8), split(8))
 
     return load

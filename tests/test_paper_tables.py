@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from analysis import paper
+from analysis.stats import mean_ci
 from pipeline.sweep import read_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,13 +21,13 @@ STUDIES = sorted((ROOT / "configs" / "sweeps").glob("study-*.toml"))
 
 def test_interval_is_the_t_interval_by_hand():
     xs = [0.80, 0.82, 0.81, 0.85, 0.79]
-    mean, sd, half, n = paper._stats(xs)
+    mean, sd, half, n = mean_ci(xs)
     assert n == 5 and mean == pytest.approx(0.814) and sd == pytest.approx(np.std(xs, ddof=1))
     assert half == pytest.approx(T_975[4] * sd / math.sqrt(5), rel=1e-9)
-    assert paper._stats([0.5, math.nan, 0.7])[2] == pytest.approx(T_975[1] * np.std([0.5, 0.7], ddof=1) / math.sqrt(2))
-    one = paper._stats([0.9])
-    assert one[0] == 0.9 and math.isnan(one[2]) and paper._pm(one) == "0.9000"  # no spread from one seed, never ± 0
-    assert paper._pm((0.5, 0.1, 0.02, 3)) == "0.5000 ± 2.0e-02"
+    assert mean_ci([0.5, math.nan, 0.7])[2] == pytest.approx(T_975[1] * np.std([0.5, 0.7], ddof=1) / math.sqrt(2))
+    one = mean_ci([0.9])
+    assert one[0] == 0.9 and math.isnan(one[2]) and paper.pm(one) == "0.9000"  # no spread from one seed, never ± 0
+    assert paper.pm((0.5, 0.1, 0.02, 3)) == "0.5000 ± 2.0e-02"
 
 
 def _swap(vb, va, tb, ta):
@@ -37,7 +38,7 @@ def _rec(variant, seed, swap, annealed=False, c=9.0, method="anneal", mode="unif
     lams = np.zeros((3, 0)) if variant in ("gelu", "relu") else np.ones((3, 2))
     return paper.Record(run=f"/r/{variant}-{method}-{c}-{annealed}-{seed}", benchmark="B", variant=variant,
                         mode=mode if lams.shape[1] else "-", t=0.1, c=c, seed=seed, epochs=3, annealed=annealed,
-                        metric="accuracy", higher_is_better=True, val=np.array([0.5, 0.6, 0.7]), lambdas=lams, swap=swap,
+                        is_relu=variant == "relu", metric="accuracy", val=np.array([0.5, 0.6, 0.7]), lambdas=lams, swap=swap,
                         method=method, select="best_swapped", hardness=hardness, warning=warning)
 
 

@@ -97,7 +97,7 @@ def test_entry_points_are_found_registered_and_listed(myplug, capsys):
 def test_a_plugin_data_set_model_and_activation_run_through_pipeline_run(myplug, tmp_path):
     args = ["run", f"out_dir={tmp_path}", "name=plug", "threads=1", "data.name=tiny_digits", "model.name=tiny_mlp",
             "variants=lambda_mish,relu", "train.epochs=2", "train.switch_fraction=0.5", "stages=train,harden,swap"]
-    assert main(args) == 0  # names are checked after the plug-ins are loaded (stages.validate)
+    assert main(args) == 0  # names are checked after the plug-ins are loaded (runner.validate)
     run = tmp_path / "plug"
     facts = json.loads((run / "manifest.json").read_text())["variants"]["lambda_mish"]
     assert facts["hardenable"] and facts["gate"] == "mish" and facts["swapped_to"] == "relu"

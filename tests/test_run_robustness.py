@@ -1,7 +1,8 @@
-"""A run directory that cannot be corrupted (issue 15): each defect a trial of the README found, as a test.
+"""A run directory that cannot be corrupted: each defect a trial of the README found, as a test.
 
 Runs go through `pipeline run` (the CLI's main) on sklearn digits with the tiny config, train/harden/swap only,
 so each takes a second or two; kills are SIGKILLs at a chosen epoch (PIPELINE_KILL_AFTER) in a child process.
+The tests that start child processes are marked slow (`pytest -m slow`); the fast suite keeps the in-process ones.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def reference(tmp_path_factory) -> Path:
 # 1. Following the tool's own advice must not corrupt a run --------------------------------------
 
 
+@pytest.mark.slow  # child processes
 @pytest.mark.parametrize("damage", ["truncate", "delete", "truncate_then_delete"])
 def test_corrupt_or_missing_last_pt_during_harden_reruns_from_a_valid_state(tmp_path, reference, damage):
     run = _killed_run(tmp_path, "c", "lambda_gelu:6", "train.epochs=16")  # e_s = 4: killed during harden
@@ -76,6 +78,7 @@ def test_corrupt_or_missing_last_pt_during_harden_reruns_from_a_valid_state(tmp_
         assert list((run / "train" / "lambda_gelu").glob("last.pt.unusable-*")), "the damaged file is kept, set aside"
 
 
+@pytest.mark.slow  # child processes
 def test_no_valid_state_at_all_restarts_the_variant_from_epoch_1(tmp_path, reference):
     run = _killed_run(tmp_path, "c", "lambda_gelu:6", "train.epochs=16")
     for name in ("last.pt", "switch.pt"):
@@ -107,6 +110,7 @@ def test_overrides_that_cannot_apply_to_a_finished_run_are_refused_and_nothing_i
     assert ((run / "config.json").read_bytes(), (run / "manifest.json").read_bytes()) == before
 
 
+@pytest.mark.slow  # child processes
 def test_a_shape_change_on_an_interrupted_run_is_refused_and_a_plain_resume_still_works(tmp_path):
     run = _killed_run(tmp_path, "k", "gelu:3")  # killed during harden (T = 8, e_s = 2)
     cfg_before = (run / "config.json").read_bytes()
@@ -115,6 +119,7 @@ def test_a_shape_change_on_an_interrupted_run_is_refused_and_a_plain_resume_stil
     assert main(["run", "--resume", str(run)]) == 0
 
 
+@pytest.mark.slow  # child processes
 def test_an_accepted_override_is_recorded_with_the_stage_it_takes_effect_from(tmp_path):
     run = _killed_run(tmp_path, "k", "gelu:1")  # killed in the train stage
     assert main(["run", "--resume", str(run), "train.lr=0.05"]) == 0
@@ -252,6 +257,7 @@ def test_two_identical_runs_write_identical_checkpoint_bytes(tmp_path):
 # 8. Progress reaches a log file -------------------------------------------------------------------
 
 
+@pytest.mark.slow  # child processes
 def test_progress_lines_go_to_a_redirected_log(tmp_path):
     log = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", *TINY, *FAST, f"out_dir={tmp_path}", "name=p"],
                          cwd=ROOT, capture_output=True, text=True)

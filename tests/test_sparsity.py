@@ -130,12 +130,15 @@ def test_a_layer_with_every_unit_dead_keeps_one(nets):
     assert sp.max_logit_diff(model, pruned, Split(x, torch.zeros(64, dtype=torch.long)), 64, torch.float64)[0] <= PRUNE_ATOL
 
 
-def test_sparsity_stage(nets, tmp_path):
+def test_sparsity_stage(nets, tmp_path, capsys):
     lam, lam_spec = nets[("lambda_gelu", "mlp")]
     lam = copy.deepcopy(lam)
     _kill(lam.fc1, [1, 2])  # dead in the smooth model too, so the swapped model has dead units for sure
     run = make_run(tmp_path, {"lambda_gelu": (lam, lam_spec), "relu": nets[("relu", "cnn")]})
     result = sp.run_sparsity(run.cfg, run)
+    log = capsys.readouterr().out  # stderr is no terminal here: progress goes to the log as lines
+    for v in ("lambda_gelu", "relu"):
+        assert f"sparsity {v}: APoZ on" in log and f"sparsity {v}: provably dead" in log and f"sparsity {v}: done" in log
     saved = json.loads(run.file("sparsity", "sparsity.json").read_text())
     assert result == saved and saved["samples"] == len(digits().val)
     with open(run.file("sparsity", "apoz.csv")) as f:
@@ -160,7 +163,7 @@ def test_sparsity_stage(nets, tmp_path):
 
 
 def test_unit_axis_of_token_sequences_is_the_feature_axis():
-    from pipeline.activations import channel_axis
+    from pipeline.gates import channel_axis
 
     assert channel_axis(torch.zeros(2, 5)) == 1 and channel_axis(torch.zeros(2, 3, 4, 4)) == 1
     assert channel_axis(torch.zeros(2, 7, 16)) == 2  # [N, T, C]

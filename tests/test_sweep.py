@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import hardness, paper
+from analysis import paper
+from pipeline import lambda_stats
 from pipeline.cli import main
 from pipeline.errors import ConfigError
 from pipeline.sweep import Block, Sweep, expand, parse_axis, point_name, read_sweep, run_sweep
@@ -146,7 +147,7 @@ def test_report_tables_match_the_runs(digits_sweep):
         with open(digits_sweep / f"learn-c9-uniform-s{seed}" / "train" / "metrics.csv") as f:
             lam = [r for r in csv.DictReader(f) if r["variant"] == "lambda_gelu"]
         bvs.append(max(float(r["val_accuracy"]) for r in lam))
-        drifts.append(hardness.drift([[float(r["lambda_0"]), float(r["lambda_1"])] for r in lam]))
+        drifts.append(lambda_stats.drift([[float(r["lambda_0"]), float(r["lambda_1"])] for r in lam]))
     row = rows[("λ-GELU", "uni", 9.0)]
     assert row["seeds"] == 2 and row["bvs"][0] == pytest.approx(np.mean(bvs)) and row["bvs"][1] == pytest.approx(np.std(bvs, ddof=1))
     assert row["drift"][0] == pytest.approx(np.mean(drifts))
@@ -179,7 +180,7 @@ def _rec(variant="lambda_gelu", mode="uniform", t=0.1, c=9.0, seed=0, val=(0.5, 
     lams = np.zeros((len(val), 0)) if variant != "lambda_gelu" else np.array(lams, dtype=float)
     return paper.Record(run=f"{variant}-{mode}-{t}-{c}-{seed}", benchmark=bench, variant=variant,
                         mode=mode if variant == "lambda_gelu" else "-", t=t, c=c, seed=seed, epochs=len(val),
-                        annealed=annealed, metric=metric, higher_is_better=metric == "accuracy", val=val, lambdas=lams, swap=swap)
+                        annealed=annealed, is_relu=variant == "relu", metric=metric, val=val, lambdas=lams, swap=swap)
 
 
 def test_bvs_respects_lower_is_better_and_drift_is_v_lambda():

@@ -1,4 +1,5 @@
-"""Checkable mathematical claims from the seed papers (../shared/papers/), each re-derived here.
+"""Checkable mathematical claims from the seed papers (the GELU analysis paper, SERF, λ-GELU, linked neurons;
+the `source` column names which), each re-derived here.
 
 Every row carries the paper, where the claim is, the statement, the stated value, the value we
 derive at run time (sympy, or float64 numerics with scipy refinement), and a verdict:

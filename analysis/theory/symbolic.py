@@ -2,7 +2,7 @@
 
 Nothing here is a typed-in answer: every bound is an integral, a limit or a root that sympy
 computes at run time (then cached, since sympy is slow). Tests compare the results with the
-closed forms quoted in DESIGN.md and check every bound on dense float64 samples.
+closed forms quoted in docs/architecture.md ("The math") and check every bound on dense float64 samples.
 
 A gate g is a smooth step: 0 < g < 1, g(−y) = 1 − g(y) (checked symbolically), g → H as its
 argument is scaled up. With u = λx every quantity below reduces to a λ-free function of u,

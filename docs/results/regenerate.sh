@@ -3,7 +3,7 @@
 #
 #   docs/results/regenerate.sh            # hours on 2 CPU cores; a rerun skips every finished point
 #
-# study/         Table II as a reviewer asks for it (issue 13): 5 seeds, mean ± 95% t-interval, validation and
+# study/         Table II as a reviewer asks for it: 5 seeds, mean ± 95% t-interval, validation and
 #                test, ReLU trained from scratch, ablations (λ not learned; GELU swapped at e_s then fine-tuned),
 #                paired comparisons: configs/sweeps/study-*.toml
 # paper-offline/ the paper's Tables I/II, Figure 3 and λ profiles at 3 seeds: configs/sweeps/offline-*.toml

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from analysis import hardness as H
+from pipeline import lambda_stats as H
 
 
 def test_drift_by_hand():

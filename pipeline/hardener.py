@@ -6,7 +6,7 @@ saved), the anneal phase (λ moved linearly to each gate family's λ_target, rea
 optional hold at λ_target, and the state a checkpoint needs. The pipeline's train stage drives it; so can a
 plain loop, a Lightning callback or a Hugging Face Trainer callback:
 
-    hardener = Hardener(model, epochs=T)
+    hardener = Hardener(model, epochs=T)     # or Hardener(model, HardenConfig(epsilon=..., hold=...), T)
     opt = torch.optim.SGD(hardener.param_groups(lr=0.05, weight_decay=1e-4), lr=0.05, momentum=0.9)
     for epoch in range(1, T + 1):
         hardener.start_epoch(epoch)          # sets every gate's λ for this epoch
@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from .activations import HardenableGate, hardenable_gates
+from .config import GateConfig, HardenConfig, TrainConfig
 from .gates import lambda_target
-from .hardness import annealed_lambda, param_groups, switch_epoch
+from .schedule import annealed_lambda, param_groups, switch_epoch
 
 HARDENED_RTOL = 1e-6  # λ ≥ λ_target·(1 − this) counts as hardened (float32 storage of λ)
 
@@ -38,18 +39,22 @@ HARDENED_RTOL = 1e-6  # λ ≥ λ_target·(1 − this) counts as hardened (float
 class Hardener:
     """Algorithm 1's schedule for the hardenable gates of `model` (found by walking it once)."""
 
-    def __init__(self, model: nn.Module, epochs: int, switch_fraction: float = 0.25, epsilon: float = 5e-3,
-                 criterion: str = "gate_l1", lambda_target_override: float = 0.0, lr_mult: float = 9.0, hold: int = 0):
-        if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
+    def __init__(self, model: nn.Module, harden: HardenConfig | None = None, epochs: int | None = None, *,
+                 switch_fraction: float = TrainConfig.switch_fraction, lr_mult: float = GateConfig.lr_mult):
+        """`harden` is the run's harden section (ε, criterion, a λ_target override, hold; defaults: `HardenConfig()`),
+        `epochs` T; `switch_fraction` (train.switch_fraction) sets e_s = ⌊fraction·T⌋, `lr_mult` (gate.lr_mult) the
+        hardness parameters' learning-rate factor c."""
+        if epochs is None or epochs < 1:
+            raise ValueError(f"Hardener needs epochs >= 1 (the T of Algorithm 1), got {epochs}")
+        harden = harden if harden is not None else HardenConfig()
         self.gates: list[HardenableGate] = hardenable_gates(model)
         self.epochs = epochs
         self.switch = switch_epoch(epochs, switch_fraction)
-        self.hold = max(0, min(int(hold), epochs - self.switch - 1)) if epochs > self.switch else 0
+        self.hold = max(0, min(int(harden.hold), epochs - self.switch - 1)) if epochs > self.switch else 0
         self.lr_mult = lr_mult
         self.model = model
         # Each gate family has its own λ_target: the smallest λ whose bound is ≤ ε for that g.
-        self.targets = [lambda_target(epsilon, criterion, lambda_target_override, g.GATE) for g in self.gates]
+        self.targets = [lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, g.GATE) for g in self.gates]
         self.lambda_switch: list[torch.Tensor] | None = None  # λ(e_s) per gate, saved at the switch
         self.epoch = 0
 

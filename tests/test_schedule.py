@@ -11,11 +11,11 @@ from torch import nn
 from pipeline.activations import GELU, Gate, LambdaGELU, hardenable_gates
 from pipeline.config import Config
 from pipeline.gates import gate_bounds, lambda_target
-from pipeline.hardness import annealed_lambda, param_groups, switch_epoch
+from pipeline.schedule import annealed_lambda, param_groups, switch_epoch
 
 SUP_GAP_C = gate_bounds("phi").sup
 from pipeline.models import Normalize, build_model, make_spec
-from pipeline.swap import replace_modules, to_relu
+from pipeline.relu_swap import replace_modules, to_relu
 from pipeline.data import DataInfo
 
 PAPER_TARGET = 159.577  # 2/(ε√(2π)) at ε = 5e-3, as stated in the paper (3 decimals)

@@ -1,5 +1,6 @@
-"""Hardness statistics over a run's per-epoch λ table ([epochs × layers]): drift, Spearman rank
-correlation of layerwise profiles across runs (the λ-GELU paper's V_λ and ρ_S), and the λ plot.
+"""λ statistics over a run's per-epoch λ table ([epochs × layers]): the drift V_λ, the Spearman rank correlation
+ρ_S of layerwise profiles across runs (the λ-GELU paper's), and the λ plot. The train stage's report section and
+`pipeline report` (analysis/paper/) use them.
 """
 
 from __future__ import annotations
@@ -70,19 +71,31 @@ def spearman_over_epochs(run_a: LambdaTable, run_b: LambdaTable) -> list[dict[st
     return [{"epoch": e, **spearman(a[e], b[e])} for e in range(min(a.shape[0], b.shape[0]))]
 
 
-def plot_lambda(
+# Per layer a line style and a marker, and line widths from thick (drawn first) to thin (on top): layers that
+# anneal to the same λ_target coincide, and each stays visible under the next.
+LAYER_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 2)), "P"))
+
+
+def plot_lambda(lams: LambdaTable, path: str | Path, **kw: Any) -> Path:
+    """`lambda_figure` saved as PNG."""
+    return render.save(lambda_figure(lams, **kw), path)
+
+
+def lambda_figure(
     lams: LambdaTable,
-    path: str | Path,
     layer_names: Sequence[str] | None = None,
     title: str | None = None,
     switch_epoch: int | None = None,
     target: float | None = None,
-) -> Path:
-    """λ per layer over epochs, saved as PNG. Uses the Agg canvas directly (no global backend switch).
+    marked_epoch: int | None = None,
+):
+    """λ per layer over epochs, on its own Agg canvas (no global backend switch).
 
-    `switch_epoch` marks where annealing starts (Algorithm 1's e_s), `target` draws λ_target.
-    Epochs are numbered from 1 on the x axis.
+    `switch_epoch` marks where annealing starts (Algorithm 1's e_s), `target` draws λ_target, `marked_epoch` the
+    epoch whose checkpoint ships. Epochs are numbered from 1 on the x axis, with whole-number ticks.
     """
+    from matplotlib.ticker import MaxNLocator
+
     a = as_table(lams)
     names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(a.shape[1])]
     if len(names) != a.shape[1]:
@@ -90,17 +103,24 @@ def plot_lambda(
     fig = render.figure(6.4, 4.0)
     ax = fig.add_subplot(1, 1, 1)
     epochs = np.arange(1, a.shape[0] + 1)
+    n = len(names)
     for i, name in enumerate(names):
-        ax.plot(epochs, a[:, i], marker="o" if a.shape[0] <= 30 else None, ms=3, label=name)
+        style, marker = LAYER_STYLES[i % len(LAYER_STYLES)]
+        width = 3.0 - 2.0 * i / max(n - 1, 1)
+        ax.plot(epochs, a[:, i], linestyle=style, marker=marker if a.shape[0] <= 30 else None, ms=3 + 4 * (n - 1 - i) / max(n - 1, 1),
+                lw=width, color=f"C{i % 10}", alpha=0.85, label=name)
     if switch_epoch is not None:
         ax.axvline(switch_epoch, color="grey", ls="--", lw=1, label="annealing starts")
+    if marked_epoch is not None:
+        ax.axvline(marked_epoch, color="tab:red", ls=":", lw=1.5, label=f"shipped (epoch {marked_epoch})")
     if target is not None:
         ax.axhline(target, color="black", ls=":", lw=1, label="λ_target")
     if target is not None and target / max(a.min(), 1e-12) > 50:
         ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
     ax.set_ylabel("λ")
     ax.set_title(title or "λ per layer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if len(names) > 6 else 1)
-    return render.save(fig, path)
+    return fig

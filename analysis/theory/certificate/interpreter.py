@@ -1,0 +1,212 @@
+"""The walk: the smooth network's own forward on a float64 copy, its input wrapped in `_Dev`, every torch function
+dispatched to its rule (`rules/`), gates and activations intercepted as modules (`activations.py`); and the
+certificate built on it (`Certifier`: the global bound and the per-sample bounds), with its readers
+(`certified_mask`, `certified_fraction`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.activations import gate_of
+
+from .activations import _intercept
+from .core import (EXACT, GLOBAL_CHANNELS, RELU32, RELU_ROUNDING, SAMPLE_CHANNELS, SMOOTH32, Refused, _Call, _Channel,
+                   _Dev, _inf_for_nan, _injected, _NoRule)
+from .rules import RULES
+
+class _Walk:
+    """One pass of `_Dev` boxes through a model: the channels, and which of them were refused where."""
+
+    def __init__(self, channels: tuple[_Channel, ...]):
+        self.channels = channels
+        self.refused: dict[int, str] = {}  # channel index -> the first reason
+
+    def zeros(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.zeros(like.shape, dtype=torch.float64) for _ in self.channels)
+
+    def wrap(self, value: torch.Tensor, boxes: list[torch.Tensor]) -> _Dev:
+        return _Dev(value, tuple(_inf_for_nan(b.to(torch.float64)) for b in boxes), self)
+
+    def fail(self, ci: int, reason: str) -> None:
+        if self.channels[ci].rounding:  # only a float32 statement is lost
+            self.refused.setdefault(ci, reason)
+        else:
+            raise Refused(reason)
+
+    def apply(self, name: str, func: Callable, args: tuple, kwargs: dict, out: Any, devs: list[_Dev]) -> Any:
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            # A Python value read out of a tensor (item, bool, tolist): the forward may branch on it.
+            moved = any(bool((d.boxes[ci] != 0).any()) for d in devs for ci in range(len(self.channels)))
+            if moved or not self.channels[0].sample:
+                raise Refused(f"the forward reads a value out of a tensor (`{name}`): its control flow may depend on the "
+                              "input" + ("" if not moved else " and differ between the networks") + ", so no bound is proved")
+            return out
+        rule = RULES.get(name)
+        boxes: list[list[torch.Tensor]] = []
+        for ci, ch in enumerate(self.channels):
+            if not ch.rounding and all(not bool(d.boxes[ci].any()) for d in devs):
+                b = [torch.zeros(o.shape, dtype=torch.float64) for o in outs]  # identical computations, identical values
+            elif ci in self.refused:
+                b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
+            else:
+                try:
+                    if rule is None:
+                        raise _NoRule(f"no rule for the torch function `{name}` on a tensor that differs between the networks "
+                                      "(after a gate, or with float32 rounding)")
+                    r = rule(_Call(self, ci, ch, name, func, args, kwargs, out))
+                    b = list(r) if isinstance(r, (tuple, list)) else [r]
+                    b = [torch.broadcast_to(x, o.shape) for x, o in zip(b, outs)]
+                except _NoRule as exc:
+                    self.fail(ci, str(exc))
+                    b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
+            boxes.append(b)
+        wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))]) for j, o in enumerate(outs)]
+        return type(out)(wrapped) if isinstance(out, (tuple, list)) else wrapped[0]
+
+
+@dataclass
+class SwapBound:
+    """Bounds on |logit_ReLU − logit_smooth|, elementwise.
+
+    per_logit: the exact-arithmetic bound, [K] (global: every input) or [N, K] (per sample).
+    float32: [N, K], per sample only: the bound on the float32 networks' change (δ̃ + ε̃), or None with the
+      reason in `float32_refused`.
+    rounding: [N, K], per sample only: ρ + ε̃, what a global exact bound needs added to hold in float32 on
+      these inputs, or None with the reason in `rounding_refused`.
+    layers: after each module, its name, type and the largest exact box so far.
+    """
+
+    per_logit: torch.Tensor
+    max: float
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    float32: torch.Tensor | None = None
+    float32_refused: str | None = None
+    rounding: torch.Tensor | None = None
+    rounding_refused: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"per_logit": self.per_logit.tolist(), "max": self.max, "layers": self.layers}
+
+
+def _float32_premise(model: nn.Module) -> str | None:
+    """Why float32 statements cannot be made for this model, or None."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return f"float32 matmuls run at precision {torch.get_float32_matmul_precision()!r} (TF32/bf16), not full float32"
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() and not torch.equal(t.detach().float().to(t.dtype), t.detach()):
+            return f"{name} holds values that are not float32 numbers: the float32 network is a different function"
+    return None
+
+
+class Certifier:
+    """Builds the float64 walking copy of `model` once; `global_bound` and `per_sample` reuse it.
+
+    `model` is not changed. Modules run in eval mode (dropout off, BatchNorm on running statistics).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.net = copy.deepcopy(model).to(torch.float64).eval()
+        _intercept(self.net)
+        self.float32_premise = _float32_premise(model)
+        self.records: list[dict[str, Any]] | None = None
+        for name, m in self.net.named_modules():
+            if not list(m.children()) or gate_of(m) is not None:
+                m.register_forward_hook(functools.partial(self._record, name))
+
+    def _record(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
+        if self.records is not None and isinstance(output, _Dev):
+            self.records.append({"name": name, "type": type(module).__name__, "max_deviation": float(output.boxes[EXACT].max())})
+
+    def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...]) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
+        walk = _Walk(channels)
+        value = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
+        self.records = []
+        try:
+            with torch.no_grad():
+                out = self.net(walk.wrap(value, list(walk.zeros(value))))
+        finally:
+            layers, self.records = self.records, None
+        if not isinstance(out, _Dev):
+            raise Refused(f"the model's output ({type(out).__name__}) is not computed from its input by torch functions")
+        return out, walk, layers
+
+    def global_bound(self, example: torch.Tensor, gate_constants: Mapping[str, float] | None = None) -> SwapBound:
+        """B with |R(x) − S(x)| ≤ B for every input shaped like `example` [1, ...] (only its shape and dtype
+        are used: no rule reads a value in this walk)."""
+        with _injected(gate_constants):
+            out, _, layers = self._walk(example[:1], GLOBAL_CHANNELS)
+        per_logit = out.boxes[EXACT].reshape(-1)
+        return SwapBound(per_logit=per_logit, max=float(per_logit.max()), layers=layers)
+
+    def per_sample(self, x: torch.Tensor) -> SwapBound:
+        """δ(x) (exact), δ̃ + ε̃ (float32) and ρ + ε̃ (rounding beside a global bound) for a batch x [N, ...]."""
+        out, walk, layers = self._walk(x, SAMPLE_CHANNELS)
+        flat = lambda t: t.reshape(t.shape[0], -1)
+        exact = flat(out.boxes[EXACT])
+        bound = SwapBound(per_logit=exact, max=float(exact.max()), layers=layers)
+        premise = self.float32_premise
+        reason = lambda *cs: premise or next((walk.refused[c] for c in cs if c in walk.refused), None)
+        bound.float32_refused = reason(RELU32, SMOOTH32)
+        if bound.float32_refused is None:
+            bound.float32 = flat(out.boxes[RELU32] + out.boxes[SMOOTH32])
+        bound.rounding_refused = reason(RELU_ROUNDING, SMOOTH32)
+        if bound.rounding_refused is None:
+            bound.rounding = flat(out.boxes[RELU_ROUNDING] + out.boxes[SMOOTH32])
+        return bound
+
+
+def swap_bound(model: nn.Module, input_shape: tuple[int, ...], gate_constants: Mapping[str, float] | None = None,
+               example: torch.Tensor | None = None) -> SwapBound:
+    """Input-independent exact bound (raises `Refused`). `example` gives the input dtype (token ids are
+    integers); otherwise a float input of `input_shape`."""
+    ex = example if example is not None else torch.zeros((1, *input_shape), dtype=torch.float64)
+    return Certifier(model).global_bound(ex, gate_constants)
+
+
+def swap_bound_per_sample(model: nn.Module, x: torch.Tensor, gate_constants: Mapping[str, float] | None = None) -> SwapBound:
+    """Per-sample bounds on `x` [N, ...] (raises `Refused`); see `Certifier.per_sample`."""
+    del gate_constants  # the per-sample rule uses the gates' own outputs, not c
+    return Certifier(model).per_sample(x)
+
+
+def certified_mask(logits: torch.Tensor, bound: torch.Tensor | float) -> torch.Tensor:
+    """[N] bool: the top-1 class cannot change when each logit moves by at most `bound`.
+
+    `bound` is a scalar, [K] or [N, K]. Sample n is certified when, with t its top class,
+    logit_t − logit_j > bound_t + bound_j for every j ≠ t (for a scalar bound: margin > 2·bound).
+    Language models' [N, T, V] logits count every position as a sample.
+    """
+    logits = logits.detach().to(torch.float64)
+    logits = logits.reshape(-1, logits.shape[-1])
+    b = torch.as_tensor(bound, dtype=torch.float64)
+    b = b.reshape(-1, logits.shape[-1]) if b.dim() > 1 else b
+    b = b.expand_as(logits)
+    top = logits.argmax(dim=1, keepdim=True)
+    lt, bt = logits.gather(1, top), b.gather(1, top)
+    ok = (lt - logits) > (bt + b)
+    ok.scatter_(1, top, True)
+    return ok.all(dim=1)
+
+
+def certified_fraction(logits: torch.Tensor, bound: torch.Tensor | float) -> float:
+    """Fraction of samples whose top-1 prediction provably survives the swap (see `certified_mask`)."""
+    if logits.shape[0] == 0:
+        return math.nan
+    return float(certified_mask(logits, bound).to(torch.float64).mean())
+
+
+def relu_swapped(model: nn.Module) -> nn.Module:
+    """A copy of `model` with every gate replaced by ReLU (`pipeline.relu_swap.to_relu`, the swap stage's walker)."""
+    from pipeline.relu_swap import to_relu
+
+    return to_relu(copy.deepcopy(model))

@@ -1,0 +1,39 @@
+"""Linear and convolution layers: |W(v − z)| ≤ |W|·d; float32 dot products of length n plus a bias within
+γ_{n+1}·(|W|·|x| + |b|) in any summation order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..core import SAFETY, _Call, _Dev, _NoRule, gamma
+
+
+def _weights(c: _Call, w: Any, b: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(w, _Dev) or isinstance(b, _Dev):
+        raise _NoRule(f"`{c.name}` with weights computed from the input")
+    return w.detach().abs().to(torch.float64), None if b is None else b.detach().abs().to(torch.float64)
+
+
+def _linear(c: _Call):
+    p = c.bind(("input", "weight", "bias"), {"bias": None})
+    w, b = _weights(c, p["weight"], p["bias"])
+    box = F.linear(c.box(p["input"]), w)
+    if c.ch.rounding:
+        local = F.linear(c.mag(p["input"]), w) + (0 if b is None else b)
+        box = box + SAFETY * gamma(w.shape[-1] + 1) * local
+    return box
+
+
+def _conv(c: _Call):
+    p = c.bind(("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+               {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
+    w, b = _weights(c, p["weight"], p["bias"])
+    conv = lambda t: c.func(t, w, None, p["stride"], p["padding"], p["dilation"], p["groups"])
+    box = conv(c.box(p["input"]))
+    if c.ch.rounding:
+        local = conv(c.mag(p["input"])) + (0 if b is None else b.view(1, -1, *([1] * (w.dim() - 2))))
+        box = box + SAFETY * gamma(w[0].numel() + 1) * local
+    return box

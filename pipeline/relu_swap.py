@@ -1,0 +1,85 @@
+"""The swap as a library: every gate of a model becomes ReLU, with no weight update. The swap stage
+(`pipeline/swap.py`), the train stage's `harden.method=swap`, the certificate and `to_gates`' users call these.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .activations import Gate, Linked, gate_of
+from .affine import set_outputs
+from .data import as_split
+from .evaluate import predict, score
+
+
+def replace_modules(root: nn.Module, match: Callable[[nn.Module, str], bool],
+                    make: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+    """Replace every submodule for which match(module, fqn) holds by make(module, fqn); returns the root.
+
+    Replaced modules are not descended into. The root itself may be replaced.
+    """
+    if match(root, ""):
+        return make(root, "")
+
+    def walk(parent: nn.Module, prefix: str) -> None:
+        for name, child in list(parent.named_children()):
+            fqn = f"{prefix}{name}"
+            if match(child, fqn):
+                setattr(parent, name, make(child, fqn))
+            else:
+                walk(child, fqn + ".")
+
+    walk(root, "")
+    return root
+
+
+def to_relu(model: nn.Module) -> nn.Module:
+    """Swap every gate (`activations.gate_of`: the project's gates and torch's nn.GELU / nn.SiLU / nn.Mish)
+    for its ReLU form, in place; callers pass a copy when they keep the original. A linked pair keeps its
+    pairing: its inner gate becomes ReLU, so the pair is CReLU."""
+    return replace_modules(model, lambda m, _: gate_of(m) is not None,
+                           lambda m, _: m.to_relu() if isinstance(m, Gate) else nn.ReLU())
+
+
+def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.device | str = "cpu",
+                metric: str = "accuracy") -> dict[str, float]:
+    """What swapping every gate to ReLU does to `model` on `data` (a Split, (x, y) tensors, a DataLoader:
+    `data.as_split`), the swap stage's numbers: the metric before and after, the top-1 agreement of the two
+    models and the largest |Δlogit|. `model` itself is not changed (a copy is swapped)."""
+    split = as_split(data)
+    before = predict(model, split, batch_size, device)
+    after = predict(to_relu(copy.deepcopy(model)), split, batch_size, device)
+    b, a = score(before, split.y, metric), score(after, split.y, metric)
+    return {"before": b["metric"], "after": a["metric"], "loss_before": b["loss"], "loss_after": a["loss"],
+            "argmax_agreement": float((before.argmax(-1) == after.argmax(-1)).float().mean()),
+            "max_logit_change": float((before - after).abs().max())}
+
+
+def _mirrored(layer: nn.Module) -> nn.Module:
+    """A copy of the affine layer with its outputs followed by their negatives: [W; −W], [b; −b]."""
+    w, b = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+    return set_outputs(copy.deepcopy(layer), torch.cat([w, -w], dim=0), None if b is None else torch.cat([b, -b]))
+
+
+def unfold_linked_relu(model: nn.Module) -> nn.Module:
+    """A copy in which every affine layer → CReLU pair of an nn.Sequential becomes affine(2C) → ReLU:
+    CReLU(Wx + b) = ReLU([W; −W]x + [b; −b]), exactly (up to the summation order of a wider GEMM). For
+    readers that know Gemm/Conv/Relu but no Neg/Concat (verifiers, interval bounds)."""
+    net = copy.deepcopy(model)
+    for seq in [m for m in net.modules() if isinstance(m, nn.Sequential)]:
+        names = list(seq._modules)
+        for prev, name in zip(names, names[1:]):
+            m, p = seq._modules[name], seq._modules[prev]
+            if isinstance(m, Linked) and isinstance(m.inner, nn.ReLU) and isinstance(p, (nn.Linear, nn.Conv2d)):
+                seq._modules[prev], seq._modules[name] = _mirrored(p), nn.ReLU()
+    return net
+
+
+def relu_spec(spec: dict[str, Any], swapped_to: str) -> dict[str, Any]:
+    """The spec that rebuilds the swapped model: the checkpoint's spec with the activation the variant's record
+    says the swap turns it into (`VariantRecord.swapped_to`: relu for a gate, linked_relu for a linked pair)."""
+    return {**spec, "activation": swapped_to}

@@ -1,0 +1,78 @@
+"""`analysis.api.check`'s verdict says what it means, in both directions a first user hit: a model whose every
+certificate was refused is not reported as passing, and a model whose certificate held is not reported as failing
+because a closed-form prediction (a diagnostic of the pre-activation density) missed."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from analysis import api
+from pipeline.activations import GELU, LambdaGELU, lambda_gelu
+
+
+class TinyViT(nn.Module):
+    """Tokens → nn.MultiheadAttention → a λ-GELU feed-forward → mean pool → logits (the trial's ViT, smaller)."""
+
+    def __init__(self, dim: int = 8, tokens: int = 4):
+        super().__init__()
+        self.tokens, self.dim = tokens, dim
+        self.embed = nn.Linear(dim, dim)
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.ff = nn.Sequential(nn.Linear(dim, 16), LambdaGELU(nn.Parameter(torch.zeros(1)), 0.1), nn.Linear(16, dim))
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        h = self.embed(x.view(len(x), self.tokens, self.dim))
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return self.head((h + self.ff(h)).mean(1))
+
+
+def _hardened_gates(model: nn.Module, lam: float = 160.0) -> nn.Module:
+    for m in model.modules():
+        if isinstance(m, LambdaGELU):
+            m.freeze(torch.tensor([lam]))
+    return model.eval()
+
+
+def test_every_certificate_refused_is_refused_not_a_pass():
+    torch.manual_seed(0)
+    model = _hardened_gates(TinyViT())
+    x = torch.randn(64, 32)
+    out = api.check(model, (x, torch.zeros(64, dtype=torch.long)))
+    cert = out["certificate"]
+    assert all(cert[k]["status"] == "refused" for k in ("float32", "float32_global"))
+    assert out["verdict"]["certificate"] == "refused" and out["verdict"]["statements"] == []
+    assert "float32" in out["verdict"]["why"] and "pass" not in out
+
+
+def test_a_held_certificate_holds_whatever_the_predictions_say():
+    """GELU at λ = 1: the density of N(0, 1) pre-activations is not flat over |x| < 3, so both closed-form
+    predictions are off; the swap's float32 change stays within its certified bound all the same."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 32), GELU(), nn.Linear(32, 4)).eval()
+    x = torch.randn(400, 6)
+    out = api.check(model, (x, torch.zeros(400, dtype=torch.long)))
+    assert out["certificate"]["float32"]["status"] == "sound" and out["certificate"]["float32"]["pass"]
+    assert out["verdict"]["certificate"] == "holds" and "float32" in out["verdict"]["statements"]
+    assert not out["predictions"]["pass"] and {o["check"] for o in out["predictions"]["off"]} == {"gate_l1", "act_l1"}
+
+
+class WrongLambda(LambdaGELU):
+    """Reports λ but computes x·Φ(λx/4): farther from ReLU than c/λ."""
+
+    def forward(self, x):
+        return lambda_gelu(x, self._lam_for(x) / 4)
+
+
+def test_a_gate_that_breaks_the_premise_fails():
+    torch.manual_seed(2)
+    bug = WrongLambda(nn.Parameter(torch.zeros(1)), 0.1)
+    bug.freeze(torch.tensor([160.0]))
+    model = nn.Sequential(nn.Linear(4, 32), bug, nn.Linear(32, 3)).eval()
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.fill_(-0.7517915 * 4 / 160.0)  # where x·Φ(λx/4) is farthest from ReLU
+    x = torch.randn(32, 4)
+    out = api.check(model, (x, torch.zeros(32, dtype=torch.long)))
+    assert out["verdict"]["certificate"] == "fails" and "c/λ" in out["verdict"]["why"]
