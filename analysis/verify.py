@@ -116,13 +116,6 @@ def validate_config(cfg: Config) -> None:
             raise ConfigError(f"verify.verifiers: {e}") from None
 
 
-def _facts(run: RunDir, variant: str):
-    from types import SimpleNamespace
-
-    f = run.variant(variant)
-    return f if not isinstance(f, dict) else SimpleNamespace(**f)
-
-
 def property_name(variant: str, sample: int, eps: float) -> str:
     return f"{variant}_{sample}_{format_real(eps)}"
 
@@ -248,7 +241,7 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
     for variant in cfg.variants:
         onnx_rel = Path("onnx") / f"{variant}.onnx"
         onnx_path = out / onnx_rel
-        facts = _facts(run, variant)
+        facts = run.variant(variant)
         if facts.swapped_to is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
@@ -305,7 +298,7 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
     for variant in cfg.variants:
-        facts = _facts(run, variant)
+        facts = run.variant(variant)
         if not facts.smooth:
             continue
         src = run.file("train", variant, "best.pt")
@@ -459,7 +452,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         for e in s["epsilons"]:
             r = next((t for t in s["table"] if t["variant"] == v and t["eps"] == e and t["verifier"] == main), None)
             cells.append("—" if r is None else f"{pct(r['certified_fraction'])} ({pct(r['falsified_fraction'])} sat)")
-        label = f"{v} (ReLU from the start)" if s["models"][v].get("activation") in ("relu", "linked_relu") else f"{v} swapped to ReLU"
+        label = f"{v} (ReLU from the start)" if run.variant(v).is_relu else f"{v} swapped to ReLU"
         rows.append([label, "ReLU ONNX", f"`{s['chains'][main]}`", *cells])
     for v in s.get("smooth_models", {}):
         for route in ROUTES:

@@ -37,13 +37,6 @@ class VariantRecord:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """Mapping-style read of a field, for `analysis/verify.py` until it reads the attributes (docs/architecture.md,
-        "The artifact contract"); an unknown key is an error, never the default."""
-        if key not in FIELDS:
-            raise KeyError(f"VariantRecord has no field {key!r}; fields: {', '.join(FIELDS)}")
-        return getattr(self, key)
-
 
 FIELDS = tuple(f.name for f in dataclasses.fields(VariantRecord))
 

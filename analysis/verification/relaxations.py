@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.gates import family
+from pipeline.gates import family, tail_peaks
 
 from .ops import DTYPE
 
@@ -67,7 +67,7 @@ class SmoothGate:
     lower_tail: Callable[[torch.Tensor], torch.Tensor]  # g(−u), u ≥ 0: on the x < 0 side, u·g(−u)/λ
     inflections: tuple[float, float] = (0.0, 0.0)
     peaks: tuple[float, float] = (0.0, 0.0)  # argmax_u u·upper_tail(u), argmax_u u·lower_tail(u)
-    peak_values: tuple[float, float] = (0.0, 0.0)  # the maxima, nudged up (see _peak)
+    peak_values: tuple[float, float] = (0.0, 0.0)  # the maxima, nudged up (`pipeline.gates.tail_peaks`)
 
     def F(self, y: torch.Tensor) -> torch.Tensor:
         return y * self.g(y)
@@ -83,27 +83,12 @@ def _brentq(fn: Callable[[float], float], a: float, b: float) -> float:
     return float(brentq(fn, a, b, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=200))
 
 
-def _peak(tail: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
-    """(argmax, max) of the unimodal u·tail(u) on u ≥ 0; the max nudged up by 1e-9 (relative): the value at
-    a point found to ~1e-8 is below the true max by ~1e-16 relative, so the nudge keeps it an upper bound."""
-    from scipy.optimize import minimize_scalar
-
-    def T(u: float) -> float:
-        return float(u * tail(torch.tensor(u, dtype=DTYPE)))
-
-    grid = np.linspace(0.0, 10.0, 1001)
-    i = int(np.argmax([T(u) for u in grid]))
-    res = minimize_scalar(lambda u: -T(u), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, 1000)]), method="bounded",
-                          options={"xatol": 1e-12})
-    return float(res.x), -float(res.fun) * (1 + 1e-9)
-
-
 def _make(name: str, g, dF, d2F_sign, upper_tail, lower_tail, inflection_brackets) -> SmoothGate:
     def sign_at(v: float) -> float:
         return float(d2F_sign(torch.tensor(v, dtype=DTYPE)))
 
     infl = tuple(_brentq(sign_at, a, b) for a, b in inflection_brackets)
-    p_up, p_lo = _peak(upper_tail), _peak(lower_tail)
+    p_up, p_lo = tail_peaks(name)  # the family's one computation of c (pipeline/gates.py)
     return SmoothGate(name, g, dF, d2F_sign, upper_tail, lower_tail, infl, (p_up[0], p_lo[0]), (p_up[1], p_lo[1]))
 
 
