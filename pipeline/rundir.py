@@ -67,14 +67,20 @@ def atomic_write_csv(path: Path, rows: list[dict[str, Any]], fieldnames: list[st
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """For writers that want a filename (torch.save, onnx.save): write a temp file, then rename."""
+    """For writers that want a filename (torch.save, onnx.save): write a temp file, then rename.
+
+    The temp file has the destination's own name, in a private temp folder beside it: torch.save writes
+    the file's name into every zip entry (`best/data.pkl`), so a temp name holding a pid would make two
+    identical runs in two processes write different bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = folder / path.name
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+        folder.rmdir()
 
 
 def _json_default(o: Any) -> Any:
@@ -223,7 +229,9 @@ class RunDir:
     def snapshot(self, directory: str) -> dict[str, list[int]]:
         """[size, mtime] of every file under a stage directory: what `record_outputs` compares against."""
         d = self.path / directory
-        files = (p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")) if d.is_dir() else ()
+        # hidden names are temp files and the private folders of `atomic_path` (a killed write leaves one)
+        files = (p for p in d.rglob("*") if p.is_file() and not any(q.startswith(".") for q in p.relative_to(d).parts)) \
+            if d.is_dir() else ()
         return {str(p.relative_to(self.path)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
 
     def record_outputs(self, stage: str, directory: str, before: dict[str, list[int]]) -> dict[str, str]:
