@@ -11,6 +11,8 @@ Decisions (see also DESIGN.md, Known pitfalls):
 - Opset 20 (the tracer's highest): the first with a native `Gelu` op, so λ-GELU = GELU(λx)/λ exports
   as Mul → Gelu → Div, three nodes instead of the seven-node Erf expansion of opset ≤ 19, and plain
   GELU as one node. The ReLU graphs are the same at any opset ≥ 13 (Gemm/Conv/Relu/Flatten).
+- nn.MultiheadAttention exports with its fused eval-mode fast path off (`mha_fastpath`), the tracer
+  having no symbolic for the fused op.
 - Inputs in natural units: the model's first module `Normalize` (x·scale + shift) is inside the graph.
 - Dynamic batch axis on the input and the logits; onnxsim keeps it (checked, not assumed).
 - Single file: no external data (checked), `onnx.checker.check_model(full_check=True)`, then
@@ -24,12 +26,13 @@ Decisions (see also DESIGN.md, Known pitfalls):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import onnx
@@ -74,7 +77,7 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
     """
     model = model.eval().cpu()
     buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), mha_fastpath(False):
         # Expected and harmless here: the legacy-exporter deprecation notice, and tracer notes about
         # λ being a constant / the frozen flag being read once (both are fixed in an exported model).
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
@@ -99,6 +102,19 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
     proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add or folded into its first Gemm); output: logits"
     check_graph(proto, dynamic_batch)
     return proto, facts
+
+
+@contextlib.contextmanager
+def mha_fastpath(enabled: bool) -> Iterator[None]:
+    """nn.MultiheadAttention's fused eval-mode fast path on or off for a block, restored afterwards: the
+    TorchScript exporter has no symbolic for the fused op (`aten::_native_multi_head_attention`), while
+    the unfused path exports as MatMul/Softmax and computes the same function."""
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(previous)
 
 
 def check_graph(proto: onnx.ModelProto, dynamic_batch: bool = True) -> None:

@@ -123,3 +123,36 @@ def test_export_stage(nets, tmp_path):
             assert entry["samples"] == len(digits().val)
     assert saved["models"]["lambda_gelu"]["relu"]["ops"]["Relu"] == 2
     assert result["models"] == saved["models"]
+
+
+class TinyViT(torch.nn.Module):
+    """Patches → tokens → pre-norm self-attention (nn.MultiheadAttention) and a GELU MLP, both residual →
+    mean pool → logits: the layout of a small ViT."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, classes: int = 10):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(1, dim, 4, stride=4)
+        self.pos = torch.nn.Parameter(0.1 * torch.randn(1, 4, dim))
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.attn = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim))
+        self.head = torch.nn.Linear(dim, classes)
+
+    def forward(self, x):
+        h = self.patch(x.reshape(-1, 1, 8, 8)).flatten(2).transpose(1, 2) + self.pos
+        a = self.norm1(h)
+        h = h + self.attn(a, a, a, need_weights=False)[0]
+        h = h + self.mlp(self.norm2(h))
+        return self.head(h.mean(1))
+
+
+def test_multihead_attention_exports_in_eval_mode_and_matches(tmp_path):
+    # Eval mode takes nn.MultiheadAttention's fused fast path, which the TorchScript exporter cannot export
+    torch.manual_seed(0)
+    net = TinyViT().eval()
+    x = digits().val.x[:64]
+    proto, _ = ex.to_onnx(net, x[:2], OPSET)
+    ex.save(proto, tmp_path / "vit.onnx")
+    assert torch.backends.mha.get_fastpath_enabled(), "export restores the fast path"
+    check = ex.compare(tmp_path / "vit.onnx", net, x)
+    assert check["argmax_agreement"] == 1.0 and "MatMul" in ort_util.op_counts(proto)
