@@ -125,8 +125,10 @@ class ExportConfig:
     """fp32 ONNX export (quantize/export.py)."""
 
     opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
-    atol: float = 1e-5  # onnxruntime vs PyTorch: max |Δlogit| ≤ atol + rtol·max|logit| on the check batch
-    rtol: float = 1e-6  # float32 rounding grows with the logits' scale (|logit| ~ 50 on Fashion-MNIST)
+    # onnxruntime and PyTorch are each checked against float64 with the bound float32 rounding can account for in
+    # the network (quantize/rounding.py); atol + rtol·max|logit| is slack on top, for ops that bound has no rule for
+    atol: float = 0.0
+    rtol: float = 0.0
     check_samples: int = 1024  # validation inputs in the check batch
     simplify: bool = True  # run onnxsim
 
@@ -438,8 +440,8 @@ def validate(cfg: Config) -> Config:
     need(cfg.model.dim % cfg.model.heads == 0, f"model.dim={cfg.model.dim} must be divisible by model.heads={cfg.model.heads}")
     need(0 <= cfg.model.dropout < 1, f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     need(13 <= cfg.export.opset <= 20, f"export.opset must be in 13..20 (the TorchScript exporter's range), got {cfg.export.opset}")
-    need(cfg.export.atol > 0 and cfg.export.rtol >= 0 and cfg.export.check_samples > 0,
-         "export.atol and export.check_samples must be > 0, export.rtol >= 0")
+    need(cfg.export.atol >= 0 and cfg.export.rtol >= 0 and cfg.export.check_samples > 0,
+         "export.check_samples must be > 0, export.atol and export.rtol >= 0")
     need(cfg.quantize.calibration_samples > 0, "quantize.calibration_samples must be > 0")
     need(cfg.quantize.threads > 0 and cfg.quantize.repeats > 0 and cfg.quantize.throughput_batch > 0,
          "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
