@@ -27,7 +27,7 @@ def bench_pipeline(overrides: list[str], timeout_s: float = 3600.0, keep_dir: Pa
         wall = time.perf_counter() - t0
         manifest_path = out_dir / "bench-e2e" / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    stages = {name: {"seconds": s.get("seconds"), "status": s.get("status")}
+    stages = {name: {"seconds": s.get("seconds"), "status": s.get("status"), "threads": s.get("threads")}
               for name, s in manifest.get("stages", {}).items()}
     in_stages = sum(s["seconds"] or 0.0 for s in stages.values())
     res: dict[str, Any] = {

@@ -96,14 +96,17 @@ def _kernel(sec: dict[str, Any]) -> list[str]:
     lines = ["", f"Build alone: `{b['command']}`: exit {b['returncode']}, **{b['wall_s']:.1f} s** (load {b['load_before']} → "
              f"{b['load_after']})", ""]
     rows = []
-    for label, r in res["runs"].items():
-        st = r["stages"]
-        rows.append([label, f"`{r['command']}`", str(r["returncode"]), f"{r['wall_s']:.1f}",
-                     *(f"{st[s]['seconds']:.1f}" if st.get(s, {}).get("seconds") is not None else "–" for s in ("train", "harden")),
-                     f"{r['load_before']} → {r['load_after']}"])
-    lines += _table(["kernel", "command", "exit", "wall s", "train s", "harden s", "load average"], rows)
+    for label, runs in res["runs"].items():
+        for i, r in enumerate(runs, 1):
+            st = r["stages"]
+            rows.append([label, str(i), f"`{r['command']}`", str(r["returncode"]), f"{r['wall_s']:.1f}",
+                         *(f"{st[s]['seconds']:.1f}" if st.get(s, {}).get("seconds") is not None else "–" for s in ("train", "harden")),
+                         str(st.get("train", {}).get("threads", "–")), f"{r['load_before']} → {r['load_after']}"])
+    lines += _table(["kernel", "rep", "command", "exit", "wall s", "train s", "harden s", "threads", "load average"], rows)
     saved, n = res["saved_per_run_s"], res["runs_to_pay_back"]
-    lines += ["", f"The built kernel saves {saved:.1f} s per run against eager; its build costs {b['wall_s']:.1f} s once"
+    med = res["median_wall_s"]
+    lines += ["", "Medians over repetitions: " + ", ".join(f"{k} {v:.1f} s" for k, v in med.items()) + ". "
+              f"The built kernel saves {saved:.1f} s per run against eager; its build costs {b['wall_s']:.1f} s once"
               + (f", paid back after {n:.1f} runs." if n is not None else ": it never pays back on this job.")]
     return lines
 

@@ -51,7 +51,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                   (lambda: _cfg(model__name="cnn", data__subset=10000, train__grad_clip=1.0), 3, ["gelu", "relu", "lambda_gelu", "lambda_gelu[frozen]"])],
         "inference": (lambda: _cfg(), 200),
         "e2e": [],
-        "kernel": ["threads=2"],  # the default job; 2 threads in every run, whatever else is busy when it starts
+        "kernel": ["stages=train,harden"],  # the default job's stages the kernel changes, default threads (auto)
         "gpu": {"op": [((4096, 4096), 20, 1)], "train": [(lambda: _cfg(device="cuda"), 3, None)]},
         "compile": True,
     },
@@ -61,7 +61,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                   (lambda: _cfg(model__name="cnn", data__subset=3000, train__grad_clip=1.0), 2, ["gelu", "relu", "lambda_gelu"])],
         "inference": (lambda: _cfg(), 50),
         "e2e": ["data.name=digits", "train.epochs=2"],
-        "kernel": ["data.name=digits", "train.epochs=2", "threads=2"],
+        "kernel": ["data.name=digits", "train.epochs=2", "stages=train,harden"],
         "gpu": {"op": [((2048, 2048), 10, 1)], "train": [(lambda: _cfg(device="cuda", data__subset=10000), 2, None)]},
         "compile": True,
     },

@@ -78,11 +78,13 @@ def test_kernel_section_report_states_the_payback():
     # The tiny profile skips the build (a minute); the section's numbers in, its sentence out.
     from benchmarks import report
 
-    run = {"command": "pipeline run", "returncode": 0, "stages": {"train": {"seconds": 20.0}, "harden": {"seconds": 60.0}},
-           "load_before": [1.0], "load_after": [1.0]}
+    run = {"command": "pipeline run", "returncode": 0, "stages": {"train": {"seconds": 20.0, "threads": 2},
+                                                                  "harden": {"seconds": 60.0, "threads": 2}},
+           "load_before": [1.0], "load_after": [1.0], "wall_s": 90.0}
     sec = {"result": {"build": {"command": "python -m pipeline.kernels.cpu", "returncode": 0, "wall_s": 60.0,
                                 "load_before": [1.0], "load_after": [1.0]},
-                      "runs": {"cpp, built": {**run, "wall_s": 170.0}, "eager": {**run, "wall_s": 200.0}},
+                      "runs": {"cpp, built": [run], "eager": [{**run, "wall_s": 120.0}]},
+                      "median_wall_s": {"cpp, built": 90.0, "eager": 120.0},
                       "saved_per_run_s": 30.0, "runs_to_pay_back": 2.0}}
     text = "\n".join(report._kernel(sec))
     assert "saves 30.0 s per run" in text and "costs 60.0 s once, paid back after 2.0 runs" in text
