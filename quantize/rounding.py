@@ -533,7 +533,7 @@ def forward_bound(model: nn.Module, x: torch.Tensor, max_outputs: int = MAX_OUTP
     net = copy.deepcopy(model).cpu().double().eval().requires_grad_(False)  # gradients go to the ε only
     x = _input(x.detach().cpu())
     refs, bounds, unmodelled = [], [], Counter()
-    index = None
+    index, layouts = None, {}  # (chunk size, source shapes) -> which sources have the sample as dim 0
     with mha_fastpath(False):  # the fused attention op has no rule; its unfused path is what exports
         chunk = _chunk_size(net, x)
         for i in range(0, len(x), chunk):
@@ -548,17 +548,20 @@ def forward_bound(model: nn.Module, x: torch.Tensor, max_outputs: int = MAX_OUTP
                     p = flat.shape[1]
                     index = np.arange(p) if p <= max_outputs else np.unique(np.linspace(0, p - 1, max_outputs).round().astype(int))
                 refs.append(y.detach().numpy())
-                bounds.append(_bound(flat, tr.sources, index))
+                bounds.append(_bound(flat, tr.sources, index, layouts))
     return Bound(np.concatenate(refs), np.concatenate(bounds), index, dict(unmodelled))
 
 
-def _bound(flat: torch.Tensor, sources: list[torch.Tensor], index: np.ndarray) -> np.ndarray:
+def _bound(flat: torch.Tensor, sources: list[torch.Tensor], index: np.ndarray, layouts: dict[tuple, list[bool]]) -> np.ndarray:
     """Σ_sources Σ_elements |∂y_ik/∂ε| per sample i and output k in `index`. The samples of a chunk are
     independent, so one backward pass of Σ_i y_ik serves all of them where a source's dim 0 is the sample
     (checked); a source laid out otherwise adds its whole sum to every sample (sound, looser)."""
     n = flat.shape[0]
     used = [s for s in sources if s.requires_grad]
-    per_sample = _batch_first(flat, used)
+    key = (n, tuple(s.shape for s in used))
+    if key not in layouts:
+        layouts[key] = _batch_first(flat, used)
+    per_sample = layouts[key]
     out = np.zeros((n, len(index)))
     for j, k in enumerate(index):
         grads = torch.autograd.grad(flat[:, int(k)].sum(), used, retain_graph=True, allow_unused=True)
