@@ -332,7 +332,8 @@ def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequenti
             "params_after": params(pruned), "widths_after": _widths(spec["model"]),
             "val_max_logit_diff_fp64": val64, "val_max_logit_diff_fp32": val32, "val_argmax_agreement": agree_val,
             "test_max_logit_diff_fp64": test64, "test_argmax_agreement": agree_test, "atol": scfg.atol,
-            "onnx": str(onnx_path.relative_to(run.path)), "onnx_max_abs_diff": check["max_abs_diff"]}
+            "onnx": str(onnx_path.relative_to(run.path)), "onnx_max_abs_diff": check["max_abs_diff"],
+            "onnx_bound_ratio": check["ort_bound_ratio"]}
 
 
 def report_section(cfg: Config, run: RunDir) -> str | None:

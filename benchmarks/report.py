@@ -88,6 +88,29 @@ def _e2e(sec: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _kernel(sec: dict[str, Any]) -> list[str]:
+    if sec.get("skipped"):
+        return ["", f"Skipped: {sec['skipped']}"]
+    res = sec["result"]
+    b = res["build"]
+    lines = ["", f"Build alone: `{b['command']}`: exit {b['returncode']}, **{b['wall_s']:.1f} s** (load {b['load_before']} → "
+             f"{b['load_after']})", ""]
+    rows = []
+    for label, runs in res["runs"].items():
+        for i, r in enumerate(runs, 1):
+            st = r["stages"]
+            rows.append([label, str(i), f"`{r['command']}`", str(r["returncode"]), f"{r['wall_s']:.1f}",
+                         *(f"{st[s]['seconds']:.1f}" if st.get(s, {}).get("seconds") is not None else "–" for s in ("train", "harden")),
+                         str(st.get("train", {}).get("threads", "–")), f"{r['load_before']} → {r['load_after']}"])
+    lines += _table(["kernel", "rep", "command", "exit", "wall s", "train s", "harden s", "threads", "load average"], rows)
+    saved, n = res["saved_per_run_s"], res["runs_to_pay_back"]
+    med = res["median_wall_s"]
+    lines += ["", "Medians over repetitions: " + ", ".join(f"{k} {v:.1f} s" for k, v in med.items()) + ". "
+              f"The built kernel saves {saved:.1f} s per run against eager; its build costs {b['wall_s']:.1f} s once"
+              + (f", paid back after {n:.1f} runs." if n is not None else ": it never pays back on this job.")]
+    return lines
+
+
 def _gpu(sec: dict[str, Any]) -> list[str]:
     if sec.get("skipped"):
         return ["", f"Skipped: {sec['skipped']}"]
@@ -98,7 +121,8 @@ def _gpu(sec: dict[str, Any]) -> list[str]:
 
 
 SECTIONS = {"op": ("1. Activation op", _op), "train": ("2. Training epoch", _train),
-            "inference": ("3. Inference (onnxruntime)", _inference), "e2e": ("4. End to end", _e2e), "gpu": ("5. GPU", _gpu)}
+            "inference": ("3. Inference (onnxruntime)", _inference), "e2e": ("4. End to end", _e2e),
+            "kernel": ("5. Fused CPU kernel: first build against what it saves", _kernel), "gpu": ("6. GPU", _gpu)}
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -6,8 +6,8 @@
     python -m benchmarks.run --only op,train    # some sections; merged into the existing results file
 
 Sections: op (λ-GELU vs F.gelu forward+backward, bytes saved for backward), train (epoch time), inference
-(onnxruntime fp32 vs int8), e2e (`pipeline run` wall time per stage), gpu (op and train on CUDA, or the
-reason they were skipped).
+(onnxruntime fp32 vs int8), e2e (`pipeline run` wall time per stage), kernel (the fused CPU kernel's
+one-time build against what it saves per run), gpu (op and train on CUDA, or the reason they were skipped).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pipeline.kernels import inductor
 
 from . import common, report
 
-SECTION_NAMES = ("op", "train", "inference", "e2e", "gpu")
+SECTION_NAMES = ("op", "train", "inference", "e2e", "kernel", "gpu")
 HERE = Path(__file__).resolve().parent
 
 
@@ -51,6 +51,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                   (lambda: _cfg(model__name="cnn", data__subset=10000, train__grad_clip=1.0), 3, ["gelu", "relu", "lambda_gelu", "lambda_gelu[frozen]"])],
         "inference": (lambda: _cfg(), 200),
         "e2e": [],
+        "kernel": ["stages=train,harden"],  # the default job's stages the kernel changes, default threads (auto)
         "gpu": {"op": [((4096, 4096), 20, 1)], "train": [(lambda: _cfg(device="cuda"), 3, None)]},
         "compile": True,
     },
@@ -60,6 +61,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                   (lambda: _cfg(model__name="cnn", data__subset=3000, train__grad_clip=1.0), 2, ["gelu", "relu", "lambda_gelu"])],
         "inference": (lambda: _cfg(), 50),
         "e2e": ["data.name=digits", "train.epochs=2"],
+        "kernel": ["data.name=digits", "train.epochs=2", "stages=train,harden"],
         "gpu": {"op": [((2048, 2048), 10, 1)], "train": [(lambda: _cfg(device="cuda", data__subset=10000), 2, None)]},
         "compile": True,
     },
@@ -71,6 +73,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "inference": (lambda: _cfg(data__name="digits", model__hidden=[32, 32], quantize__calibration_samples=64), 3),
         "e2e": ["data.name=digits", "train.epochs=2", "data.subset=300", "model.hidden=[32,32]",
                 "stages=train,harden,swap", "variants=lambda_gelu,gelu", "threads=1"],
+        "kernel": None,  # a build takes a minute: not for a smoke run
         "gpu": {"op": [((64, 64), 3, 1)], "train": []},
         "compile": False,  # torch.compile takes 10–30 s per graph: not for a smoke run
     },
@@ -112,6 +115,18 @@ def _e2e_section(overrides: list[str], profile: str) -> dict[str, Any]:
     if missing:
         note += f"; stages {', '.join(missing)} do not exist yet, so this is not the full pipeline"
     return {"note": note, "result": bench_pipeline(overrides)}
+
+
+def _kernel_section(overrides: list[str] | None) -> dict[str, Any]:
+    if overrides is None:
+        return {"skipped": "the tiny profile does not build the kernel (about a minute); use --quick or the full profile"}
+    from pipeline.kernels import cpu
+
+    from .first_build import bench_first_build
+
+    if not cpu.build():
+        return {"skipped": f"no fused CPU kernel on this machine: {cpu.status.error}"}
+    return {"result": bench_first_build(overrides)}
 
 
 def _gpu_section(prof: dict[str, Any]) -> dict[str, Any]:
@@ -214,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": lambda: _train_section(prof["train"], "cpu"),
         "inference": lambda: _inference_section(prof["inference"]),
         "e2e": lambda: _e2e_section(prof["e2e"] + args.e2e_override, profile),
+        "kernel": lambda: _kernel_section(prof["kernel"]),
         "gpu": lambda: _gpu_section(prof["gpu"]),
     }
     failed = False

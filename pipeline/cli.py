@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
+from typing import Iterator
 
 from . import config as config_mod
 from .errors import PipelineError
@@ -85,9 +90,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.resume:
             if args.config:
                 raise PipelineError("--resume uses the run's own config.json; drop -c/--config (overrides are allowed)")
+            args.interrupted_hint = _resume_hint(args.resume)
             run = runner.resume(args.resume, args.overrides, args.redo)
         else:
+            args.interrupted_hint = "stopped before the run directory was made; nothing to resume"
             run = runner.create(config_mod.load(args.config, args.overrides), argv=sys.argv)
+            args.interrupted_hint = _resume_hint(run.path)
         if world.main:
             print(f"run directory: {run.path}" + (f" ({world.size} processes)" if world.distributed else ""))
         runner.run_pipeline(run.cfg, run, redo=args.redo)
@@ -96,6 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         distributed.shutdown()
     return 0
+
+
+def _resume_hint(path) -> str:
+    return f"resume with `pipeline run --resume {path}` (finished epochs and stages are kept)"
 
 
 def cmd_stages(args: argparse.Namespace) -> int:
@@ -144,6 +156,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if shard and args.report:
         raise PipelineError("--report with --shard would tabulate one shard: run `pipeline report <out_dir>` once every shard is done")
     world = distributed.init_from_env()
+    args.interrupted_hint = "run the same `pipeline sweep` command again to go on (finished points are skipped)"
     try:
         summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run, shard=shard)
         if args.report and not args.dry_run and world.main:
@@ -171,6 +184,35 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, Kubernetes and `kill` send) raised where the program is, so that it unwinds like
+    Ctrl-C: the stage under way is marked interrupted, and the run resumes from its last checkpoint."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises `Terminated` for the duration (once: a second SIGTERM gets the previous handler, so a
+    clean-up that hangs can still be stopped); the previous handler is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, previous)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# OS errors that are the user's to fix (permissions, a read-only or full disk): exit 2 with the fix, like PipelineError
+FIXABLE_OS_ERRORS = {errno.EACCES: "fix its permissions, or use another folder", errno.EPERM: "fix its permissions, or use another folder",
+                     errno.EROFS: "use a writable folder", errno.ENOSPC: "free some space", errno.EDQUOT: "free some space"}
+
+
 COMMANDS = {"run": cmd_run, "stages": cmd_stages, "config": cmd_config, "analyze": cmd_analyze, "sweep": cmd_sweep, "report": cmd_report,
             "plugins": cmd_plugins, "vnncomp": cmd_vnncomp}
 
@@ -183,18 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return COMMANDS[args.command](args)
+        with sigterm_interrupts():
+            return COMMANDS[args.command](args)
     except PipelineError as exc:  # the user's to fix: one line that names the fix
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; resume with `pipeline run --resume <run dir>` (finished epochs and stages are kept)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        hint = getattr(args, "interrupted_hint", None)
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{what}; {hint}" if hint else what, file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 128 + signal.SIGINT
     except Exception as exc:  # anything else is a bug or the environment: still one line, the traceback on request
         if args.debug:
             raise
+        if isinstance(exc, OSError) and exc.errno in FIXABLE_OS_ERRORS:
+            print(f"error: {exc.filename or 'a file'}: {exc.strerror}; {FIXABLE_OS_ERRORS[exc.errno]}", file=sys.stderr)
+            return 2
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
               f"(at {Path(where.filename).name}:{where.lineno}; rerun with --debug for the traceback)", file=sys.stderr)

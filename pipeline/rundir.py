@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import hashlib
 import io
 import json
 import os
 import platform
+import socket
 import sys
 import tempfile
 import time
@@ -69,14 +72,60 @@ def atomic_write_csv(path: Path, rows: list[dict[str, Any]], fieldnames: list[st
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """For writers that want a filename (torch.save, onnx.save): write a temp file, then rename."""
+    """For writers that want a filename (torch.save, onnx.save): write a temp file, then rename.
+
+    The temp file has the destination's own name, in a private temp folder beside it: torch.save writes
+    the file's name into every zip entry (`best/data.pkl`), so a temp name holding a pid would make two
+    identical runs in two processes write different bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = folder / path.name
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+        folder.rmdir()
+
+
+LOCK = ".lock"  # in a run directory: flock-ed by the process running it, and holding that process's pid and host
+_held: dict[Path, int] = {}  # the run directories this process holds: resolved path -> the lock file's descriptor
+
+
+def hold(path: str | Path) -> None:
+    """Hold the run directory `path` for this process until `release(path)` or the process's end: a second
+    process is refused with the first one's pid. An flock, which the kernel drops when its holder dies (even
+    by SIGKILL), so a killed run leaves nothing stale behind. Holding it again from the same process is a no-op.
+    Also the first write of a resume, so an unwritable run directory is reported here, before any work."""
+    key = Path(path).resolve()
+    if key in _held:
+        return
+    try:
+        fd = os.open(key / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise RunDirError(f"cannot write to {path} ({exc.strerror}); make it writable, or copy the run directory "
+                          f"somewhere writable and resume the copy") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").split()
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise RunDirError(f"cannot lock {key / LOCK} ({exc.strerror}); the file system must support flock") from None
+        pid = holder[0] if holder else "unknown"
+        host = f" on {holder[1]}" if len(holder) > 1 and holder[1] != socket.gethostname() else ""
+        raise RunDirError(f"{path} is in use by another pipeline process (pid {pid}{host}); wait for it to end, "
+                          f"or stop it and resume with `pipeline run --resume {path}`") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    _held[key] = fd
+
+
+def release(path: str | Path) -> None:
+    """Let go of a run directory this process holds (closing the descriptor drops the flock); no-op otherwise."""
+    fd = _held.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _json_default(o: Any) -> Any:
@@ -116,7 +165,13 @@ class RunDir:
     @classmethod
     def create(cls, cfg: Config, argv: list[str] | None = None) -> "RunDir":
         out = Path(cfg.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = tempfile.TemporaryFile(dir=out)  # mkdir of an existing folder says nothing about writing into it
+        except OSError as exc:
+            raise RunDirError(f"cannot create a run directory in {out} ({exc.strerror}); make it writable, "
+                              f"or pick another folder with out_dir=...") from None
+        probe.close()
         if cfg.name:
             path = out / cfg.name
             try:
@@ -244,7 +299,9 @@ class RunDir:
     def snapshot(self, directory: str) -> dict[str, list[int]]:
         """[size, mtime] of every file under a stage directory: what `record_outputs` compares against."""
         d = self.path / directory
-        files = (p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")) if d.is_dir() else ()
+        # hidden names are temp files and the private folders of `atomic_path` (a killed write leaves one)
+        files = (p for p in d.rglob("*") if p.is_file() and not any(q.startswith(".") for q in p.relative_to(d).parts)) \
+            if d.is_dir() else ()
         return {str(p.relative_to(self.path)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
 
     def record_outputs(self, stage: str, directory: str, before: dict[str, list[int]]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from .config import Config
 from .config import validate as validate_fields
 from .data import dataset_for
 from .errors import CheckpointError, PipelineError
-from .rundir import RunDir, now
+from .rundir import RunDir, hold, now, release
 from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, resolve, selected
 
 
@@ -46,8 +46,12 @@ def create(cfg: Config, argv: list[str] | None = None) -> RunDir:
     distributed.resolve_device(cfg.device)
     dataset_for(cfg)
     if distributed.world().distributed:
-        return RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=argv).path))
-    return RunDir.create(cfg, argv=argv)
+        run = RunDir.open(distributed.on_main(lambda: RunDir.create(cfg, argv=argv).path))
+    else:
+        run = RunDir.create(cfg, argv=argv)
+    if distributed.world().main:
+        hold(run.path)  # until run_pipeline ends: an existing run of the same name may be running elsewhere
+    return run
 
 
 # Which stage first reads each config section, from what each stage declares it reads (`Stage.reads`).
@@ -102,7 +106,19 @@ def check_overrides(run: RunDir, new: Config, redo: list[str]) -> list[dict[str,
 def resume(path: str, overrides: list[str] | None = None, redo: list[str] | None = None) -> RunDir:
     """Reopen a run directory with its own config.json. Overrides (e.g. a lower lr after a divergence) are
     checked against what the run has done before anything is written; accepted ones go into config.json
-    and the manifest with the stage they take effect from."""
+    and the manifest with the stage they take effect from. The run directory is held for this process from
+    here to the end of `run_pipeline` (a second process is refused with this one's pid)."""
+    RunDir.open(path)  # "not a run directory" before anything is created in it
+    if distributed.world().main:
+        hold(path)
+    try:
+        return _reopen(path, overrides, redo)
+    except BaseException:
+        release(path)
+        raise
+
+
+def _reopen(path: str, overrides: list[str] | None, redo: list[str] | None) -> RunDir:
     run = RunDir.open(path)
     validate(run.cfg)
     if overrides:
@@ -145,6 +161,19 @@ def choose_threads(threads: int) -> int:
 
 
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the selected stages (`_run_stages`) holding the run directory, which is let go at the end: `create`
+    and `resume` took it already, a direct caller takes it here."""
+    main = distributed.world().main
+    if main:
+        hold(run.path)
+    try:
+        return _run_stages(cfg, run, redo, log)
+    finally:
+        if main:
+            release(run.path)
+
+
+def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     # Under torchrun every rank runs the DISTRIBUTED stages together; rank 0 alone writes the
     # manifest and runs the other stages (the rest return after the last distributed stage).
     world = distributed.world()

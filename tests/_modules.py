@@ -1,4 +1,4 @@
-"""Small torch modules the verification tests build networks from (not a test module)."""
+"""Small torch modules the tests build networks from (not a test module)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,24 @@ class Affine(nn.Module):
 
     def forward(self, x):
         return x * self.scale + self.shift
+
+
+class TinyViT(nn.Module):
+    """Patches → tokens → pre-norm self-attention (nn.MultiheadAttention) and a GELU MLP, both residual →
+    mean pool → logits: the layout of a small ViT."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, classes: int = 10):
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, stride=4)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 4, dim))
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        h = self.patch(x.reshape(-1, 1, 8, 8)).flatten(2).transpose(1, 2) + self.pos
+        a = self.norm1(h)
+        h = h + self.attn(a, a, a, need_weights=False)[0]
+        h = h + self.mlp(self.norm2(h))
+        return self.head(h.mean(1))

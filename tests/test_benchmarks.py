@@ -31,7 +31,7 @@ def _positive(summary):
 def test_results_have_every_section_and_the_setup(tiny):
     res, _ = tiny
     assert res["profile"] == "tiny"
-    assert set(res["sections"]) == {"op", "train", "inference", "e2e", "gpu"}
+    assert set(res["sections"]) == {"op", "train", "inference", "e2e", "kernel", "gpu"}
     assert not any("error" in s for s in res["sections"].values())
     assert {"cpu", "cores_available", "torch_threads"} <= set(res["machine"])
     assert res["versions"]["torch"]
@@ -77,5 +77,24 @@ def test_gpu_section_skips_with_a_reason_or_has_numbers(tiny):
 
 def test_markdown_report(tiny):
     _, md = tiny
-    for heading in ("## Goals", "## 1. Activation op", "## 2. Training epoch", "## 3. Inference", "## 4. End to end", "## 5. GPU"):
+    for heading in ("## Goals", "## 1. Activation op", "## 2. Training epoch", "## 3. Inference", "## 4. End to end",
+                    "## 5. Fused CPU kernel", "## 6. GPU"):
         assert heading in md
+
+
+def test_kernel_section_report_states_the_payback():
+    # The tiny profile skips the build (a minute); the section's numbers in, its sentence out.
+    from benchmarks import report
+
+    run = {"command": "pipeline run", "returncode": 0, "stages": {"train": {"seconds": 20.0, "threads": 2},
+                                                                  "harden": {"seconds": 60.0, "threads": 2}},
+           "load_before": [1.0], "load_after": [1.0], "wall_s": 90.0}
+    sec = {"result": {"build": {"command": "python -m pipeline.kernels.cpu", "returncode": 0, "wall_s": 60.0,
+                                "load_before": [1.0], "load_after": [1.0]},
+                      "runs": {"cpp, built": [run], "eager": [{**run, "wall_s": 120.0}]},
+                      "median_wall_s": {"cpp, built": 90.0, "eager": 120.0},
+                      "saved_per_run_s": 30.0, "runs_to_pay_back": 2.0}}
+    text = "\n".join(report._kernel(sec))
+    assert "saves 30.0 s per run" in text and "costs 60.0 s once, paid back after 2.0 runs" in text
+    sec["result"].update(saved_per_run_s=-5.0, runs_to_pay_back=None)
+    assert "it never pays back on this job" in "\n".join(report._kernel(sec))

@@ -70,3 +70,42 @@ def test_shipped_configs_load():
     assert files, "configs/ should ship ready configs"
     for f in files:
         config.load(f)
+
+
+# A file's values are typed: each must already have the declared type (a string is not parsed as a number
+# there, as it is on the command line, where every value is text). An int may stand for a float.
+@pytest.mark.parametrize("suffix,text,needle", [
+    (".toml", '[train]\nepochs = "5"\n', "train.epochs expects an integer, got the string '5'; write it unquoted"),
+    (".yaml", 'train:\n  epochs: "5"\n', "train.epochs expects an integer, got the string '5'; write it unquoted"),
+    (".json", '{"train": {"epochs": "5"}}', "train.epochs expects an integer, got the string '5'; write it unquoted"),
+    (".toml", "[train]\nepochs = 5.0\n", "train.epochs expects an integer, got 5.0"),
+    (".toml", "[train]\nepochs = true\n", "train.epochs expects an integer, got True"),
+    (".toml", '[train]\nlr = "0.1"\n', "train.lr expects a number, got the string '0.1'; write it unquoted"),
+    (".toml", "[train]\nlr = false\n", "train.lr expects a number, got False"),
+    (".toml", '[data]\ndownload = "true"\n', "data.download expects true or false, got the string 'true'; write it unquoted"),
+    (".json", '{"data": {"download": 1}}', "data.download expects true or false, got 1"),
+    (".toml", "name = 2024\n", "name expects a string, got 2024; quote it"),
+    (".toml", '[model]\nhidden = "32,32"\n', "model.hidden expects a list of int, got the string '32,32'; write a list"),
+    (".toml", '[model]\nhidden = [32, "32"]\n', "model.hidden[1] expects an integer, got the string '32'"),
+    (".toml", '[verify]\nepsilons = [0.01, "0.02"]\n', "verify.epsilons[1] expects a number, got the string '0.02'"),
+])
+def test_a_file_value_of_the_wrong_type_is_refused_with_one_line(tmp_path, suffix, text, needle):
+    path = tmp_path / f"c{suffix}"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_may_give_an_int_where_a_float_is_declared(tmp_path):
+    (tmp_path / "c.toml").write_text("[train]\nlr = 1\n[verify]\nepsilons = [1, 0.5]\n")
+    cfg = config.load(tmp_path / "c.toml")
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.verify.epsilons == [1.0, 0.5] and all(isinstance(e, float) for e in cfg.verify.epsilons)
+
+
+def test_yaml_exponent_floats_are_numbers(tmp_path):
+    # YAML 1.1 (PyYAML's default) reads `1e-3` as a string; YAML 1.2 and every user read it as a number
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 1e-3\n  weight_decay: 5E-4\n")
+    cfg = config.load(tmp_path / "c.yaml")
+    assert (cfg.train.lr, cfg.train.weight_decay) == (1e-3, 5e-4)

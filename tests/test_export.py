@@ -11,10 +11,10 @@ import torch
 
 from quantize import export as ex
 from quantize import ort as ort_util
+from quantize import rounding
 
 from _digits import digits, make_run, trained
 
-FP32_ATOL = ex.FP32_ATOL  # 1e-5: onnxruntime vs PyTorch on fp32 logits
 OPSET = 20
 
 CASES = [("lambda_gelu", "mlp"), ("gelu", "mlp"), ("relu", "mlp"), ("lambda_gelu", "cnn"), ("relu", "cnn")]
@@ -42,22 +42,19 @@ def exported(nets, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
-def test_onnxruntime_matches_pytorch_at_any_batch_size(case, nets, exported):
+def test_onnxruntime_is_within_float32_rounding_at_any_batch_size(case, nets, exported):
     net, _ = nets[case]
     path, _, _ = exported[case]
     sess = ort_util.session(path)
     x = digits().val.x
     for n in (1, 7, len(x)):  # dynamic batch axis: sizes other than the traced one (2)
-        with torch.no_grad():
-            ref = net(x[:n]).numpy()
         got = sess.run(None, {ort_util.INPUT: x[:n].numpy()})[0]
-        assert got.shape == ref.shape
-        err = np.abs(got - ref).max()
-        assert err <= FP32_ATOL, f"{case} batch {n}: max |Δ| = {err:.3g}"
-    check = ex.compare(path, net, x, FP32_ATOL, rtol=0)  # small logits here: the bare absolute bound holds
-    assert check["max_abs_diff"] <= FP32_ATOL and check["argmax_agreement"] == 1.0
-    # Both sides are float32 roundings of the same float64 function.
-    assert check["ort_vs_fp64"] <= FP32_ATOL and check["torch_vs_fp64"] <= FP32_ATOL
+        b = rounding.forward_bound(net, x[:n])
+        assert got.shape == b.reference.shape
+        assert (np.abs(got - b.reference) <= b.bound).all(), f"{case} batch {n}"
+    check = ex.compare(path, net, x)
+    assert check["argmax_agreement"] == 1.0 and check["ort_bound_ratio"] <= 1 and check["torch_bound_ratio"] <= 1
+    assert check["outputs_checked"] == check["outputs"] == 10 and check["unmodelled_ops"] == {}
 
 
 def test_graph_structure(exported):
@@ -98,13 +95,52 @@ def test_lower_opset_expands_gelu_to_erf_and_still_matches(nets, tmp_path):
     ops = ort_util.op_counts(proto)
     assert "Gelu" not in ops and ops["Erf"] == 2
     ex.save(proto, tmp_path / "m.onnx")
-    assert ex.compare(tmp_path / "m.onnx", net, digits().val.x, FP32_ATOL, rtol=0)["max_abs_diff"] <= FP32_ATOL
+    assert ex.compare(tmp_path / "m.onnx", net, digits().val.x)["ort_bound_ratio"] <= 1
 
 
 def test_compare_fails_loudly_on_a_wrong_graph(nets, exported):
     other, _ = nets[("gelu", "mlp")]
-    with pytest.raises(ex.ExportError, match="differ by"):
-        ex.compare(exported[("relu", "mlp")][0], other, digits().val.x, FP32_ATOL)
+    with pytest.raises(ex.ExportError, match="computes another function"):
+        ex.compare(exported[("relu", "mlp")][0], other, digits().val.x)
+
+
+WEIGHT_CHANGE = 1e-3  # relative change of one weight that the check must see
+
+
+@pytest.mark.parametrize("case", [("relu", "mlp"), ("lambda_gelu", "cnn")], ids=lambda c: "-".join(c))
+def test_compare_fails_loudly_on_one_changed_weight(case, nets, exported, tmp_path):
+    # One weight of the output layer off by 0.1%: far below what the argmax or a fixed tolerance would notice
+    net, _ = nets[case]
+    proto = onnx.load(str(exported[case][0]))
+    last = [n for n in proto.graph.node if n.op_type == "Gemm"][-1]
+    init = next(t for t in proto.graph.initializer if t.name == last.input[1])
+    w = onnx.numpy_helper.to_array(init).copy()
+    k, j = np.unravel_index(np.abs(w).argmax(), w.shape)
+    w[k, j] *= 1 + WEIGHT_CHANGE
+    init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    ex.save(proto, tmp_path / "changed.onnx")
+    with pytest.raises(ex.ExportError, match="computes another function"):
+        ex.compare(tmp_path / "changed.onnx", net, digits().val.x)
+
+
+def test_a_folded_normalization_that_rounds_otherwise_than_pytorch_passes(tmp_path):
+    # The failure: onnxruntime (a normalization folded into the first Gemm) and PyTorch differed by
+    # more than a fixed tolerance, though onnxruntime was the closer one to float64. Inputs far from 0
+    # relative to their spread make the folded bias cancel the folded product, so the two round apart.
+    from _modules import Affine
+
+    torch.manual_seed(0)
+    offset, spread = 100.0, 0.5
+    net = torch.nn.Sequential(Affine(1 / spread, -offset / spread), torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 10)).eval()
+    x = offset + spread * torch.randn(512, 16)
+    folded = ex.fold_normalization(net, (16,))
+    proto, _ = ex.to_onnx(folded, x[:2], OPSET)
+    ex.save(proto, tmp_path / "folded.onnx")
+    check = ex.compare(tmp_path / "folded.onnx", net, x)
+    old_tolerance = 1e-5 + 1e-6 * check["max_abs_logit"]  # what the check allowed between the two engines before
+    assert check["max_abs_diff"] > old_tolerance, check
+    assert check["ort_bound_ratio"] <= 1 and check["torch_bound_ratio"] <= 1
 
 
 def test_export_stage(nets, tmp_path):
@@ -112,14 +148,28 @@ def test_export_stage(nets, tmp_path):
     result = ex.run_export(run.cfg, run)
     saved = json.loads(run.file("export", "export.json").read_text())
     assert saved["opset"] == OPSET and saved["exporter"] == ex.EXPORTER
-    assert saved["atol"] == FP32_ATOL and saved["rtol"] == ex.FP32_RTOL
+    assert saved["atol"] == ex.FP32_ATOL == 0 and saved["rtol"] == ex.FP32_RTOL == 0
     # The ReLU baseline has no smooth form; λ-GELU has both.
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     for forms in saved["models"].values():
         for entry in forms.values():
-            assert entry["max_abs_diff"] <= entry["tolerance"] == FP32_ATOL + ex.FP32_RTOL * entry["max_abs_logit"]
+            assert entry["ort_bound_ratio"] <= 1 and entry["torch_bound_ratio"] <= 1
             assert entry["argmax_agreement"] == 1.0
             assert (run.path / entry["path"]).stat().st_size == entry["bytes"]
             assert entry["samples"] == len(digits().val)
     assert saved["models"]["lambda_gelu"]["relu"]["ops"]["Relu"] == 2
     assert result["models"] == saved["models"]
+
+
+def test_multihead_attention_exports_in_eval_mode_and_matches(tmp_path):
+    # Eval mode takes nn.MultiheadAttention's fused fast path, which the TorchScript exporter cannot export
+    from _modules import TinyViT
+
+    torch.manual_seed(0)
+    net = TinyViT().eval()
+    x = digits().val.x[:64]
+    proto, _ = ex.to_onnx(net, x[:2], OPSET)
+    ex.save(proto, tmp_path / "vit.onnx")
+    assert torch.backends.mha.get_fastpath_enabled(), "export restores the fast path"
+    check = ex.compare(tmp_path / "vit.onnx", net, x)
+    assert check["argmax_agreement"] == 1.0 and "MatMul" in ort_util.op_counts(proto)

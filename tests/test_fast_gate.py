@@ -311,6 +311,34 @@ def test_no_compiler_falls_back_to_eager_with_the_reason(monkeypatch):
     torch.testing.assert_close(gx.double(), gx64, atol=GRAD_ATOL, rtol=GRAD_RTOL)
 
 
+def test_a_build_during_a_run_says_so_when_it_starts(monkeypatch, tmp_path, capsys):
+    # The first run on a machine used to spend ~a minute of its epoch 1 compiling, silently.
+    import subprocess
+
+    def compiler(cmd, **kwargs):  # the compiler starts (and fails fast) only after the message is out
+        assert "building the fused CPU kernel" in capsys.readouterr().err
+        return subprocess.CompletedProcess(cmd, 1, "", "stub compiler: no build here")
+
+    monkeypatch.setattr(cpu, "status", Status())  # as in a fresh process, with an empty cache
+    monkeypatch.setenv(cpu.ENV_CACHE, str(tmp_path))
+    monkeypatch.setattr(cpu.subprocess, "run", compiler)
+    with pytest.warns(RuntimeWarning, match="stub compiler"):
+        assert cpu.build() is False
+
+
+def test_setup_builds_the_kernel_ahead():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert "python -m pipeline.kernels.cpu" in (root / ".ci" / "setup").read_text()
+    if not cpp_available():
+        pytest.skip(f"no fused CPU kernel here: {cpu.status.error}")
+    done = subprocess.run([sys.executable, "-m", "pipeline.kernels.cpu"], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0 and "ready" in done.stdout and "building" not in done.stderr, done  # cached: no rebuild
+
+
 def test_failing_torch_compile_falls_back_to_eager(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no working compiler")

@@ -15,10 +15,10 @@ from pipeline.config import Config
 from quantize import export as ex
 from quantize import int8 as q8
 from quantize import ort as ort_util
+from quantize import rounding
 
 from _digits import digits, make_run, trained
 
-FP32_ATOL = ex.FP32_ATOL
 INT8_ACC_TOL = 0.02  # |test accuracy fp32 − int8| on digits' 359 test images (7 images)
 INT8_AGREEMENT_MIN = 0.97  # argmax agreement fp32 vs int8 on the test set
 WEIGHT_SQNR_MIN_DB = 35.0  # per-channel int8 of a trained layer: ~6 dB/bit minus the range the outliers take
@@ -107,8 +107,9 @@ def test_fold_normalization_is_exact(nets):
     folded = ex.fold_normalization(net, tuple(spec["input_shape"]))
     assert "norm" not in dict(folded.named_children()) and "norm" in dict(net.named_children())
     x = digits().val.x
+    bound = rounding.forward_bound(net, x)  # float32 rounding of the unfolded model, which covers any fold of it
     with torch.no_grad():
-        assert (folded(x) - net(x)).abs().max() <= FP32_ATOL
+        assert (np.abs(folded(x).numpy() - bound.reference) <= bound.bound).all()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
@@ -194,7 +195,7 @@ def test_int8_stage(nets, tmp_path):
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     relu = saved["models"]["lambda_gelu"]["relu"]
     assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"
-    assert relu["fold_check"]["max_abs_diff"] <= FP32_ATOL
+    assert relu["fold_check"]["ort_bound_ratio"] <= 1 and relu["fold_check"]["torch_bound_ratio"] <= 1
     assert not saved["models"]["lambda_gelu"]["smooth"]["int8"]["integer_only"]
     for forms in saved["models"].values():
         for e in forms.values():
@@ -230,3 +231,20 @@ def test_entropy_calibration_searches_a_real_histogram(nets, quantized, tmp_path
     _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "ent", cfg)
     minmax, ent = _activation_scales(quantized[("relu", "mlp")][1]), _activation_scales(int8)
     assert set(minmax) == set(ent) and any(ent[k] < 0.9 * minmax[k] for k in minmax)
+
+
+@pytest.mark.slow
+def test_the_issues_healthy_run_is_not_stopped_by_the_fold_check(tmp_path):
+    # `pipeline run -c configs/digits-tiny.toml train.epochs=40 data.batch_size=8` exited 2 in the int8 stage:
+    # "model.fp32.onnx: onnxruntime and PyTorch differ by 2.5e-05 > 1.44e-05", onnxruntime being the closer to float64
+    from pathlib import Path
+
+    from pipeline.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    assert main(["run", "-c", str(root / "configs" / "digits-tiny.toml"), "train.epochs=40", "data.batch_size=8",
+                 "stages=train,harden,swap,export,int8", f"out_dir={tmp_path}", "name=r"]) == 0
+    saved = json.loads((tmp_path / "r" / "quantize" / "quantize.json").read_text())
+    for forms in saved["models"].values():
+        for e in forms.values():
+            assert e["fold_check"]["ort_bound_ratio"] <= 1 and e["fold_check"]["torch_bound_ratio"] <= 1

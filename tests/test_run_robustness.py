@@ -245,9 +245,13 @@ def test_every_hash_in_the_manifest_is_true_after_later_stages_rewrote_files(fin
     assert "train/lambda_gelu/switch.pt" in train["outputs"] and "train/lambda_gelu/last.pt" in harden["outputs"]
 
 
-def test_two_identical_runs_write_identical_checkpoint_bytes(tmp_path):
-    for name in ("a", "b"):
-        assert _run(f"out_dir={tmp_path}", f"name={name}") == 0
+def test_two_identical_runs_in_two_processes_write_identical_checkpoint_bytes(tmp_path):
+    # This process and a child, so anything process-specific that reaches the files (a pid in a temp name,
+    # which torch.save records in every zip entry name) shows up as a difference.
+    args = [*TINY, "stages=train,harden", "train.epochs=4", f"out_dir={tmp_path}"]
+    assert main(["run", *args, "name=a"]) == 0
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", *args, "name=b"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     files = [p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.pt")]
     assert len(files) >= 8
     for rel in files:
@@ -277,3 +281,18 @@ def test_auto_threads_leave_the_busy_cores_alone(monkeypatch):
     assert runner.choose_threads(0) == 1
     monkeypatch.undo()  # the real sampler reads /proc/stat: a share of the machine's cores
     assert 0.0 <= runner._busy_cores() <= (os.cpu_count() or 1) + 1e-9
+
+
+def test_atomic_path_writes_under_the_destinations_own_name_and_leaves_nothing(tmp_path):
+    from pipeline.rundir import RunDir, atomic_path
+
+    dest = tmp_path / "train" / "best.pt"
+    with atomic_path(dest) as tmp:
+        assert tmp.name == dest.name and tmp.parent.name.startswith(".")
+        tmp.write_bytes(b"x")
+        assert RunDir(tmp_path, None).snapshot("train") == {}  # a write under way is no output yet
+    assert dest.read_bytes() == b"x" and [p.name for p in dest.parent.iterdir()] == ["best.pt"]
+    with pytest.raises(RuntimeError), atomic_path(dest) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer failed")
+    assert dest.read_bytes() == b"x" and [p.name for p in dest.parent.iterdir()] == ["best.pt"]

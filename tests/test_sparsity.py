@@ -17,13 +17,11 @@ from pipeline.activations import Gate, Linked
 from pipeline.data import Split
 from pipeline.config import GateConfig, ModelConfig
 from pipeline.models import build_model, make_spec
-from quantize import export as ex
 from quantize import ort as ort_util
 
 from _digits import digits, make_run, trained
 
 PRUNE_ATOL = sp.PRUNE_ATOL  # 1e-6 on logits, float64
-FP32_ATOL = ex.FP32_ATOL
 STREAM_BATCH = 7  # not a divisor of the split: the last batch is short
 
 
@@ -153,7 +151,7 @@ def test_sparsity_stage(nets, tmp_path, capsys):
         assert entry["dead"] == sum(lay["dead"] for lay in entry["layers"].values())
         p = entry["pruning"]
         assert p["removed_total"] == entry["dead"] and p["val_max_logit_diff_fp64"] <= PRUNE_ATOL
-        assert p["val_argmax_agreement"] == 1.0 and p["onnx_max_abs_diff"] <= FP32_ATOL
+        assert p["val_argmax_agreement"] == 1.0 and p["onnx_bound_ratio"] <= 1  # onnxruntime vs float64, as a share of the rounding bound
         assert p["params_after"] <= p["params_before"]
         assert run.file("sparsity", v, "apoz_hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # The exported pruned graph runs on natural-unit inputs like every other export.

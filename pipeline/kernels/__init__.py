@@ -30,7 +30,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import cpu, eager, inductor
-from .common import layout
+from .common import ENV_KERNEL, layout
 
 KERNELS = {
     "auto": "cpp on CPU, triton on CUDA (inductor without Triton), eager otherwise",
@@ -39,7 +39,6 @@ KERNELS = {
     "inductor": "torch.compile'd forward and backward bodies",
     "eager": "native ATen ops",
 }
-ENV_KERNEL = "LAMBDA_GELU_KERNEL"
 
 
 def _env_kernel() -> str:

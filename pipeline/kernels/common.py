@@ -13,6 +13,7 @@ import torch
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+ENV_KERNEL = "LAMBDA_GELU_KERNEL"  # the environment variable that picks the default kernel (see pipeline.kernels)
 PDF_CLAMP = 40.0  # |z| beyond which the float32 normal pdf is exactly 0
 
 

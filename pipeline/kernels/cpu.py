@@ -1,6 +1,8 @@
 """The fused CPU kernel (`lambda_gelu.cpp` beside this file): built once per machine with the system C++
-compiler against torch's own headers (20–50 s) and cached under ~/.cache/lambda_gelu_pipeline
-(LAMBDA_GELU_CACHE moves it); later processes only load it.
+compiler against torch's own headers and cached under ~/.cache/lambda_gelu_pipeline (LAMBDA_GELU_CACHE
+moves it); later processes only load it. The build takes about a minute on 2 cores (benchmarks/RESULTS.md,
+section "Fused CPU kernel"), so `.ci/setup` does it at install time (`python -m pipeline.kernels.cpu`), and a
+build that has to happen during a run says so on stderr when it starts.
 
 float32 uses the erf approximation of ATen's vectorized `erf` (A&S 7.1.26, |error| ≤ 1.5e-7) with one
 exponential shared between Φ and φ; float64 uses SLEEF's erfc and exp (≈ 1 ulp).
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .common import ENV_KERNEL
 from .status import Status
 
 ENV_CACHE = "LAMBDA_GELU_CACHE"
@@ -84,6 +87,9 @@ def build() -> bool:
             lib = d / "lambda_gelu_fast.so"
             built = False
             if not lib.is_file():
+                print(f"λ-GELU: building the fused CPU kernel for this machine, once (about a minute on 2 cores; cached "
+                      f"in {d}); `python -m pipeline.kernels.cpu` builds it ahead, {ENV_KERNEL}=eager runs without it",
+                      file=sys.stderr, flush=True)
                 d.mkdir(parents=True, exist_ok=True)
                 src = d / "kernel.cpp"
                 src.write_text(source)
@@ -130,3 +136,11 @@ def forward(x: torch.Tensor, lam: torch.Tensor, lay: tuple[int, int]) -> torch.T
 def backward(grad, x, lam, lay, need_x: bool, need_lam: bool):
     gx, gl = _ops["backward"](grad.contiguous(), x.contiguous(), lam.reshape(-1).contiguous(), *lay, need_lam)
     return (gx if need_x else None), (gl.reshape(lam.shape) if need_lam else None)
+
+
+if __name__ == "__main__":  # `.ci/setup`: build (or find) the kernel now, so no run pays for it
+    t0 = time.perf_counter()
+    ok = build()
+    print(f"λ-GELU fused CPU kernel: {'ready' if ok else 'unavailable'} ({status.detail.get('library') or status.error}; "
+          f"{time.perf_counter() - t0:.1f} s)")
+    sys.exit(0 if ok else 1)
