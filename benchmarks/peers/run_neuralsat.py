@@ -7,7 +7,8 @@ folder and write a VNN-COMP results.csv beside its witnesses, to compare row by 
 One process per instance (neuralsat's own `main.py`, on the CPU, one torch / OpenMP / MKL thread), `--jobs` of
 them at a time, each limited to the instance's limit (or `--timeout`) by neuralsat's --timeout and killed
 `--grace` seconds after it. Flags: `--disable_stabilize` (its MIP tightening overruns the limit on the
-size-limited Gurobi licence that comes with gurobipy), `--export_cex`.
+size-limited Gurobi licence that comes with gurobipy), `--export_cex`; `--no-mip-verify` also turns off its
+whole-network MIP on nets with at most 2 ReLU layers, which that licence refuses for 784-input nets.
 
 Times: run_time is neuralsat's own clock (its last line of output, "<result>,<seconds>"), which starts after
 its Python imports and covers reading the network and the property and verifying, as its --timeout does; the
@@ -79,13 +80,16 @@ def check_witness(onnx_path: Path, vnnlib_path: Path, witness: Path) -> dict[str
 
 
 def run_one(python: Path, src: Path, folder: Path, onnx_rel: str, vnnlib_rel: str, limit: float, grace: float,
-            log_dir: Path) -> dict[str, Any]:
+            log_dir: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """One neuralsat process on one instance: its answer, wall seconds, and the witness text when sat."""
     with tempfile.TemporaryDirectory(prefix="neuralsat_") as tmp:
         result_file = Path(tmp) / "result.txt"
         cmd = [str(python), "main.py", "--net", str((folder / onnx_rel).resolve()), "--spec", str((folder / vnnlib_rel).resolve()),
                "--timeout", f"{limit:g}", "--device", "cpu", "--result_file", str(result_file), "--export_cex",
                "--disable_stabilize", "--verbosity", "1"]
+        if settings:
+            (Path(tmp) / "settings.json").write_text(json.dumps(settings))
+            cmd += ["--setting_file", str(Path(tmp) / "settings.json")]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
         t0 = time.perf_counter()
         killed = False
@@ -140,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", default="instances.csv")
     p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
     p.add_argument("--python", default=str(VENV / "bin" / "python"), help="the neuralsat venv's python")
+    p.add_argument("--no-mip-verify", action="store_true",
+                   help="neuralsat's use_mip_verify off: on networks with at most 2 ReLU layers it otherwise tries one "
+                        "MIP of the whole network first, which the size-limited Gurobi licence refuses on 784-input nets "
+                        "(\"Model too large for size-limited license\"; neuralsat then exits with an error)")
     args = p.parse_args(argv)
     folder, out = Path(args.folder), Path(args.out)
     python = Path(args.python)
@@ -174,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         write_results(out, [{"category": category, "onnx": r["onnx"], "vnnlib": r["vnnlib"], "prepare_time": 0.0,
                              "result": r["result"], "run_time": run_time(r)} for r in ordered])
         atomic_write_text(out.with_suffix(".json"), json.dumps({"tool": "neuralsat 0.2.17", "folder": str(folder),
-                                                                "flags": "--device cpu --disable_stabilize --export_cex",
+                                                                "flags": "--device cpu --disable_stabilize --export_cex"
+                                                                         + (" use_mip_verify=false" if args.no_mip_verify else ""),
                                                                 "jobs": args.jobs, "rows": ordered}, indent=2) + "\n")
         print(f"{r_name(row)}: {row['result']} ({row['answer']}) {run_time(row):.1f} s, process {row['wall']:.1f} s", flush=True)
 
@@ -183,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(run_one, python, src, folder, o, v, float(args.timeout if args.timeout is not None else t),
-                               args.grace, log_dir): i for i, (o, v, t) in enumerate(rows_in)}
+                               args.grace, log_dir, {"use_mip_verify": False} if args.no_mip_verify else None): i
+                   for i, (o, v, t) in enumerate(rows_in)}
         for fut in as_completed(futures):
             finish(futures[fut], fut.result())
     return 0

@@ -88,15 +88,22 @@ def tool_summary(rows: list[dict[str, Any]], result: str, time: str) -> dict[str
             "max_s": round(max((r[time] for r in rows), default=0.0), 2)}
 
 
-def compare(folder: Path, project_csv: Path, neuralsat_csv: Path, record: Path) -> dict[str, Any]:
-    """Both tools' results on the rows both ran, in the folder's order."""
+def compare(folder: Path, project_csv: Path, neuralsat_csvs: list[Path], record: Path,
+            timeout: float | None = None) -> dict[str, Any]:
+    """Both tools' results on the rows both ran, in the folder's order (neuralsat's from one or more chunk files
+    written side by side, each with its JSON)."""
     proj = {_key(r["onnx"], r["vnnlib"]): r for r in read_results(project_csv)}
-    ns_json = neuralsat_csv.with_suffix(".json")
-    ns_rows = json.loads(ns_json.read_text())["rows"] if ns_json.is_file() else []
-    ns_extra = {_key(r["onnx"], r["vnnlib"]): r for r in ns_rows}
-    ns = {_key(r["onnx"], r["vnnlib"]): r for r in read_results(neuralsat_csv)}
+    ns, ns_extra, ns_file = {}, {}, {}
+    for path in neuralsat_csvs:
+        js = path.with_suffix(".json")
+        for r in json.loads(js.read_text())["rows"] if js.is_file() else []:
+            ns_extra[_key(r["onnx"], r["vnnlib"])] = r
+        for r in read_results(path):
+            ns[_key(r["onnx"], r["vnnlib"])] = r
+            ns_file[_key(r["onnx"], r["vnnlib"])] = path
     rows = []
     for onnx, vnnlib, limit in read_instances_csv(folder / "instances.csv"):
+        limit = timeout if timeout is not None else limit
         k = _key(onnx, vnnlib)
         if k not in proj or k not in ns:
             continue
@@ -105,7 +112,8 @@ def compare(folder: Path, project_csv: Path, neuralsat_csv: Path, record: Path) 
                "project": p["result"], "project_s": round(p["run_time"], 3), "project_prepare_s": round(p["prepare_time"], 3),
                "neuralsat": n["result"], "neuralsat_s": round(n["run_time"], 3), "neuralsat_answer": extra.get("answer"),
                "disagree": {p["result"], n["result"]} == set(DECIDED)}
-        for tool, res, path in (("project", p, project_csv), ("neuralsat", n, neuralsat_csv)):
+        row["neuralsat_process_s"] = round(extra["wall"], 3) if "wall" in extra else None
+        for tool, res, path in (("project", p, project_csv), ("neuralsat", n, ns_file[k])):
             if res["result"] == "sat":
                 wit = witness_path(path, onnx, vnnlib)
                 chk = check_witness(folder / onnx, folder / vnnlib, wit) if wit.is_file() else {"valid": False, "error": "no witness file"}
@@ -158,7 +166,7 @@ def crown_share(folder: Path, record: Path, rows: list[dict[str, Any]]) -> dict[
             "timeout_s": rec.get("measure_timeout_s")}
 
 
-def markdown(res: dict[str, Any], limit: str, load: dict[str, Any]) -> str:
+def markdown(res: dict[str, Any], limit: str, load: list[dict[str, Any]]) -> str:
     from pipeline.render import table
 
     def line(name: str, s: dict[str, Any]) -> list[Any]:
@@ -174,8 +182,10 @@ def markdown(res: dict[str, Any], limit: str, load: dict[str, Any]) -> str:
              f"than CROWN (each run on its own, {c['timeout_s']:g} s limit).") if c else ""
     inv = res["invalid_witnesses"]
     return (f"# Side by side: {Path(res['folder']).name}, {limit} per instance\n\n"
-            f"{res['instances']} instances, one core per instance, two at a time, torch threads 1. "
-            f"Load {load.get('before')} → {load.get('after')} (1, 5, 15 min).\n\n"
+            f"{res['instances']} instances, one core per instance, two at a time, torch threads 1, in chunks (one hold "
+            "of the machine's heavy-job lock each; other jobs outside the lock shared the 2 cores). Load average "
+            "(1, 5, 15 min) at the start and end of each chunk: "
+            + "; ".join(f"{c['chunk']}: {c['before']} → {c['after']}" for c in load) + ".\n\n"
             + table(["tool", "decided", "sat", "unsat", "timeout/unknown", "error", "median s (solved)", "max s"], rows)
             + f"\n\nDisagreements (sat against unsat): **{res['disagreements']}**. Witnesses failing the onnxruntime re-check "
               f"(unsafe set at tolerance 0, box within float32 rounding): project {inv['project']}, neuralsat {inv['neuralsat']}. "
@@ -199,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="both tools' results row by row; writes CSV, JSON and a markdown summary")
     c.add_argument("folder")
     c.add_argument("--project", required=True)
-    c.add_argument("--neuralsat", required=True)
+    c.add_argument("--neuralsat", required=True, nargs="+", help="run_neuralsat's results.csv (several: chunks of one run)")
     c.add_argument("--out", required=True, help="folder for side_by_side.{csv,json}, SUMMARY.md and copies of both results")
+    c.add_argument("--timeout", type=float, default=None, help="the limit both ran with (default: instances.csv's)")
     c.add_argument("--limit", default="30 s", help="how the limit is named in the summary")
-    c.add_argument("--load", default="{}", help='JSON {"before": [...], "after": [...]} recorded around the runs')
+    c.add_argument("--load", default="[]", help='JSON [{"chunk": "...", "before": [...], "after": [...]}, ...] recorded around the runs')
     c.add_argument("--record", default=str(ROOT / "benchmarks" / "standins.json"))
     args = p.parse_args(argv)
     folder = Path(args.folder)
@@ -218,13 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = compare(folder, Path(args.project), Path(args.neuralsat), Path(args.record))
+    ns_paths = [Path(x) for x in args.neuralsat]
+    res = compare(folder, Path(args.project), ns_paths, Path(args.record), args.timeout)
     res["load"] = json.loads(args.load)
     res["machine"] = common.machine()
-    for src, name in ((Path(args.project), "project.csv"), (Path(args.neuralsat), "neuralsat.csv"),
-                      (Path(args.neuralsat).with_suffix(".json"), "neuralsat.json")):
-        if src.is_file():
-            shutil.copyfile(src, out / name)
+    shutil.copyfile(args.project, out / "project.csv")
+    ns_rows = [r for path in ns_paths for r in read_results(path)]
+    order = {_key(o, v): i for i, (o, v, _) in enumerate(read_instances_csv(folder / "instances.csv"))}
+    write_results(out / "neuralsat.csv", sorted(ns_rows, key=lambda r: order.get(_key(r["onnx"], r["vnnlib"]), len(order))))
+    ns_json = [r for path in ns_paths if path.with_suffix(".json").is_file()
+               for r in json.loads(path.with_suffix(".json").read_text())["rows"]]
+    atomic_write_text(out / "neuralsat.json", json.dumps({"tool": "neuralsat 0.2.17", "rows": sorted(
+        ns_json, key=lambda r: order.get(_key(r["onnx"], r["vnnlib"]), len(order)))}, indent=2) + "\n")
     cols = list(dict.fromkeys(k for r in res["rows"] for k in r))
     lines = [",".join(cols)] + [",".join("" if r.get(k) is None else str(r.get(k)) for k in cols) for r in res["rows"]]
     atomic_write_text(out / "side_by_side.csv", "\n".join(lines) + "\n")
