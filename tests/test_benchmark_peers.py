@@ -1,0 +1,88 @@
+"""The side-by-side's own checks: a peer's witness re-checked in onnxruntime, how a peer's answer is scored
+against the limit, and the residual stand-in's graph (what the verification reader must learn to read)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from analysis.verification.registry import BOX_TOL
+from analysis.verification.vnnlib import format_witness, robustness_spec, write_vnnlib
+from benchmarks.peers.run_neuralsat import check_witness, scored
+from benchmarks.standins import OPSET, ResNet2b
+from quantize.export import save, to_onnx
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# float32 inference of a 2x2 layer against the float64 closed form
+MARGIN_TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory):
+    """y = W x + b with W = [[1, 0], [0, 2]], b = [0, -0.5]: class 0 is safe at x = (1, 0.2) within eps 0.1,
+    and x = (0.5, 0.5) has y = (0.5, 0.5), class 1 tied with class 0 (unsafe: Y_1 >= Y_0)."""
+    d = tmp_path_factory.mktemp("peer")
+    model = nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+        model.bias.copy_(torch.tensor([0.0, -0.5]))
+    proto, _ = to_onnx(model, torch.zeros(1, 2), OPSET, simplify=False, dynamic_batch=False)
+    save(proto, d / "lin.onnx")
+    return d, model
+
+
+def _witness(d, x, y):
+    path = d / "w.counterexample"
+    path.write_text(format_witness(np.asarray(x), np.asarray(y)))
+    return path
+
+
+def test_a_point_in_the_unsafe_set_is_a_valid_witness(linear):
+    d, _ = linear
+    spec = robustness_spec(np.array([0.5, 0.5]), 0.25, 0.0, 1.0, 0, 2)
+    write_vnnlib(d / "p.vnnlib", spec)
+    x = np.array([0.5, 0.5])  # y = (0.5, 0.5): Y_1 >= Y_0 holds with equality, margin 0
+    res = check_witness(d / "lin.onnx", d / "p.vnnlib", _witness(d, x, [0.5, 0.5]))
+    assert res["valid"]
+    assert res["unsafe_margin"] == pytest.approx(0.0, abs=MARGIN_TOL)
+    assert res["box_excess"] == 0.0
+    assert res["y_diff"] == pytest.approx(0.0, abs=MARGIN_TOL)
+
+
+def test_a_safe_point_or_one_outside_the_box_is_not(linear):
+    d, _ = linear
+    spec = robustness_spec(np.array([1.0, 0.2]), 0.1, 0.0, 1.0, 0, 2)
+    write_vnnlib(d / "q.vnnlib", spec)
+    safe = np.array([1.0, 0.2])  # y = (1, -0.1): margin y0 - y1 = 1.1 > 0
+    res = check_witness(d / "lin.onnx", d / "q.vnnlib", _witness(d, safe, [1.0, -0.1]))
+    assert not res["valid"]
+    assert res["unsafe_margin"] == pytest.approx(1.1, abs=MARGIN_TOL)
+    outside = np.array([1.0, 0.2 + 0.1 + 100 * BOX_TOL])
+    res = check_witness(d / "lin.onnx", d / "q.vnnlib", _witness(d, outside, [1.0, 0.1]))
+    assert not res["valid"]
+    assert res["box_excess"] == pytest.approx(100 * BOX_TOL, rel=1e-3)
+
+
+def _row(answer, own, wall, limit=30.0, killed=False):
+    return {"answer": answer, "self_reported_seconds": own, "wall": wall, "limit": limit, "killed": killed}
+
+
+def test_scoring_counts_an_answer_only_within_the_limit():
+    assert scored(_row("unsat", 12.0, 16.0)) == "unsat"  # start-up (wall - own) is not counted
+    assert scored(_row("sat", 30.5, 35.0)) == "timeout"
+    assert scored(_row("timeout", 30.1, 34.0)) == "timeout"
+    assert scored(_row(None, None, 60.0, killed=True)) == "timeout"
+    assert scored(_row(None, None, 3.0)) == "error"
+    assert scored(_row("invalid_counterexample", 2.0, 6.0)) == "error"
+
+
+def test_the_residual_standin_exports_residual_adds_and_strided_padded_convs(tmp_path):
+    model = ResNet2b().eval()
+    proto, _ = to_onnx(model, torch.zeros(1, 1, 28, 28), OPSET, simplify=True, dynamic_batch=False)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Add") == 2 and "BatchNormalization" not in ops  # BatchNorm folded into the convs
+    convs = [n for n in proto.graph.node if n.op_type == "Conv"]
+    attrs = [{a.name: list(a.ints) for a in n.attribute} for n in convs]
+    assert any(a.get("strides") == [2, 2] and a.get("pads") == [1, 1, 1, 1] for a in attrs)
+    assert {"Flatten", "Gemm", "Relu"} <= set(ops)
