@@ -40,8 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.verification import attack, registry
-from analysis.verification.network import UnsupportedModel, read
+from analysis.verification import attack
+from analysis.verification.ops import UnsupportedModel
+from analysis.verification.problem import Budget, Problem
+from analysis.verification.readers import read
+from analysis.verification.registry import get_verifier
+from analysis.verification.verifiers import PgdVerifier
 from analysis.verification.vnnlib import robustness_spec, write_instances_csv, write_vnnlib
 from pipeline.config import DataConfig
 from pipeline.data import Dataset, batches, load_fashion_mnist
@@ -193,8 +197,8 @@ def measure(path: Path, model: nn.Module, ds: Dataset, ks: list[int], eps_list: 
         refused = None
     except UnsupportedModel as e:
         net, refused = None, str(e).strip().splitlines()[0]
-    pgd_v, crown_v = registry.get_verifier("pgd"), registry.get_verifier("crown")
-    pgd_defaults = registry.PgdVerifier()
+    pgd_v, crown_v = get_verifier("pgd"), get_verifier("crown")
+    pgd_defaults = PgdVerifier()
     out: dict[str, Any] = {"crown": "not run: the reader refuses the graph: " + refused if refused else "run",
                            "per_eps": {}, "load_before": common.load()}
     for eps in eps_list:
@@ -202,8 +206,8 @@ def measure(path: Path, model: nn.Module, ds: Dataset, ks: list[int], eps_list: 
         for k in ks:
             spec = spec_for(ds, k, eps)
             if net is not None:
-                a = pgd_v.run(registry.Problem([spec], network=net, onnx=path), registry.Budget(timeout))
-                c = crown_v.run(registry.Problem([spec], network=net, onnx=path), registry.Budget(timeout))
+                a = pgd_v.run(Problem([spec], network=net, onnx=path), Budget(timeout))
+                c = crown_v.run(Problem([spec], network=net, onnx=path), Budget(timeout))
                 pgd_status, crown_status, secs = a.status, c.status, (a.seconds, c.seconds)
             else:  # same attack and settings, on the torch model; the counterexample re-checked in onnxruntime
                 t0 = time.perf_counter()
@@ -211,8 +215,8 @@ def measure(path: Path, model: nn.Module, ds: Dataset, ks: list[int], eps_list: 
                                   pgd_defaults.restarts, pgd_defaults.margin, pgd_defaults.seed)
                 pgd_status = "unknown"
                 if x is not None:
-                    ok, _, _ = registry.check_counterexample(registry.Problem([spec], onnx=path), spec, x)
-                    pgd_status = "sat" if ok else "unknown"
+                    x32, _, _ = Problem([spec], onnx=path).confirm(0, x)  # strict violation in onnxruntime
+                    pgd_status = "sat" if x32 is not None else "unknown"
                 crown_status, secs = None, (time.perf_counter() - t0, None)
             rows.append({"sample": k, "pgd": pgd_status, "crown": crown_status,
                          "pgd_seconds": round(secs[0], 4), "crown_seconds": None if secs[1] is None else round(secs[1], 4)})

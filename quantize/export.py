@@ -24,13 +24,12 @@ Decisions (see also docs/architecture.md, "Pitfalls"):
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -45,6 +44,7 @@ from pipeline.rundir import RunDir, atomic_path, atomic_write_json
 
 from . import ort as ort_util
 from . import rounding
+from .mha import mha_fastpath
 
 # Slack on top of the derived rounding bound (quantize/rounding.py), absolute and times max|logit|: the defaults
 # of export.atol and export.rtol. None is needed where every op has a rule; they are for ops that have none.
@@ -103,19 +103,6 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
     proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add or folded into its first Gemm); output: logits"
     check_graph(proto, dynamic_batch)
     return proto, facts
-
-
-@contextlib.contextmanager
-def mha_fastpath(enabled: bool) -> Iterator[None]:
-    """nn.MultiheadAttention's fused eval-mode fast path on or off for a block, restored afterwards: the
-    TorchScript exporter has no symbolic for the fused op (`aten::_native_multi_head_attention`), while
-    the unfused path exports as MatMul/Softmax and computes the same function."""
-    previous = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(previous)
 
 
 def check_graph(proto: onnx.ModelProto, dynamic_batch: bool = True) -> None:

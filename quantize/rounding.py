@@ -43,6 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .mha import mha_fastpath
+
 U = 2.0 ** -24  # float32 unit roundoff, round to nearest
 # Accuracy assumed of a float32 transcendental function, in ulps: SLEEF's u10/u35 functions (PyTorch) are within
 # 3.5 ulp, ATen's vectorized erf (Abramowitz-Stegun 7.1.26) within 1.5e-7 absolute (2.5 ulp of 1); twice that.
@@ -528,7 +530,6 @@ def _register_input(tr: _Trace, x: torch.Tensor) -> torch.Tensor:
 def forward_bound(model: nn.Module, x: torch.Tensor, max_outputs: int = MAX_OUTPUTS) -> Bound:
     """The float64 outputs of `model` on `x` and, per sample and output coordinate, the first-order bound on
     how far a float32 evaluation of the same ops may be from them (see the module docstring)."""
-    from .export import mha_fastpath
 
     net = copy.deepcopy(model).cpu().double().eval().requires_grad_(False)  # gradients go to the ε only
     x = _input(x.detach().cpu())

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.verification.registry import BOX_TOL
+from analysis.verification.problem import BOX_TOL
 from analysis.verification.vnnlib import format_witness, robustness_spec, write_vnnlib
 from benchmarks.peers.run_neuralsat import check_witness, scored
 from benchmarks.standins import OPSET, ResNet2b

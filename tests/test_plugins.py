@@ -120,4 +120,4 @@ def test_a_broken_plugin_is_one_line_naming_package_and_entry_point(site, tmp_pa
     assert main(["plugins"]) == 1  # the listing still shows every plug-in, with what went wrong
     out = capsys.readouterr().out
     assert "No module named 'not_a_module_anywhere'" in out and "the name 'digits' is taken" in out
-    assert DATASETS["digits"].__module__ == "pipeline.data"  # a clash never replaces a built-in
+    assert DATASETS["digits"].__module__ == "pipeline.data.builtin"  # a clash never replaces a built-in

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.verification.registry import BOX_TOL
+from analysis.verification.problem import BOX_TOL
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib_all
 from pipeline.rundir import atomic_write_text
@@ -63,7 +63,7 @@ def source_dir(python: Path) -> Path:
 def check_witness(onnx_path: Path, vnnlib_path: Path, witness: Path) -> dict[str, Any]:
     """A sat witness re-checked in onnxruntime on its X as float32: box excess (0 when inside), the unsafe
     margin (`VnnlibSpec.violation`: <= 0 means unsafe), and the largest |Y_witness - Y_onnxruntime|. Valid: the
-    margin is <= 0 (tolerance 0) and the excess <= `registry.BOX_TOL` (a float32 X next to a float64 bound can
+    margin is <= 0 (tolerance 0) and the excess <= `problem.BOX_TOL` (a float32 X next to a float64 bound can
     round outside it by ~1e-8)."""
     from quantize import ort as ort_util
 
