@@ -436,3 +436,36 @@ def test_an_affine_network_is_decided_by_branch_and_bound_and_the_milp():
         for name in ("bab", "milp"):
             r = get_verifier(name).run(Problem([spec], network=net), Budget(TIMEOUT_S))
             assert r.status == want, (name, eps, r)
+
+
+def test_milp_gives_the_time_a_finished_disjunct_leaves_to_one_that_ran_out(monkeypatch):
+    """Disjunct 0 needs 4 s of HiGHS, disjuncts 1-3 are infeasible at once; 10 s for all four. Its first turn (a
+    quarter, 2.5 s) runs out, the others close, and the ~7.5 s they leave go to disjunct 0 on a second turn: unsat,
+    not timeout (a simulated HiGHS and clock: what is under test is how the time is dealt)."""
+    import scipy.optimize
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 5)).eval()
+    net = from_torch(model, (3,))
+    x0 = np.full(3, 0.5)
+    spec = robustness_spec(x0, 0.3, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 5)
+    hard_row = spec.disjuncts[0][0][0]
+    clock = {"used": 0.0}
+    runs = []
+    real_milp = scipy.optimize.milp
+
+    def fake_milp(c, constraints, integrality, bounds, options):
+        limit = options["time_limit"]
+        hard = np.allclose(c[-5:], hard_row)
+        need = 4.0 if hard else 0.01
+        runs.append((hard, round(limit, 3)))
+        clock["used"] += min(need, limit)
+        if need > limit:
+            return scipy.optimize.OptimizeResult(status=1, x=None, fun=None, message="time limit")
+        return scipy.optimize.OptimizeResult(status=2, x=None, fun=None, message="infeasible")
+
+    monkeypatch.setattr(scipy.optimize, "milp", fake_milp)
+    b = Bounder(net, spec.lb, spec.ub)
+    status, _, msg = milp.solve(b.net, spec, b.pre, [0, 1, 2, 3], lambda: 10.0 - clock["used"], lp_first=False)
+    monkeypatch.setattr(scipy.optimize, "milp", real_milp)
+    assert status == "unsat", (status, msg, runs)
+    assert [h for h, _ in runs] == [True, False, False, False, True] and runs[-1][1] > 4.0

@@ -32,6 +32,8 @@ from .graph import Graph
 from .ops import Affine, ReLU, UnsupportedModel
 from .vnnlib import VnnlibSpec
 
+MIN_MILP_SECONDS = 0.05  # a shorter HiGHS run than this decides nothing: its presolve alone takes longer
+
 
 @dataclass(frozen=True, eq=False)
 class Encoding:
@@ -200,16 +202,25 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
         pending.append((value, d))
     lp_closed = len(todo) - len(pending)
     pending.sort()
-    undecided = unclear = milp_runs = 0
+    unclear = milp_runs = undecided = 0
     start = time.perf_counter()
-    for k, (_, d) in enumerate(pending):
+    # A disjunct that ran out of its share waits at the back of the queue: the time the others leave (finished
+    # early, or closed) goes to it on its next turn, as long as that turn is longer than its last one.
+    queue = [d for _, d in pending]
+    ran_for: dict[int, float] = {}
+    while queue:
+        d = queue.pop(0)
+        share = left() / (len(queue) + 1)
+        if share <= max(ran_for.get(d, 0.0), MIN_MILP_SECONDS):
+            undecided += 1  # no longer turn than its last: its time is spent
+            continue
+        ran_for[d] = share
         A, b = spec.disjuncts[d]
         for shift in (0.0, margin):
-            share = left() / (len(pending) - k)
             out = run(A, b, shift, True, share)
             milp_runs += 1
             if out is None:
-                undecided += 1
+                queue.append(d)
                 break
             feasible, x, _, msg = out
             if not feasible:
