@@ -15,9 +15,8 @@ Sections:
   GELU networks by both routes (direct through the gates; via the swap), on the same samples.
 - stage: the default verify stage (`VerifyConfig()` defaults) on a copy of the run: total wall seconds and what
   it decided.
-- vnncomp: a generated benchmark of the kind VNN-COMP's mnist_fc is (NOT the public benchmark, which cannot be
-  downloaded here): Fashion-MNIST MLPs 2/4/6×256 trained briefly, ε ∈ {0.02, 0.03, 0.05}, in a git-ignored
-  folder under runs/, run through `analysis.verification.vnncomp.run_benchmark`.
+- vnncomp: the stand-ins of VNN-COMP benchmarks that `benchmarks/standins.py` builds (mnist_fc's MLPs, a CNN, a
+  ResNet; NOT the public benchmarks, which cannot be downloaded here), run through `pipeline vnncomp`'s library call.
 
 Writes benchmarks/verification.json and benchmarks/VERIFICATION.md; the load average is recorded next to
 every timing (the machine is shared).
@@ -42,7 +41,7 @@ from analysis.verification import registry
 from analysis.verification.graph import Graph
 from analysis.verification.problem import RESULTS, Budget, Problem, Result
 from analysis.verification.readers import from_onnx, from_torch
-from analysis.verification.verifiers import MarabouVerifier
+from analysis.verification.verifiers import MarabouVerifier, MilpVerifier
 from analysis.verification.vnnlib import robustness_spec
 from pipeline import checkpoint
 from pipeline.config import from_dict
@@ -153,7 +152,7 @@ def section_crosscheck(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     for v, m in prev.get("models", {}).items():
         todo += [(v, p["sample"], 0.005) for p in m["per_property"] if p["stage"] == "bab" and (v, p["sample"], 0.005) not in todo]
     staged = registry.get_verifier("auto")
-    milp_all = registry.MilpVerifier(skip_closed=False)
+    milp_all = MilpVerifier(skip_closed=False)
     marabou = MarabouVerifier(tight_bounds=False) if MarabouVerifier.available() else None
     rows, wrong = [], 0
     for v, k, eps in todo:
@@ -247,78 +246,38 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
 
 
 def section_vnncomp(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
-    """Generate (once) and run a Fashion-MNIST benchmark shaped like VNN-COMP's mnist_fc."""
+    """The stand-ins of VNN-COMP benchmarks (`benchmarks/standins.py` makes the folders) through
+    `pipeline vnncomp`'s library call, at `--vnncomp-timeout` seconds per instance (0: each instance's own limit,
+    VNN-COMP's) with `--jobs` worker processes."""
     from analysis.verification.vnncomp import run_benchmark, summary
 
-    folder = Path(args.vnncomp_dir)
-    _cfg, ds = _setup(run_dir)
-    if not (folder / "instances.csv").is_file():
-        _make_fc_benchmark(folder, ds, args, log)
-    load0 = common.load()
-    t0 = time.perf_counter()
-    rows = run_benchmark(folder, folder / "results.csv", verifier="auto", category="fmnist_fc_generated")
-    seconds = time.perf_counter() - t0
-    log(f"  {summary(rows)} in {seconds:.0f} s")
-    by = {}
-    for r in rows:
-        key = f"{Path(r['onnx']).stem} eps={Path(r['vnnlib']).stem.split('_eps_')[-1]}"
-        by.setdefault(key, Counter())[r["result"]] += 1
-    return {"folder": str(folder), "instances": len(rows), "summary": summary(rows), "seconds": seconds,
-            "counts": dict(Counter(r["result"] for r in rows)), "by_network_and_eps": {k: dict(v) for k, v in sorted(by.items())},
-            "median_run_time": statistics.median(r["run_time"] for r in rows),
-            "note": "generated here (Fashion-MNIST, brief training); NOT VNN-COMP's public mnist_fc benchmark",
-            "load_before": load0, "load_after": common.load()}
-
-
-def _make_fc_benchmark(folder: Path, ds, args, log) -> None:
-    """MLPs 784-256×{2,4,6}-10 (plain ReLU, input normalization inside), 3 epochs of Adam; 15 properties per
-    network and eps on the first test samples each network classifies correctly; timeout as VNN-COMP's mnist_fc
-    (120 s for 256×2, 300 s for the deeper ones) scaled by --vnncomp-timeout-scale."""
-    import torch.nn.functional as F
-    from torch import nn
-
-    from analysis.verification.vnnlib import write_instances_csv, write_vnnlib
-    from pipeline.data import batches
-    from quantize.export import export_for_verifiers
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for depth in (2, 4, 6):
-        torch.manual_seed(depth)
-        layers: list[nn.Module] = [nn.Flatten()]
-        width = 784
-        for _ in range(depth):
-            layers += [nn.Linear(width, 256), nn.ReLU()]
-            width = 256
-        layers.append(nn.Linear(width, 10))
-        model = nn.Sequential(*layers)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        gen = torch.Generator().manual_seed(depth)
-        model.train()
-        for _ in range(3):
-            for x, y in batches(ds.train, 128, gen):
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-        model.eval()
-        name = f"fmnist-net_256x{depth}"
-        path = folder / "onnx" / f"{name}.onnx"
-        export_for_verifiers(model, ds.info.input_shape, path, ds.val.x[:256])
-        xs = ds.test.x.double().reshape(len(ds.test.y), -1)
-        with torch.no_grad():
-            pred = model(ds.test.x.reshape(-1, *ds.info.input_shape)).argmax(1)
-        acc = float((pred == ds.test.y).float().mean())
-        ks = [k for k in range(len(ds.test.y)) if int(pred[k]) == int(ds.test.y[k])][: args.vnncomp_props]
-        log(f"  {name}: test accuracy {acc:.3f}")
-        timeout = (120 if depth == 2 else 300) * args.vnncomp_timeout_scale
-        for eps in (0.02, 0.03, 0.05):
-            for k in ks:
-                spec = robustness_spec(xs[k].numpy(), eps, 0.0, 1.0, int(ds.test.y[k]), 10)
-                rel = Path("vnnlib") / f"prop_{k}_eps_{eps}.vnnlib"
-                if not (folder / rel).is_file():
-                    write_vnnlib(folder / rel, spec, comment=f"Fashion-MNIST test sample {k}, eps {eps}")
-                rows.append((f"onnx/{name}.onnx", rel.as_posix(), timeout))
-    write_instances_csv(folder / "instances.csv", rows)
+    out: dict[str, Any] = {}
+    for name in args.standins.split(","):
+        folder = Path(args.standins_dir) / name
+        if not (folder / "instances.csv").is_file():
+            raise SystemExit(f"{folder}/instances.csv is missing: make the stand-ins first with "
+                             f"`.venv/bin/python -m benchmarks.standins`")
+        limit = args.vnncomp_timeout or None
+        load0 = common.load()
+        t0 = time.perf_counter()
+        rows = run_benchmark(folder, tmp / f"{name}-results.csv", timeout_override=limit, jobs=args.jobs)
+        seconds = time.perf_counter() - t0
+        log(f"  {name}: {summary(rows)} in {seconds:.0f} s")
+        by: dict[str, Counter] = {}
+        for r in rows:
+            key = f"{Path(r['onnx']).stem} eps={Path(r['vnnlib']).stem.split('_eps_')[-1]}"
+            by.setdefault(key, Counter())[r["result"]] += 1
+        decided = [r["run_time"] for r in rows if r["result"] in ("sat", "unsat")]
+        out[name] = {"folder": str(folder), "instances": len(rows), "summary": summary(rows), "seconds": seconds,
+                     "timeout_s": limit or "instances.csv", "jobs": args.jobs,
+                     "counts": dict(Counter(r["result"] for r in rows)),
+                     "by_network_and_eps": {k: dict(v) for k, v in sorted(by.items())},
+                     "median_run_time": statistics.median(r["run_time"] for r in rows),
+                     "median_decided_run_time": statistics.median(decided) if decided else None,
+                     "rows": [{k: r[k] for k in ("onnx", "vnnlib", "result", "run_time", "prepare_time", "stage")} for r in rows],
+                     "note": "stand-ins built here on Fashion-MNIST (benchmarks/STANDINS.md); NOT the public benchmarks",
+                     "load_before": load0, "load_after": common.load()}
+    return out
 
 
 SECTIONS = {"goal": section_goal, "crosscheck": section_crosscheck, "certified": section_certified, "stage": section_stage,
@@ -329,7 +288,7 @@ def markdown(res: dict[str, Any]) -> str:
     from pipeline.render import table
 
     m = res["machine"]
-    out = ["# Verification benchmarks (issue 11)",
+    out = ["# Verification benchmarks",
            f"Machine: {m['cpu']}, {m['cores_available']} cores (shared with other jobs), torch threads 1. "
            f"Run: `{res.get('run')}`. Command: `.venv/bin/python -m benchmarks.verification` (sections with `--only`). "
            "Times are wall-clock seconds; the load average (1, 5, 15 min) is recorded beside each section."]
@@ -375,12 +334,12 @@ def markdown(res: dict[str, Any]) -> str:
                    f"{s['relu_decided']}/{s['relu_properties']} ReLU properties decided ({s['relu_certified']} certified), "
                    f"{s['smooth_certified']}/{s['smooth_certificates']} smooth certificates. Load {s['load_before']} → {s['load_after']}. "
                    "(Before issue 11: 15 properties in 162 s, 14 timeouts, 0 certified.)")
-    v = res.get("vnncomp")
-    if v:
+    for name, v in (res.get("vnncomp") or {}).items():
         rows = [[k, *[d.get(x, 0) for x in ("unsat", "sat", "timeout", "unknown", "error")]] for k, d in v["by_network_and_eps"].items()]
-        out.append("## A generated benchmark shaped like VNN-COMP's mnist_fc (not the public benchmark)\n\n"
-                   f"{v['note']}. Folder `{v['folder']}` (git-ignored); {v['summary']}; median run time {v['median_run_time']:.2f} s; "
-                   f"{v['seconds']:.0f} s in all. Load {v['load_before']} → {v['load_after']}.\n\n"
+        med = "—" if v["median_decided_run_time"] is None else f"{v['median_decided_run_time']:.2f} s"
+        out.append(f"## Stand-in `{name}` at {v['timeout_s']} s per instance, {v['jobs']} jobs\n\n"
+                   f"{v['note']}. Folder `{v['folder']}` (git-ignored); {v['summary']}; median run time {v['median_run_time']:.2f} s "
+                   f"(decided ones: {med}); {v['seconds']:.0f} s in all. Load {v['load_before']} → {v['load_after']}.\n\n"
                    + table(["network, ε", "unsat", "sat", "timeout", "unknown", "error"], rows))
     return "\n\n".join(out) + "\n"
 
@@ -395,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crosscheck-timeout", type=float, default=120.0)
     p.add_argument("--certified-samples", type=int, default=50)
     p.add_argument("--certified-timeout", type=float, default=5.0)
-    p.add_argument("--vnncomp-dir", default="runs/vnncomp-fmnist-fc")
-    p.add_argument("--vnncomp-props", type=int, default=10, help="properties per network and eps")
-    p.add_argument("--vnncomp-timeout-scale", type=float, default=0.1, help="times VNN-COMP's 120 s / 300 s")
+    p.add_argument("--standins-dir", default="runs/standins", help="where benchmarks.standins wrote the folders")
+    p.add_argument("--standins", default="mnist_fc,conv,resnet", help="vnncomp section: which stand-ins")
+    p.add_argument("--vnncomp-timeout", type=float, default=30.0, help="vnncomp section: seconds per instance (0: instances.csv's)")
+    p.add_argument("--jobs", type=int, default=2, help="vnncomp section: instances solved at once")
     p.add_argument("--out", default=str(HERE / "verification.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
