@@ -67,6 +67,13 @@ def test_a_stage_budget_gives_the_time_easy_properties_leave_to_the_hard_ones():
     assert [o.result.status for o in flat][6:] == ["timeout", "timeout"]
 
 
+def test_a_task_that_got_only_its_fair_share_early_gets_what_the_others_leave():
+    """The hard task comes first while 20 easy ones are still open: its first turn is its fair share (6 s / 21), too
+    short. The easy ones then finish at once, and the time they leave goes to the hard one on a later turn."""
+    out = harness.run(_tasks([3 * EASY_S + HARD_S] + [EASY_S] * 20), harness.StageBudget(6.0, first=2.0))
+    assert [o.result.status for o in out] == ["unsat"] * 21
+
+
 def test_a_spent_budget_finalizes_every_task():
     out = harness.run(_tasks([HARD_S] * 3), harness.StageBudget(1.0, first=0.3))
     assert all(o.final and o.result.status == "timeout" for o in out)

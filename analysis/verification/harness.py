@@ -8,7 +8,7 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
   the next task from a shared queue.
 - `StageBudget`: one wall-clock budget for all tasks. Rounds: every open task gets `first` seconds, then ×4 per
   round, capped by its fair share of what is left (time left / tasks still open); a task is final when it is
-  decided or ran its full fair share. Easy properties finish in the first round and the time they leave goes to
+  decided, or when no turn at least `MIN_TURN_GROWTH` times its last is left to give it. Easy properties finish in the first round and the time they leave goes to
   the hard ones. Later rounds start with the tasks whose bounds came closest to a decision; a task keeps its
   Problem between rounds in its worker, so the bounds computed once are reused. With several jobs the tasks are
   dealt round-robin to the workers, each running rounds on its share against the one deadline.
@@ -40,6 +40,7 @@ from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
 
 ROUND_GROWTH = 4.0  # each StageBudget round multiplies the per-task limit by this
+MIN_TURN_GROWTH = 1.5  # a task open after a turn gets another only when it can be this much longer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,20 +218,24 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
     problems: dict[int, tuple[Problem, float]] = {}
     open_ = list(indexed)
     last: dict[int, Result] = {}
+    ran: dict[int, float] = {}  # each open task's longest turn so far
     limit = limits.first
     while open_:
         still = []
         for n, (i, task) in enumerate(open_):
             left = deadline - Budget.read("wall")
-            share = left / (len(open_) - n)
-            if left <= 0:
+            seconds = min(limit, left / (len(open_) - n))
+            if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
+                # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
+                # Problem each turn, so only a longer turn can decide more)
                 prev = last.get(i)
                 result = prev if prev is not None else Result("timeout", 0.0, message="not run: the stage budget was spent")
                 emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))
+                problems.pop(i, None)
                 continue
-            seconds = min(limit, share)
             result, prepare = _solve(task, cache, problems, i, seconds, clock, options)
-            final = result.status in DECISIVE or result.status == "error" or task.known is not None or seconds >= share
+            ran[i] = seconds
+            final = result.status in DECISIVE or result.status == "error" or task.known is not None
             emit(Outcome(i, task.key, result, prepare, final))
             if final:
                 problems.pop(i, None)
