@@ -74,6 +74,27 @@ def test_a_task_that_got_only_its_fair_share_early_gets_what_the_others_leave():
     assert [o.result.status for o in out] == ["unsat"] * 21
 
 
+class GivesUp(Verifier):
+    """An incomplete method: ends undecided at once ("unknown"), whatever its limit; counts its calls."""
+
+    name = "gives-up"
+    calls = 0
+
+    def solve(self, problem: Problem, k: int, budget: Budget):
+        GivesUp.calls += 1
+        return "unknown", None, "bounds too loose"
+
+
+def test_an_undecided_answer_inside_the_limit_is_final_and_takes_no_share():
+    """10 properties an incomplete method cannot decide end after one turn each, so the hard one gets the rest."""
+    tasks = _tasks([3 * EASY_S + HARD_S]) + [harness.SpecTask(key=f"u{i}", verifier=GivesUp(), net=NET, specs=[_spec()])
+                                              for i in range(10)]
+    GivesUp.calls = 0
+    out = harness.run(tasks, harness.StageBudget(4.0, first=1.0))
+    assert out[0].result.status == "unsat" and [o.result.status for o in out[1:]] == ["unknown"] * 10
+    assert GivesUp.calls == 10
+
+
 def test_a_spent_budget_finalizes_every_task():
     out = harness.run(_tasks([HARD_S] * 3), harness.StageBudget(1.0, first=0.3))
     assert all(o.final and o.result.status == "timeout" for o in out)

@@ -8,7 +8,8 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
   the next task from a shared queue.
 - `StageBudget`: one wall-clock budget for all tasks. Rounds: every open task gets `first` seconds, then ×4 per
   round, capped by its fair share of what is left (time left / tasks still open); a task is final when it is
-  decided, or when no turn at least `MIN_TURN_GROWTH` times its last is left to give it. Easy properties finish in the first round and the time they leave goes to
+  decided or its method ended undecided inside its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH`
+  times its last is left to give it. Easy properties finish in the first round and the time they leave goes to
   the hard ones. Later rounds start with the tasks whose bounds came closest to a decision; a task keeps its
   Problem between rounds in its worker, so the bounds computed once are reused. With several jobs the tasks are
   dealt round-robin to the workers, each running rounds on its share against the one deadline.
@@ -235,7 +236,8 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
                 continue
             result, prepare = _solve(task, cache, problems, i, seconds, clock, options)
             ran[i] = seconds
-            final = result.status in DECISIVE or result.status == "error" or task.known is not None
+            # only a timeout can change with more time: "unknown" means the method ended inside its limit undecided
+            final = result.status != "timeout" or task.known is not None
             emit(Outcome(i, task.key, result, prepare, final))
             if final:
                 problems.pop(i, None)
