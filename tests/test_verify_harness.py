@@ -15,6 +15,7 @@ from analysis.verification.ops import Linear
 from analysis.verification.problem import Budget, Problem
 from analysis.verification.registry import Verifier
 from analysis.verification.vnnlib import robustness_spec
+from pipeline.errors import ConfigError
 
 EASY_S, HARD_S = 0.05, 1.5  # seconds of "work" a task needs before it can answer
 FIRST_S = 0.5  # the first round's limit
@@ -124,7 +125,7 @@ def test_shards_are_disjoint_and_cover():
     parts = [harness.shard(items, f"{k}/3") for k in range(3)]
     assert sorted(i for p in parts for i in p) == items and parts[1] == [1, 4, 7, 10]
     for bad in ("3/3", "-1/2", "a/b", "1"):
-        with pytest.raises(ValueError, match="K/N"):
+        with pytest.raises(ConfigError, match="K/N"):
             harness.shard(items, bad)
 
 

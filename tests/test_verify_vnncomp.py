@@ -244,7 +244,7 @@ def test_a_shard_pair_covers_the_folder_exactly_once_and_merges_back(graphs, tmp
     merged = {(r["onnx"], r["vnnlib"]): r["result"] for r in read_results(tmp_path / "m.csv")}
     assert merged == {(r["onnx"], r["vnnlib"]): r["result"] for r in whole}
     for bad in ("2/2", "x", "1/0"):
-        assert main([str(root), "--shard", bad]) == 2 and "--shard must be K/N" in capsys.readouterr().err
+        assert main([str(root), "--shard", bad]) == 2 and "must look like K/N" in capsys.readouterr().err
 
 
 def test_jobs_give_the_answers_of_one_process_with_measured_prepare_times(graphs, tmp_path):

@@ -342,15 +342,13 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
 
 
 def shard(items: Sequence[Any], spec: str | None) -> list[int]:
-    """Indices of the items in shard "K/N" (those with index ≡ K mod N): N shards are disjoint and cover every item."""
+    """Indices of the items in shard "K/N" (those with index ≡ K mod N): N shards are disjoint and cover every item.
+    "K/N" is read as `pipeline sweep --shard` reads it (`pipeline.sweep.parse_shard`)."""
+    from pipeline.sweep import parse_shard
+
     if not spec:
         return list(range(len(items)))
-    try:
-        k, n = (int(v) for v in spec.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard must be K/N with 0 <= K < N, got {spec!r}") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise ValueError(f"--shard must be K/N with 0 <= K < N, got {spec!r}")
+    k, n = parse_shard(spec)
     return [i for i in range(len(items)) if i % n == k]
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import ConfigError
 from pipeline.rundir import atomic_write_text
 
 from . import harness
@@ -121,7 +122,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
     try:
         rows_in = read_instances_csv(inst_path)
         picked = harness.shard(rows_in, shard)
-    except ValueError as e:
+    except (ValueError, ConfigError) as e:
         raise BenchmarkError(_problem_line(e)) from None
     get_verifier(verifier, **options)  # an unknown name fails here, before any work
     category = category or folder.name
