@@ -25,6 +25,8 @@ TARGETS = {
     "analyze": "analysis.analyze:analyze",
     "analyze_write": "analysis.analyze:write",
     "vnncomp": "analysis.verification.vnncomp:main",
+    "vnncomp_merge": "analysis.verification.vnncomp:merge_shards",
+    "vnncomp_summary": "analysis.verification.vnncomp:summary",
 }
 
 EPILOG = """examples:
@@ -69,8 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--shard", metavar="K/N", help="run only shard K of N (K = 0..N-1, e.g. $SLURM_ARRAY_TASK_ID/N): "
                     "points assigned by their index in the name-sorted grid mod N; `pipeline report` merges the shards")
     sw.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides for every point, e.g. train.epochs=5")
-    rp = sub.add_parser("report", help="the paper's Table I/II and Figures 1-3 (Markdown + PNG) from finished runs")
-    rp.add_argument("paths", nargs="+", metavar="DIR", help="run directories, or folders holding them (searched recursively)")
+    rp = sub.add_parser("report", help="the paper's Table I/II and Figures 1-3 (Markdown + PNG) from finished runs; "
+                        "a VNN-COMP benchmark folder gets its shards' results merged into its results.csv")
+    rp.add_argument("paths", nargs="+", metavar="DIR", help="run directories, or folders holding them (searched recursively), "
+                    "or benchmark folders run with `pipeline vnncomp --shard K/N`")
     rp.add_argument("--out", metavar="DIR", help="output folder (default: <first DIR>/paper-report)")
     rp.add_argument("--title", default="λ-GELU: the paper's tables on these runs")
     an = sub.add_parser("analyze", help="activation properties and the seed papers' claims (derived, with verdicts)")
@@ -167,7 +171,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    print(f"report: {resolve(TARGETS['report'])(args.paths, out=args.out, title=args.title)}")
+    from pathlib import Path
+
+    # a VNN-COMP benchmark folder (instances.csv) gets its shards' results merged; run directories get the report
+    bench = [p for p in args.paths if Path(p, "instances.csv").is_file()]
+    for folder in bench:
+        merged = resolve(TARGETS["vnncomp_merge"])(folder)
+        if merged is None:
+            raise PipelineError(f"{folder} holds no results.shard-K-of-N.csv: run `pipeline vnncomp {folder} --shard K/N` first")
+        out, rows = merged
+        print(f"{resolve(TARGETS['vnncomp_summary'])(rows)}; merged into {out}")
+    runs = [p for p in args.paths if p not in bench]
+    if runs or not bench:
+        print(f"report: {resolve(TARGETS['report'])(runs, out=args.out, title=args.title)}")
     return 0
 
 

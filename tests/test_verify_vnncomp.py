@@ -247,6 +247,23 @@ def test_a_shard_pair_covers_the_folder_exactly_once_and_merges_back(graphs, tmp
         assert main([str(root), "--shard", bad]) == 2 and "must look like K/N" in capsys.readouterr().err
 
 
+def test_pipeline_report_merges_a_folders_shard_results(graphs, tmp_path, capsys):
+    import shutil
+
+    from pipeline.cli import main as cli
+
+    root, rows = graphs
+    folder = tmp_path / "bench"
+    shutil.copytree(root, folder)
+    assert main([str(folder), "--shard", "0/2"]) == 0
+    assert cli(["report", str(folder)]) == 2  # shard 1/2 missing: one line naming it, nothing merged
+    assert "1/2 have no results yet" in capsys.readouterr().err and not (folder / "results.csv").exists()
+    assert main([str(folder), "--shard", "1/2"]) == 0
+    assert cli(["report", str(folder)]) == 0
+    merged = read_results(folder / "results.csv")
+    assert sorted((r["onnx"], r["vnnlib"]) for r in merged) == sorted((o, v) for o, v, _ in rows)
+
+
 def test_jobs_give_the_answers_of_one_process_with_measured_prepare_times(graphs, tmp_path):
     root, rows = graphs
     one = run_benchmark(root, tmp_path / "one.csv", jobs=1)

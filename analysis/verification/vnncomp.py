@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.rundir import atomic_write_text
 
 from . import harness
@@ -44,7 +44,7 @@ from .vnnlib import format_witness, read_instances_csv
 FIELDS = ["category", "onnx", "vnnlib", "prepare_time", "result", "run_time"]
 
 
-class BenchmarkError(Exception):
+class BenchmarkError(PipelineError):
     """The benchmark folder cannot be run at all (one line)."""
 
 
@@ -175,6 +175,25 @@ def merge(paths: Sequence[str | Path], out_csv: str | Path) -> list[dict[str, An
     rows = list(merged.values())
     write_results(Path(out_csv), rows)
     return rows
+
+
+def merge_shards(folder: str | Path) -> tuple[Path, list[dict[str, Any]]] | None:
+    """A benchmark folder's `results.shard-K-of-N.csv` files (what `--shard` writes) merged into its results.csv
+    (`pipeline report FOLDER`); None when the folder holds no shard results. Every shard of N must be there."""
+    folder = Path(folder)
+    parts = sorted(folder.glob("results.shard-*-of-*.csv"))
+    if not parts:
+        return None
+    counts = {p.name.rsplit("-of-", 1)[1].removesuffix(".csv") for p in parts}
+    if len(counts) != 1:
+        raise BenchmarkError(f"{folder}: shard results of different N ({', '.join(sorted(counts))}); keep one set")
+    n = int(counts.pop())
+    missing = [k for k in range(n) if not (folder / f"results.shard-{k}-of-{n}.csv").is_file()]
+    if missing:
+        raise BenchmarkError(f"{folder}: shard(s) {', '.join(f'{k}/{n}' for k in missing)} have no results yet; "
+                             f"run `pipeline vnncomp {folder} --shard K/{n}` for each")
+    out = folder / "results.csv"
+    return out, merge(parts, out)
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> str:
