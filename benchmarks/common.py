@@ -141,3 +141,14 @@ class Section:
         return {"seconds": round(time.perf_counter() - self.t0, 2), "load_before": self.load0, "load_after": load(),
                 "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]])}
+
+
+def commit() -> str | None:
+    """The repository's HEAD (short hash, "+dirty" with uncommitted changes), or None outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")

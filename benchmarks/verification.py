@@ -260,8 +260,15 @@ def section_vnncomp(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
         limit = args.vnncomp_timeout or None
         load0 = common.load()
         t0 = time.perf_counter()
-        rows = run_benchmark(folder, tmp / f"{name}-results.csv", timeout_override=limit, jobs=args.jobs)
-        seconds = time.perf_counter() - t0
+        if args.results:  # read what `pipeline vnncomp` wrote (the command is in the note) instead of running again
+            from analysis.verification.vnncomp import read_results
+
+            src = Path(args.results.format(name=name))
+            rows = read_results(src)
+            log(f"  {name}: read {src}")
+        else:
+            rows = run_benchmark(folder, tmp / f"{name}-results.csv", timeout_override=limit, jobs=args.jobs)
+        seconds = time.perf_counter() - t0 if not args.results else sum(float(r["run_time"]) for r in rows) / args.jobs
         log(f"  {name}: {summary(rows)} in {seconds:.0f} s")
         by: dict[str, Counter] = {}
         for r in rows:
@@ -291,7 +298,9 @@ def markdown(res: dict[str, Any]) -> str:
     out = ["# Verification benchmarks",
            f"Machine: {m['cpu']}, {m['cores_available']} cores (shared with other jobs), torch threads 1. "
            f"Run: `{res.get('run')}`. Command: `.venv/bin/python -m benchmarks.verification` (sections with `--only`). "
-           "Times are wall-clock seconds; the load average (1, 5, 15 min) is recorded beside each section."]
+           "Times are wall-clock seconds; the load average (1, 5, 15 min) is recorded beside each section.",
+           "Measured at: " + ", ".join(f"{k} {res[k].get('commit') or 'before the engine rewrite (commit a539506), with the earlier engine'}"
+                                        for k in SECTIONS if k in res) + "."]
     g = res.get("goal")
     if g:
         rows = [[v, s["properties"], s["unsat"], s["sat"], s["timeout"] + s["unknown"] + s["error"], f"{100 * s['decided_fraction']:.1f}%",
@@ -358,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standins", default="mnist_fc,conv,resnet", help="vnncomp section: which stand-ins")
     p.add_argument("--vnncomp-timeout", type=float, default=30.0, help="vnncomp section: seconds per instance (0: instances.csv's)")
     p.add_argument("--jobs", type=int, default=2, help="vnncomp section: instances solved at once")
+    p.add_argument("--results", default="", help="vnncomp section: read results.csv files `pipeline vnncomp RUNS/standins/"
+                   "{name} --timeout T --jobs J --out FILE` wrote (a pattern with {name}) instead of running")
     p.add_argument("--out", default=str(HERE / "verification.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -378,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"[{name}] load {common.load()}")
         t0 = time.perf_counter()
         res[name] = {**SECTIONS[name](args, run_dir, tmp, log), "section_seconds": time.perf_counter() - t0,
-                     "argv": sys.argv[1:]}
+                     "argv": sys.argv[1:], "commit": common.commit()}
         out_path.write_text(json.dumps(res, indent=2, default=str) + "\n")
         (HERE / "VERIFICATION.md").write_text(markdown(res))
         log(f"[{name}] done in {time.perf_counter() - t0:.0f} s, load {common.load()}")
