@@ -295,7 +295,8 @@ def markdown(res: dict[str, Any]) -> str:
     from pipeline.render import table
 
     m = res["machine"]
-    out = ["# Verification benchmarks",
+    summary = HERE / "VERIFICATION-summary.md"  # hand-written: the goals, each with its number and where it comes from
+    out = ["# Verification benchmarks", *([summary.read_text().strip()] if summary.is_file() else []),
            f"Machine: {m['cpu']}, {m['cores_available']} cores (shared with other jobs), torch threads 1. "
            f"Run: `{res.get('run')}`. Command: `.venv/bin/python -m benchmarks.verification` (sections with `--only`). "
            "Times are wall-clock seconds; the load average (1, 5, 15 min) is recorded beside each section.",

@@ -157,7 +157,10 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
             write()
 
-        harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done, options=options)
+        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done,
+                             options=options):
+            if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
+                done(o)
     write()
     return [rows[i] for i in sorted(rows)]
 
