@@ -469,3 +469,41 @@ def test_milp_gives_the_time_a_finished_disjunct_leaves_to_one_that_ran_out(monk
     monkeypatch.setattr(scipy.optimize, "milp", real_milp)
     assert status == "unsat", (status, msg, runs)
     assert [h for h, _ in runs] == [True, False, False, False, True] and runs[-1][1] > 4.0
+
+
+FIRST_CALL_OVERRUN_S = 0.25  # what a link may run past its budget, warm-up of a fresh process included
+FIRST_CALL_SCRIPT = """
+import json, sys, time
+import torch
+from torch import nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+from analysis.verification.problem import Budget, Problem
+from analysis.verification.readers import from_torch
+from analysis.verification.registry import get_verifier
+from analysis.verification.vnnlib import robustness_spec
+model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), *[m for _ in range(3) for m in (nn.Linear(256, 256), nn.ReLU())],
+                      nn.Linear(256, 10)).eval()
+net = from_torch(model, (784,))
+x0 = torch.rand(784).double().numpy()
+c = int(net.forward(x0).numpy().argmax())
+out = {}
+for name in sys.argv[1:]:
+    spec = robustness_spec(x0, 0.05, 0.0, 1.0, c, 10)
+    out[name] = get_verifier(name).run(Problem([spec], network=net), Budget(0.3)).seconds
+print(json.dumps(out))
+"""
+
+
+def test_the_first_call_in_a_fresh_process_keeps_its_budget():
+    """The first bound computation in a process pays torch's warm-up; it must still stop within its budget (each
+    verifier is the first of its kind in the process, α-CROWN the first of all)."""
+    import json
+    import subprocess
+    import sys
+
+    names = ["alpha-crown", "bab", "milp"]
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL_SCRIPT, *names], capture_output=True, text=True, timeout=120,
+                         check=True)
+    seconds = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(seconds[n] <= 0.3 + FIRST_CALL_OVERRUN_S for n in names), seconds
