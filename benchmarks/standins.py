@@ -63,14 +63,14 @@ LO, HI = 0.0, 1.0  # Fashion-MNIST pixels as pipeline.data loads them
 # EPS_RULE:
 MNIST_FC_EPS = (0.02, 0.03)
 CONV_EPS = (0.01, 0.03)
-RESNET_EPS = 0.01
+RESNET_EPS = 0.005
 EPS_RULE = {
     "mnist_fc": "the grid pair with about half of the instances decided by neither the attack nor CROWN (the hard "
                 "half that needs branch and bound), the smaller ε mostly provable and the larger mostly attackable, "
                 "like VNN-COMP's 0.03/0.05 on MNIST (Fashion-MNIST nets are less robust)",
     "conv": "the grid pair on which CROWN alone proves about half of the instances",
-    "resnet": "the smallest grid ε at which the attack finds counterexamples (run on the torch model: the reader "
-              "refuses residual graphs, so CROWN's share is not measured yet); to be recalibrated with the new reader",
+    "resnet": "the grid ε at which CROWN alone proves about half of the instances (8 of 15 at 0.005, measured through "
+              "the engine's graph reader, which reads the residual Add)",
 }
 
 
