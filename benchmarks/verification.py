@@ -265,11 +265,12 @@ def section_vnncomp(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
 
             src = Path(args.results.format(name=name))
             rows = read_results(src)
+            load0 = None  # recorded where the run was made (benchmarks/VERIFICATION-summary.md), not at this read
             log(f"  {name}: read {src}")
         else:
             rows = run_benchmark(folder, tmp / f"{name}-results.csv", timeout_override=limit, jobs=args.jobs)
-        seconds = time.perf_counter() - t0 if not args.results else sum(float(r["run_time"]) for r in rows) / args.jobs
-        log(f"  {name}: {summary(rows)} in {seconds:.0f} s")
+        seconds = None if args.results else time.perf_counter() - t0  # a run read back was timed where it ran
+        log(f"  {name}: {summary(rows)}" + (f" in {seconds:.0f} s" if seconds is not None else ""))
         by: dict[str, Counter] = {}
         for r in rows:
             key = f"{Path(r['onnx']).stem} eps={Path(r['vnnlib']).stem.split('_eps_')[-1]}"
@@ -281,9 +282,10 @@ def section_vnncomp(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
                      "by_network_and_eps": {k: dict(v) for k, v in sorted(by.items())},
                      "median_run_time": statistics.median(r["run_time"] for r in rows),
                      "median_decided_run_time": statistics.median(decided) if decided else None,
-                     "rows": [{k: r[k] for k in ("onnx", "vnnlib", "result", "run_time", "prepare_time", "stage")} for r in rows],
+                     "rows": [{k: r.get(k) for k in ("onnx", "vnnlib", "result", "run_time", "prepare_time", "stage")} for r in rows],
                      "note": "stand-ins built here on Fashion-MNIST (benchmarks/STANDINS.md); NOT the public benchmarks",
-                     "load_before": load0, "load_after": common.load()}
+                     "source": args.results.format(name=name) if args.results else "run here",
+                     "load_before": load0, "load_after": common.load() if load0 is not None else None}
     return out
 
 
@@ -345,11 +347,16 @@ def markdown(res: dict[str, Any]) -> str:
                    f"{s['smooth_certified']}/{s['smooth_certificates']} smooth certificates. Load {s['load_before']} → {s['load_after']}. "
                    "(Before issue 11: 15 properties in 162 s, 14 timeouts, 0 certified.)")
     for name, v in (res.get("vnncomp") or {}).items():
+        if not isinstance(v, dict):  # the section's own argv, commit and seconds
+            continue
         rows = [[k, *[d.get(x, 0) for x in ("unsat", "sat", "timeout", "unknown", "error")]] for k, d in v["by_network_and_eps"].items()]
         med = "—" if v["median_decided_run_time"] is None else f"{v['median_decided_run_time']:.2f} s"
         out.append(f"## Stand-in `{name}` at {v['timeout_s']} s per instance, {v['jobs']} jobs\n\n"
                    f"{v['note']}. Folder `{v['folder']}` (git-ignored); {v['summary']}; median run time {v['median_run_time']:.2f} s "
-                   f"(decided ones: {med}); {v['seconds']:.0f} s in all. Load {v['load_before']} → {v['load_after']}.\n\n"
+                   f"(decided ones: {med})" + (f"; {v['seconds']:.0f} s in all. " if v.get("seconds") is not None else ". ")
+                   + (f"Load {v['load_before']} → {v['load_after']}." if v.get("load_before") else
+                      f"Read from `{v.get('source')}` (written by `pipeline vnncomp runs/standins/{name} --timeout 30 --jobs 2 --out …`).")
+                   + "\n\n"
                    + table(["network, ε", "unsat", "sat", "timeout", "unknown", "error"], rows))
     return "\n\n".join(out) + "\n"
 
