@@ -59,6 +59,7 @@ from analysis.verification.vnnlib import format_real, format_witness, robustness
 from pipeline import checkpoint
 from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
+from pipeline.progress import Progress
 from pipeline.render import pct, table
 from pipeline.rundir import RunDir, atomic_write_csv, atomic_write_json, atomic_write_text
 from quantize import export as export_mod
@@ -76,6 +77,7 @@ RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model, norma
                 "evaluated in float64; not the int8 model")
 SMOOTH_NETWORK = "the smooth model of train/<variant>/best.pt (its λ-GELU/GELU gates), evaluated in float64; not the int8 model"
 SMOOTH_PROBE_TIMEOUT_S = 120.0
+PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
 
 # Runs in a fresh interpreter (maraboupy's C++ side may abort the process): argv = onnx path.
 _READ_ONNX = r"""
@@ -372,7 +374,16 @@ def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock:
 
     save()
     if tasks:
-        harness.run(tasks, harness.StageBudget(vcfg.budget_s), jobs=jobs, clock=clock, on_done=done)
+        finished: dict[str, int] = {}
+        with Progress("verify", len(tasks), "property", every_s=PROGRESS_EVERY_S) as bar:
+            def done_and_shown(o: harness.Outcome) -> None:
+                done(o)
+                if o.final:
+                    finished[o.result.status] = finished.get(o.result.status, 0) + 1
+                    bar.step(line=f"    verify: {sum(finished.values())}/{len(tasks)} properties final ("
+                                  + ", ".join(f"{k} {n}" for k, n in sorted(finished.items())) + ")")
+
+            harness.run(tasks, harness.StageBudget(vcfg.budget_s), jobs=jobs, clock=clock, on_done=done_and_shown)
     save()
 
 

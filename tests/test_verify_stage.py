@@ -48,8 +48,22 @@ def done(tmp_path_factory):
     run.cfg.verify.epsilons = list(EPSILONS)
     run.cfg.verify.verifiers = list(VERIFIERS)
     run.cfg.verify.budget_s = BUDGET_S
-    metrics = run_verify(run.cfg, run)
+    import contextlib
+    import io
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        metrics = run_verify(run.cfg, run)
+    run.progress_log = log.getvalue()
     return run, nets, metrics
+
+
+def test_the_stage_shows_its_progress_in_the_log(done):
+    """Without a terminal, progress lines go to the log; the last one counts every property (ReLU and smooth)."""
+    run, _, _ = done
+    lines = [line for line in run.progress_log.splitlines() if "verify:" in line]
+    total = len(_rows(run)) + len(read_rows(run.file("verify", "smooth.csv")))
+    assert lines and lines[-1].strip().startswith(f"verify: {total}/{total} properties final")
 
 
 def _rows(run):
