@@ -1,4 +1,4 @@
-"""Verification goals of issue 11, measured on a finished default run (2 CPU cores, one torch thread).
+"""Verification goals, measured on a finished default run and the stand-ins (2 CPU cores, one torch thread).
 
     .venv/bin/python -m benchmarks.verification                        # every section
     .venv/bin/python -m benchmarks.verification --only goal,crosscheck  # some; merged into verification.json
@@ -345,7 +345,7 @@ def markdown(res: dict[str, Any]) -> str:
         out.append(f"## The default verify stage\n\n`VerifyConfig()` = {s['config']}: **{s['seconds']:.1f} s** in total; "
                    f"{s['relu_decided']}/{s['relu_properties']} ReLU properties decided ({s['relu_certified']} certified), "
                    f"{s['smooth_certified']}/{s['smooth_certificates']} smooth certificates. Load {s['load_before']} → {s['load_after']}. "
-                   "(Before issue 11: 15 properties in 162 s, 14 timeouts, 0 certified.)")
+                   "(Before the verification engine: 15 properties in 162 s, 14 timeouts, 0 certified.)")
     for name, v in (res.get("vnncomp") or {}).items():
         if not isinstance(v, dict):  # the section's own argv, commit and seconds
             continue
