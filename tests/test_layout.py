@@ -40,20 +40,26 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _from_base(node: ast.ImportFrom, module: str) -> str:
+    """The absolute module a `from … import` in `module` reads from (relative imports resolved)."""
+    base = node.module or ""
+    if node.level:
+        package = module if MODULES.get(module, Path("x.py")).name == "__init__.py" else module.rpartition(".")[0]
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def imports_of(module: str) -> set[str]:
     """Every project module `module` imports, at the top or inside functions."""
     path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from_base(node, module)
             names = [f"{base}.{a.name}" for a in node.names] + [base]
         else:
             continue
@@ -148,18 +154,13 @@ RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.records"}
 def _aliases(tree: ast.AST, module: str) -> dict[str, str]:
     """Local name -> the qualified name it stands for ("pipeline.gates" for a module, "pipeline.gates.lambda_target"
     for a function), from the module's imports."""
-    package = module if MODULES.get(module, Path("x.py")).name == "__init__.py" else module.rpartition(".")[0]
     out = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from_base(node, module)
             for a in node.names:
                 out[a.asname or a.name] = f"{base}.{a.name}"
     return out
