@@ -243,3 +243,13 @@ def test_misclassified_samples_are_sat_at_the_sample(tmp_path):
         np.testing.assert_array_equal(x, ds.val.x[int(r["sample"])].double().numpy().reshape(-1))
     s = json.loads(run.file("verify", "summary.json").read_text())
     assert s["table"][0]["misclassified"] == len(wrong) and s["smooth_table"] == []
+
+
+def test_the_radius_units_are_named_for_tables_and_images():
+    """A table's radius is in its raw feature units (the model standardizes inside); an image's in its pixel range."""
+    from types import SimpleNamespace
+
+    table_info = SimpleNamespace(feature_names=["age", "hours"], input_low=[17.0, 1.0], input_high=[90.0, 99.0])
+    image_info = SimpleNamespace(feature_names=[], input_low=0.0, input_high=1.0)
+    assert "raw feature units" in verify_mod._eps_units(table_info)
+    assert verify_mod._eps_units(image_info) == "the input's own units (valid range 0.0 to 1.0)"
