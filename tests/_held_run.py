@@ -33,4 +33,7 @@ if __name__ == "__main__":
             time.sleep(5)  # the handler runs at the next bytecode; this is never reached to its end
 
     train_mod._fault_injection = act
+    # a shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT: restore what a
+    # terminal's Ctrl-C meets, so the test does not depend on how the suite was launched
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main(["run", *argv]))

@@ -138,9 +138,14 @@ def backward(grad, x, lam, lay, need_x: bool, need_lam: bool):
     return (gx if need_x else None), (gl.reshape(lam.shape) if need_lam else None)
 
 
-if __name__ == "__main__":  # `.ci/setup`: build (or find) the kernel now, so no run pays for it
+def main() -> int:
+    """Build (or find) the kernel now, so that no run pays for it (`.ci/setup`); 0 when it is ready."""
     t0 = time.perf_counter()
     ok = build()
     print(f"λ-GELU fused CPU kernel: {'ready' if ok else 'unavailable'} ({status.detail.get('library') or status.error}; "
           f"{time.perf_counter() - t0:.1f} s)")
-    sys.exit(0 if ok else 1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
