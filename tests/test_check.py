@@ -124,6 +124,21 @@ def test_certificate_is_sound_and_certifies_hardened_nets():
     assert cert["float32"]["certified_fraction"] > 0.9  # at λ = 160 almost every prediction is provably kept
 
 
+def test_certificate_report_names_the_smallest_slack_and_how_loose_each_bound_is():
+    """The float32 line states the smallest slack (it was labelled the largest margin) and the bound-to-change ratio,
+    which cannot be below 1 for a bound that held; the real-arithmetic line says it is not a float32 statement."""
+    x = torch.rand(300, 1, 4, 4)
+    cert = swap_certificate(_hardened(), _split(x), 100, x[:1])
+    for key in ("float32", "float32_global"):
+        r = cert[key]["bound_to_change"]
+        assert 250 <= r["samples"] <= 300 and 1.0 <= r["median"] <= r["max"], (key, r)  # samples the swap changed
+    p = cert["per_sample"]  # real arithmetic against a float32 change: no ratio floor, but never tighter than δ̃ + ε̃
+    assert p["bound_to_change"]["median"] > 0 and p["top1_kept_in_real_arithmetic"] >= cert["float32"]["certified_fraction"]
+    text = "\n".join(check.certificate_lines(cert))
+    assert "largest margin" not in text and f"smallest slack, bound minus measured change: {-cert['float32']['max_excess']:.3g}" in text
+    assert "× the measured change" in text and "says nothing about float32 runs" in text
+
+
 def test_certificate_verdict_fails_for_a_gate_that_lies_about_its_lambda():
     """The global bound uses c/λ with the reported λ; a gate computing with λ/4 moves the logits 4× further."""
     bug = WrongLambda(nn.Parameter(torch.zeros(1)), 0.1)
