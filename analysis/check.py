@@ -48,6 +48,7 @@ from pipeline.rundir import RunDir, atomic_write_json
 from pipeline.relu_swap import to_relu
 
 from .theory import certificate, symbolic
+from .theory.certificate import chain32
 
 # The closed-form predictions hold for a pre-activation density that is flat over |x| < band/λ: the
 # curvature term is (band/λ)²·|p''(0)/p(0)|/6 relative, under 1% at λ ≥ 100 for unit-scale densities.
@@ -196,7 +197,8 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 
 @torch.no_grad()
-def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None) -> dict[str, Any]:
+def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None,
+                     jacobian_samples: int = 0) -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -204,6 +206,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     `pass` = the measured change stayed within the bound on every sample of `split`, and the fraction of
     samples whose top-1 prediction is provably kept (`certified_fraction`), given only when sound and passed.
     `bound_max` (the global bound) is kept at the top level for readers of older bounds.json files.
+    `float32_jacobian`, on the first `jacobian_samples` samples of a chain network (`certificate.chain32`): δ plus
+    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes'.
     """
     model = model.cpu().eval()
     relu = to_relu(copy.deepcopy(model))
@@ -212,7 +216,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     try:
         cert = certificate.Certifier(model)
     except certificate.Refused as exc:
-        return {**out, **{k: {"status": "refused", "reason": str(exc)} for k in ("global", "per_sample", "float32", "float32_global")}}
+        return {**out, **{k: {"status": "refused", "reason": str(exc)} for k in ("global", "per_sample", "float32", "float32_global", "float32_jacobian")}}
     glob = None
     try:
         glob = cert.global_bound(example)
@@ -222,8 +226,11 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         out["global"] = {"status": "refused", "reason": str(exc)}
     n = 0
     measured = exact_max = 0.0
-    acc = {k: {"violations": 0, "certified": 0, "excess": -math.inf, "refused": None, "ratios": []}
-           for k in ("float32", "float32_global", "per_sample")}
+    acc = {k: {"violations": 0, "certified": 0, "excess": -math.inf, "refused": None, "ratios": [], "n": 0}
+           for k in ("float32", "float32_global", "float32_jacobian", "per_sample")}
+    if jacobian_samples <= 0 or chain32.chain(model) is None:
+        acc["float32_jacobian"]["refused"] = ("not a chain of Linear layers and activations (certificate.chain32)"
+                                              if jacobian_samples > 0 else "not asked for (check.float32_jacobian_samples = 0)")
     per_sample_refused = None
     bar = _progress(progress, "swap certificate", split, batch_size)
     for b, (x, _) in enumerate(batches(split, batch_size), start=1):
@@ -241,9 +248,14 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
             per_sample_refused = str(exc)
             continue
         exact_max = max(exact_max, ps.max)
+        k = max(0, min(len(x), jacobian_samples - (n - len(x))))  # this batch's samples among the first jacobian_samples
+        jac = None
+        if k and acc["float32_jacobian"]["refused"] is None:
+            jac = ps.per_logit[:k] + chain32.rounding_bound(model, x[:k]) + chain32.rounding_bound(relu, x[:k])
         bounds = {"float32": (ps.float32, ps.float32_refused),
                   "float32_global": (None if glob is None or ps.rounding is None else glob.per_logit + ps.rounding,
                                      "the global bound is refused" if glob is None else ps.rounding_refused),
+                  "float32_jacobian": (jac, None),
                   # real arithmetic: not a statement about float32 runs, a diagnostic of what rounding costs
                   "per_sample": (ps.per_logit, None)}
         for key, (bound, why) in bounds.items():
@@ -251,11 +263,16 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
             if bound is None:
                 a["refused"] = a["refused"] or why
                 continue
-            a["violations"] += int((change > bound).any(dim=1).sum())
-            a["excess"] = max(a["excess"], float((change - bound).max()))
-            a["certified"] += int(certificate.certified_mask(smooth, bound).reshape(len(x), -1).all(dim=1).sum())
-            largest = change.max(dim=1).values  # how loose: the bound's largest logit over the measured largest change
-            a["ratios"] += (bound.reshape(len(x), -1).max(dim=1).values[largest > 0] / largest[largest > 0]).tolist()
+            if key == "float32_jacobian":
+                sm, ch = smooth[:k], change[:k]
+            else:
+                sm, ch = smooth, change
+            a["n"] += len(ch)
+            a["violations"] += int((ch > bound).any(dim=1).sum())
+            a["excess"] = max(a["excess"], float((ch - bound).max()))
+            a["certified"] += int(certificate.certified_mask(sm, bound).reshape(len(ch), -1).all(dim=1).sum())
+            largest = ch.max(dim=1).values  # how loose: the bound's largest logit over the measured largest change
+            a["ratios"] += (bound.reshape(len(ch), -1).max(dim=1).values[largest > 0] / largest[largest > 0]).tolist()
     if bar:
         bar.close()
     out["measured_max_logit_change"] = measured
@@ -271,13 +288,15 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         out["per_sample"] = {"status": "sound", "bound_max": exact_max, "bound_to_change": ratio(exact),
                              "top1_kept_in_real_arithmetic": exact["certified"] / n if n else None}
     rules = {"float32": "measured float32 |Δlogit| ≤ δ̃ + ε̃ (the per-sample float32 bound) on every validation sample",
-             "float32_global": "measured float32 |Δlogit| ≤ B + ρ + ε̃ (the global bound plus both networks' rounding) on every sample"}
+             "float32_global": "measured float32 |Δlogit| ≤ B + ρ + ε̃ (the global bound plus both networks' rounding) on every sample",
+             "float32_jacobian": f"measured float32 |Δlogit| ≤ δ + ρ_J + ε_J (rounding through the Jacobians) on the first "
+                                 f"{jacobian_samples} samples"}
     for key, a in acc.items():
         if a["refused"]:
             out[key] = {"status": "refused", "reason": a["refused"]}
             continue
-        v = _verdict(a["violations"], n, a["excess"], rules[key])
-        v["certified_fraction"] = a["certified"] / n if v["pass"] else None  # a violated bound certifies nothing
+        v = _verdict(a["violations"], a["n"], a["excess"], rules[key])
+        v["certified_fraction"] = a["certified"] / a["n"] if v["pass"] and a["n"] else None  # a violated bound certifies nothing
         v["bound_to_change"] = ratio(a)
         out[key] = v
     return out
@@ -300,7 +319,8 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
         for layer in layers:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
-        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}")
+        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}",
+                                jacobian_samples=cfg.check.float32_jacobian_samples)
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
                                     "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:
@@ -309,8 +329,9 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
     return {v: {"verdict": r["verdict"]["certificate"],
                 "certificate": {k: (r["certificate"][k]["status"] if r["certificate"][k]["status"] == "refused"
                                     else "pass" if r["certificate"][k].get("pass", True) else "FAIL")
-                                for k in ("global", "float32", "float32_global")},
+                                for k in ("global", *CERTIFIED)},
                 "certified_fraction": r["certificate"]["float32"].get("certified_fraction"),
+                "certified_fraction_jacobian": r["certificate"]["float32_jacobian"].get("certified_fraction"),
                 "predictions": "pass" if r["predictions"]["pass"] else "off"} if "certificate" in r else {"verdict": None}
             for v, r in out["variants"].items()}
 
@@ -318,7 +339,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # What the check means: the certificate's verdict, and the predictions as a diagnostic
 
-CERTIFIED = ("float32", "float32_global")  # the statements checked against the measured float32 change
+CERTIFIED = ("float32", "float32_global", "float32_jacobian")  # the statements checked against the measured float32 change
 PREDICTIONS = ("gate_l1", "act_l1")  # closed-form predictions of per-layer means: a diagnostic, not a verdict
 
 
@@ -383,7 +404,9 @@ def certificate_lines(cert: dict[str, Any]) -> list[str]:
         if kept is not None and r:
             lines.append(f"  (in real arithmetic this bound keeps the top-1 prediction of {100 * kept:.2f}% of the samples and is "
                          f"{r['median']:.3g}× the measured change, median over samples; it says nothing about float32 runs)")
-    for key in ("float32", "float32_global"):
+    for key in ("float32", "float32_global", "float32_jacobian"):
+        if key not in cert:  # written before this statement existed
+            continue
         s = cert[key]
         head = f"- {key} ({cert['about'][key]}): "
         if s["status"] == "refused":

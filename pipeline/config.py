@@ -118,6 +118,9 @@ class CheckConfig:
     soft_delta: float = 1e-3  # "soft" band: pre-activations with g(λx) in (δ, 1 − δ)
     band: float = 3.0  # |λx| < band estimates the pre-activation density at 0 (for the closed-form comparison)
     sup_rtol: float = 1e-9  # float64 slack on max|ReLU − f_λ| ≤ c/λ
+    # the first N validation samples also get the float32 statement whose rounding goes through each network's Jacobian
+    # (analysis/theory/certificate/chain32.py: tight, but about 10 ms per sample for the default MLP); 0 = off
+    float32_jacobian_samples: int = 1000
 
 
 @dataclass

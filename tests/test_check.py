@@ -177,11 +177,11 @@ def test_refusals_are_reported_as_refusals():
     net = nn.Sequential(nn.Linear(4, 8), _gate(20.0), Sin(), nn.Linear(8, 2))
     x = torch.randn(32, 4)
     cert = swap_certificate(net, _split(x), 32, x[:1])
-    for key in ("global", "per_sample", "float32", "float32_global"):
+    for key in ("global", "per_sample", "float32", "float32_global", "float32_jacobian"):
         assert cert[key]["status"] == "refused" and "`sin`" in cert[key]["reason"], key
     assert "bound_max" not in cert  # nothing for readers of the old key either
     text = "\n".join(check.certificate_lines(cert))
-    assert "provably" not in text and text.count("refused") == 4
+    assert "provably" not in text and text.count("refused") == 5
 
 
 def test_check_stage_on_a_linked_gelu_run(tmp_path):
@@ -195,7 +195,8 @@ def test_check_stage_on_a_linked_gelu_run(tmp_path):
     linked = b["variants"]["linked_gelu"]["certificate"]
     assert linked["global"]["bound_max"] >= linked["measured_max_logit_change"] > 0.01
     assert linked["float32"]["pass"] and linked["float32"]["certified_fraction"] < 1.0
-    assert metrics["lambda_gelu"]["certificate"] == {"global": "pass", "float32": "pass", "float32_global": "pass"}
+    assert metrics["lambda_gelu"]["certificate"] == {"global": "pass", "float32": "pass", "float32_global": "pass",
+                                                     "float32_jacobian": "pass"}
     section = check.report_section(run.cfg, run)
     assert "### `linked_gelu`" in section and "holds on all" in section
 

@@ -10,6 +10,7 @@ ReLU instead of x·g(λx). S̃ and R̃ are the same two networks evaluated in fl
     exact, per sample    |R(x) − S(x)|   ≤ δ(x)          on the given x
     float32, per sample  |R̃(x) − S̃(x)| ≤ δ̃(x) + ε̃(x)
     float32, global      |R̃(x) − S̃(x)| ≤ B + ρ(x) + ε̃(x)
+    float32, Jacobian    |R̃(x) − S̃(x)| ≤ δ(x) + ρ_J(x) + ε_J(x)   (chain networks, `chain32.py`)
 
 elementwise over the logits. Where no rule below applies, the statement is refused with the reason
 (`Refused` for the exact ones; the float32 ones carry their own refusal string).
@@ -32,7 +33,9 @@ around any point, so the unknown R is never needed. Then |R̃ − S̃| ≤ δ̃ 
 
 ## Where
 `core.py` (constants, channels, `_Dev`, `_Call`), `interpreter.py` (the walk, `Certifier`), `rules/` (one file per
-family of torch functions, `RULES`), `activations.py` (gates and the other activations, as modules).
+family of torch functions, `RULES`), `activations.py` (gates and the other activations, as modules), `chain32.py`
+(each network's float32 rounding carried through its own Jacobian, for chains of Linear layers and activations:
+the boxes compound |W| per layer, ~15× per 256-wide layer, and keep no prediction of the default MLP provably).
 
 ## The rules (d, d' input boxes; |W| elementwise absolute weights; every rule is a proof of |v' − z'| ≤ d_out)
 - Linear / Conv: |W(v − z)| ≤ |W|·d. Affine ops with constants: |c|·d; a sum of two deviated tensors

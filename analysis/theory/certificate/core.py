@@ -27,6 +27,8 @@ ABOUT = {
     "per_sample": "each validation input, real arithmetic",
     "float32": "each validation input, both networks evaluated in float32 as deployed, rounding included",
     "float32_global": "each validation input in float32: the global bound plus both networks' rounding on it",
+    "float32_jacobian": "each of the first validation inputs, both networks in float32 as deployed: the real-arithmetic "
+                        "bound plus each network's rounding carried through its own Jacobian at the input (chain networks)",
 }
 
 
