@@ -67,11 +67,22 @@ def test_pre_activations_at_the_kink_are_covered():
     assert bool((_measured(net, x) <= bound).all())
 
 
+def test_linear_after_linear_and_no_normalization():
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.Linear(32, 32), _gate(160.0), nn.Linear(32, 32),
+                        nn.Linear(32, 4)).eval()
+    x = 50 * torch.randn(200, 1, 4, 4)
+    bound = chain32.rounding_bound(net, x)
+    assert bool((_measured(net, x) <= bound).all())
+
+
 def test_only_chains_are_read():
     assert chain32.chain(_chain(nn.ReLU, [8], 0)) is not None
     residual = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 2))  # no rule for tanh here
     assert chain32.chain(residual) is None and chain32.rounding_bound(residual, torch.rand(3, 16)) is None
     assert chain32.chain(nn.Sequential(nn.Linear(4, 4), nn.ReLU())) is None  # must end in a Linear
+    norm = Normalize([0.3], [0.7], (4,))
+    assert chain32.chain(nn.Sequential(norm, copy.deepcopy(norm), nn.Linear(4, 2))) is None  # one normalization
 
 
 def test_the_jacobian_statement_is_tighter_than_the_boxes_and_holds():

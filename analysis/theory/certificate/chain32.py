@@ -67,6 +67,8 @@ def chain(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     kinds = [k for k, _ in out]
     if not kinds or kinds[-1] != "linear" or any(k in ("norm", "flatten") for k in kinds[kinds.index("linear"):]):
         return None
+    if kinds.count("norm") > 1:
+        return None  # the input's rounding is modelled for one normalization
     if any(a in ("gate", "relu") and b in ("gate", "relu") for a, b in zip(kinds, kinds[1:])):
         return None  # two activations in a row: not this chain
     return out
@@ -99,9 +101,11 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
             h, hbar = h.reshape(n, -1), hbar.reshape(n, -1)
         elif kind == "linear":
             w, b = m.weight, (m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=torch.float64))
-            if slope is None:  # the first Linear: its input's error enters as one source, through |W| once
+            if not sources:  # the first Linear: its input's error enters as one source, through |W| once
                 dev_h, nu = hbar, hbar @ w.abs().T
             else:
+                if slope is None:  # a Linear right after a Linear: the identity in between
+                    slope, pending = torch.ones_like(h), torch.zeros_like(h)
                 dev_h = slope.abs() * ebar + pending  # |h̃ − h| ≤ |D|·ē + q̄ + s̄
                 wd = w.unsqueeze(0) * slope.unsqueeze(1)  # W·D per sample, [N, out, width]
                 sources = [(wd if p is None else wd @ p, nb) for p, nb in sources]
