@@ -216,8 +216,9 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
             continue
         ran_for[d] = share
         A, b = spec.disjuncts[d]
+        turn_end = left() - share  # the budget left when this turn is over
         for shift in (0.0, margin):
-            out = run(A, b, shift, True, share)
+            out = run(A, b, shift, True, left() - turn_end)  # the margin run gets what the first left of the turn
             milp_runs += 1
             if out is None:
                 queue.append(d)
