@@ -81,6 +81,7 @@ def test_only_chains_are_read():
     residual = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 2))  # no rule for tanh here
     assert chain32.chain(residual) is None and chain32.rounding_bound(residual, torch.rand(3, 16)) is None
     assert chain32.chain(nn.Sequential(nn.Linear(4, 4), nn.ReLU())) is None  # must end in a Linear
+    assert chain32.chain(nn.Sequential(nn.ReLU(), nn.Linear(4, 2))) is None  # an activation before any Linear
     norm = Normalize([0.3], [0.7], (4,))
     assert chain32.chain(nn.Sequential(norm, copy.deepcopy(norm), nn.Linear(4, 2))) is None  # one normalization
 

@@ -65,8 +65,11 @@ def chain(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
             return None
         out.append((kind, m))
     kinds = [k for k, _ in out]
-    if not kinds or kinds[-1] != "linear" or any(k in ("norm", "flatten") for k in kinds[kinds.index("linear"):]):
+    if "linear" not in kinds or kinds[-1] != "linear":
         return None
+    first = kinds.index("linear")
+    if any(k in ("norm", "flatten") for k in kinds[first:]) or any(k in ("gate", "relu") for k in kinds[:first]):
+        return None  # the input transforms first, then Linear layers and activations
     if kinds.count("norm") > 1:
         return None  # the input's rounding is modelled for one normalization
     if any(a in ("gate", "relu") and b in ("gate", "relu") for a, b in zip(kinds, kinds[1:])):
