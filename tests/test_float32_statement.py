@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from analysis.theory import certificate as cert
 from analysis.theory.certificate import chain32
 from analysis.theory.certificate.core import U32, gamma
 from analysis.theory.certificate.interpreter import Certifier, relu_swapped
@@ -76,3 +77,48 @@ def test_gamma_n_is_nearly_attained_in_order(n):
     exact = math.fsum((x.astype(np.float64) * w.astype(np.float64)).tolist())
     got = _orders(x, w)["sequential"]
     assert abs(got - exact) >= ATTAINED_SHARE * gamma(n) * exact, (abs(got - exact) / exact, gamma(n))
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-sample statement on small networks, against PyTorch's float32 outputs of both networks
+
+def _gate(lam: float) -> nn.Module:
+    g = LambdaGELU(nn.Parameter(torch.zeros(1)), 0.1)
+    g.freeze(torch.tensor([lam]))
+    return g
+
+
+def _smooth(lam: float, seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(Normalize([0.3], [0.7], (1, 4, 4)), nn.Flatten(), nn.Linear(16, 48), _gate(lam), nn.Linear(48, 48),
+                         _gate(lam), nn.Linear(48, 32), _gate(lam), nn.Linear(32, 6)).eval()
+
+
+def _inputs(net: nn.Sequential, seed: int) -> torch.Tensor:
+    """The data's range, large magnitudes (large rounding errors), and inputs whose first-layer pre-activations sit
+    at the kink, where the ReLU network's units can flip under rounding."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.cat([torch.rand(400, 1, 4, 4, generator=g), 30 * torch.randn(100, 1, 4, 4, generator=g)])
+    with torch.no_grad():  # move each of 100 inputs along the first row of W until that unit's pre-activation is 0
+        w = net[2].weight[0]
+        base = torch.rand(100, 1, 4, 4, generator=g)
+        u = net[2](net[1](net[0](base)))[:, 0]
+        grad = (w * net[0].scale.reshape(-1)).reshape(1, 1, 4, 4)  # d u_0 / d x
+        at_kink = base - (u / grad.square().sum()).reshape(-1, 1, 1, 1) * grad
+    return torch.cat([x, at_kink])
+
+
+@pytest.mark.parametrize("lam", (1.0, 10.0, 160.0))
+@pytest.mark.parametrize("seed", range(2))
+def test_the_float32_statement_holds_for_pytorch_float32_on_both_networks(lam, seed):
+    smooth = _smooth(lam, seed)
+    relu = relu_swapped(smooth)
+    x = _inputs(smooth, seed)
+    with torch.no_grad():
+        s32, r32 = smooth(x), relu(x)  # what the statement is about: PyTorch's float32 forward on the CPU
+    measured = (r32.double() - s32.double()).abs()
+    bound = (Certifier(smooth).per_sample(x).per_logit + chain32.rounding_bound(smooth, x)
+             + chain32.rounding_bound(relu, x))
+    assert bool((measured <= bound).all()), float((measured - bound).max())
+    kept = cert.certified_mask(s32, bound)
+    assert bool((r32.argmax(1)[kept] == s32.argmax(1)[kept]).all())
