@@ -122,3 +122,20 @@ def test_the_float32_statement_holds_for_pytorch_float32_on_both_networks(lam, s
     assert bool((measured <= bound).all()), float((measured - bound).max())
     kept = cert.certified_mask(s32, bound)
     assert bool((r32.argmax(1)[kept] == s32.argmax(1)[kept]).all())
+
+
+CLOSED_FORM_RTOL = 1e-12  # the bound against its closed form, both in float64
+
+
+def test_one_linear_layer_gets_gamma_n_plus_1_once():
+    """A dot product of length 40 plus a bias: γ_41·(|W|·|x| + |b|), with the slack for the float64 evaluation
+    (1 + 2⁻²⁰) and 2·40 + 1 operations' underflow allowance (2⁻¹²⁶ each); no doubling, γ_n being a proof."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(40, 7)).eval()
+    x = 10 * torch.randn(50, 40)
+    u = 2.0 ** -24
+    g41 = 41 * u / (1 - 41 * u)
+    w, b = net[0].weight.double(), net[0].bias.double()
+    expected = (1 + 2.0 ** -20) * g41 * (x.double().abs() @ w.abs().T + b.abs()) + 81 * 2.0 ** -126
+    got = chain32.rounding_bound(net, x)
+    torch.testing.assert_close(got, expected, rtol=CLOSED_FORM_RTOL, atol=0)
