@@ -34,8 +34,9 @@ ABOUT = {
     "float32": "each validation input, both networks evaluated in float32 by PyTorch on the CPU, rounding included",
     "float32_global": "each validation input, both networks in float32 by PyTorch on the CPU: the global bound plus both "
                       "networks' rounding on it",
-    "float32_jacobian": "each of the first validation inputs, both networks in float32 by PyTorch on the CPU: the real-arithmetic "
-                        "bound plus each network's rounding carried through its own Jacobian at the input (chain networks)",
+    "float32_jacobian": "each of the first `check.float32_jacobian_samples` validation inputs, both networks in float32 by "
+                        "PyTorch on the CPU: the real-arithmetic bound plus each network's rounding carried through its own "
+                        "Jacobian at the input (chain networks)",
 }
 
 
