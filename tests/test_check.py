@@ -137,6 +137,8 @@ def test_certificate_report_names_the_smallest_slack_and_how_loose_each_bound_is
     text = "\n".join(check.certificate_lines(cert))
     assert "largest margin" not in text and f"smallest slack, bound minus measured change: {-cert['float32']['max_excess']:.3g}" in text
     assert "× the measured change" in text and "says nothing about float32 runs" in text
+    for key in ("float32", "float32_global", "float32_jacobian"):  # what the float32 statements are about, in words
+        assert f"- {key} (each" in text and "both networks" in cert["about"][key] and "by PyTorch on the CPU" in cert["about"][key]
 
 
 def test_certificate_verdict_fails_for_a_gate_that_lies_about_its_lambda():

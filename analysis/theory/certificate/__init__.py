@@ -4,7 +4,8 @@ stage)? A bound proved by walking the network's real computation, or a refusal t
 ## The statements
 S is the smooth network, R the swapped one: the same weights, with every module that
 `pipeline.activations.gate_of` recognises (exactly the modules `pipeline.relu_swap.to_relu` replaces) computing
-ReLU instead of x·g(λx). S̃ and R̃ are the same two networks evaluated in float32, as deployed.
+ReLU instead of x·g(λx). S̃ and R̃ are the same two networks evaluated in float32 by PyTorch on the CPU (eval mode, full-precision float32
+matmuls; the premises are listed under "float32 rounding" below): what the float32 statements are about.
 
     exact, global        |R(x) − S(x)|   ≤ B             for every input x (real arithmetic)
     exact, per sample    |R(x) − S(x)|   ≤ δ(x)          on the given x
@@ -69,7 +70,9 @@ fl(a ∘ b) = (a ∘ b)(1 + θ), |θ| ≤ u = 2⁻²⁴ (round to nearest, no un
   absolute terms because 0 ≤ g ≤ 1, plus λ's own float32 rounding, |∂f/∂λ|·|Δλ| ≤ 0.25·|x|·2u);
 - LayerNorm, BatchNorm and the softmax: the γ bounds of their sums (`_layer_norm_rounding`, `_sdpa`);
 - every local term is multiplied by `SAFETY` = 2, which absorbs the float64 reference's own rounding
-  (2²⁹ times smaller per operation than float32's) and slack in the ulp assumptions.
+  (2²⁹ times smaller per operation than float32's) and slack in the ulp assumptions; except the dot products
+  (`dot_rounding`): γ_n assumes nothing beyond round to nearest, so they get `GAMMA_SLACK` = 1 + 2⁻²⁰ for the
+  float64 evaluation, plus `UNDERFLOW` per operation where the standard model stops (subnormals, flush-to-zero).
 The magnitudes |x| these need are |z| + d of a channel that bounds the float32 value (|R̃| ≤ |z| + δ̃).
 Assumptions stated: float32 matmuls at full precision (`torch.get_float32_matmul_precision() ==
 "highest"`, checked), parameters that are float32 numbers (checked), no Winograd/FFT convolution (their

@@ -21,14 +21,22 @@ U32 = 2.0**-24  # float32 unit roundoff
 SAFETY = 2.0  # every local rounding bound, doubled (see the module docstring)
 ULP_ELEMENTWISE = 4  # exp, log1p, erf, tanh, sqrt of the float32 library: within 4 ulp
 K_GATE = 16  # |fl(f_λ(x)) − f_λ(x)| ≤ K_GATE·u·|x| for every gate family (module docstring)
+# γ_n is a proof (round to nearest; tests/test_float32_statement.py finds it nearly attained), so its term is not
+# doubled by SAFETY: it needs slack only for the float64 evaluation of the bound, relatively 2⁻⁴⁰ or less.
+GAMMA_SLACK = 1 + 2.0**-20
+# Below 2⁻¹²⁶ the standard model fl(a ∘ b) = (a ∘ b)(1 + θ) fails: a product or sum that flushes to zero (FTZ) or
+# goes subnormal is off by at most this, absolutely.
+UNDERFLOW = 2.0**-126
 # The statements a certificate can make, for reports.
 ABOUT = {
     "global": "any input, real arithmetic",
     "per_sample": "each validation input, real arithmetic",
-    "float32": "each validation input, both networks evaluated in float32 as deployed, rounding included",
-    "float32_global": "each validation input in float32: the global bound plus both networks' rounding on it",
-    "float32_jacobian": "each of the first validation inputs, both networks in float32 as deployed: the real-arithmetic "
-                        "bound plus each network's rounding carried through its own Jacobian at the input (chain networks)",
+    "float32": "each validation input, both networks evaluated in float32 by PyTorch on the CPU, rounding included",
+    "float32_global": "each validation input, both networks in float32 by PyTorch on the CPU: the global bound plus both "
+                      "networks' rounding on it",
+    "float32_jacobian": "each of the first `check.float32_jacobian_samples` validation inputs, both networks in float32 by "
+                        "PyTorch on the CPU: the real-arithmetic bound plus each network's rounding carried through its own "
+                        "Jacobian at the input (chain networks)",
 }
 
 
@@ -63,6 +71,13 @@ def gamma(n: float) -> float:
     """γ_n = n·u/(1 − n·u) for float32 (∞ once n·u ≥ 1/2: no bound claimed)."""
     nu = n * U32
     return nu / (1.0 - nu) if nu < 0.5 else math.inf
+
+
+def dot_rounding(n: int, magnitude: torch.Tensor) -> torch.Tensor:
+    """A bound on |fl(w·x + b) − (w·x + b)| for float32 dot products of length n plus a bias, in any summation
+    order, with or without FMA: γ_{n+1}·(|w|·|x| + |b|) (`magnitude`, computed by the caller), times `GAMMA_SLACK`,
+    plus what underflow can add (`UNDERFLOW` per operation)."""
+    return GAMMA_SLACK * gamma(n + 1) * magnitude + (2 * n + 1) * UNDERFLOW
 
 
 @functools.cache
