@@ -54,8 +54,12 @@ CHUNK_ELEMENTS = 1 << 22  # float64 elements of traced activations per chunk of 
 
 
 def gamma(n: int | float | torch.Tensor) -> Any:
-    """γ_n = n·u/(1 − n·u): the relative error bound of a float32 sum of n terms (Higham, Lemma 3.1)."""
-    return n * U / (1 - n * U)
+    """γ_n = n·u/(1 − n·u): the relative error bound of a float32 sum of n terms (Higham, Lemma 3.1); ∞ once
+    n·u ≥ 1/2, where the lemma claims nothing. The one home of γ_n (the swap certificate uses it too)."""
+    nu = n * U
+    if isinstance(nu, torch.Tensor):
+        return torch.where(nu < 0.5, nu / (1 - nu), torch.full_like(nu, math.inf))
+    return nu / (1 - nu) if nu < 0.5 else math.inf
 
 
 @dataclass

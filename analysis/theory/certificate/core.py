@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pipeline import gates
+from quantize.rounding import gamma  # noqa: F401  (γ_n has one home; the rules import it from here)
 from pipeline.gates import channel_axis, per_channel
 
 U32 = 2.0**-24  # float32 unit roundoff
@@ -65,12 +66,6 @@ def _injected(consts: Mapping[str, float] | None):
     finally:
         _INJECTED.clear()
         _INJECTED.update(saved)
-
-
-def gamma(n: float) -> float:
-    """γ_n = n·u/(1 − n·u) for float32 (∞ once n·u ≥ 1/2: no bound claimed)."""
-    nu = n * U32
-    return nu / (1.0 - nu) if nu < 0.5 else math.inf
 
 
 def dot_rounding(n: int, magnitude: torch.Tensor) -> torch.Tensor:
