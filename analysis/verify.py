@@ -13,7 +13,13 @@ Which network a certificate is about:
   relaxations, then the attack; a counterexample is re-checked on the torch model in float32) and ``via-relu``
   (the same weights with ReLU: its margin lower bound minus a sound bound on |smooth − ReLU| over the box;
   `analysis.verification.bounds.swap_gap`).
-Neither is about the int8 model (its QDQ graph rounds differently and drops ReLUs).
+- **int8** (rows and files named ``<variant>-int8``, their own category in ``results.csv``): the int8 QDQ model of
+  the variant's ReLU form that the int8 stage wrote, as onnxruntime's CPU kernels run it. The reader
+  (`analysis.verification.readers`) turns each QuantizeLinear/DequantizeLinear pair into a sound relaxation of the
+  runtime's rounding (`analysis.verification.quantized`: the first one exact on its grid, the others x ± E then the
+  clamp to the grid's range as two ReLUs); the same staged verifier decides it, and a counterexample counts only when
+  the int8 model itself misclassifies it in onnxruntime. ``chain.csv`` puts the three networks side by side per
+  property, with what carries over.
 
 Properties: for each of the first ``verify.samples`` validation examples ``x0`` (the same for every variant)
 and each ``eps`` in ``verify.epsilons``, the box ``[max(x0 − eps, lo), min(x0 + eps, hi)]`` (``lo``/``hi``: the
@@ -61,7 +67,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
 from pipeline.progress import Progress
 from pipeline.render import pct, table
-from pipeline.rundir import RunDir, atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -76,6 +82,11 @@ ROUTES = {"direct": "crown+pgd+alpha-crown", "via-relu": "via-relu"}
 RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model, normalization folded into the first Gemm), "
                 "evaluated in float64; not the int8 model")
 SMOOTH_NETWORK = "the smooth model of train/<variant>/best.pt (its λ-GELU/GELU gates), evaluated in float64; not the int8 model"
+INT8_NETWORK = ("the int8 QDQ ONNX of the int8 stage (quantize/<variant>/relu/model.int8.onnx, copied to verify/onnx/"
+                "<variant>-int8.onnx) as onnxruntime's CPU kernels run it: integer sums, the requantization's float32 "
+                "multiply and rounding bounded per unit (analysis/verification/quantized.py); a counterexample counts "
+                "only when that model itself, in onnxruntime, misclassifies it")
+INT8 = "-int8"  # the rows, files and results.csv category of a variant's int8 model carry its name with this suffix
 SMOOTH_PROBE_TIMEOUT_S = 120.0
 PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
 
@@ -175,7 +186,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)
     probe = _probe(cfg, run) if vcfg.probe_smooth else {}
-    verified = [v for v in cfg.variants if relu.models.get(v, {}).get("onnx")]
+    verified = [name for name, m in relu.models.items() if m.get("onnx")]
     relu_rows = [relu.rows[k] for k in sorted(relu.rows, key=relu.order.__getitem__)]
     smooth_rows = [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)]
     table_ = [r for r in harness.summarize(relu_rows, ("variant", "eps", "verifier")) if r["variant"] in verified]
@@ -186,16 +197,20 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     for r in smooth_table:
         r["eps"] = float(r["eps"])
     summary = {
-        "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK},
+        "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK, "int8": INT8_NETWORK},
         "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
         "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
         "eps_units": _eps_units(info),
         "budget_s": vcfg.budget_s, "timeout_s": vcfg.timeout_s, "jobs": jobs, "solve_seconds": round(seconds, 3),
         "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
         "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
-        "decided": {"relu": _decided(relu_rows), "smooth": _decided(smooth_rows)},
+        "decided": {"relu": _decided([r for r in relu_rows if not r["variant"].endswith(INT8)]),
+                    "int8": _decided([r for r in relu_rows if r["variant"].endswith(INT8)]), "smooth": _decided(smooth_rows)},
+        "int8_seconds": round(sum(float(r.get("seconds") or 0) for r in relu_rows if r["variant"].endswith(INT8)), 3),
+        "chain": chain_rows(cfg.variants, relu_rows, smooth_rows, names[0]),
         "conflicts": conflicts(relu_rows), "probe": probe, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    atomic_write_csv(out / "chain.csv", summary["chain"], CHAIN_FIELDS)
     atomic_write_json(out / "summary.json", summary)
     return {"verifiers": names, "samples": n, "conflicts": len(summary["conflicts"]), "solve_seconds": round(seconds, 3),
             "decided": summary["decided"],
@@ -240,29 +255,46 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
     instances: list[tuple[str, str]] = []
+    entries: list[tuple[str, str, str]] = []  # (the name its rows and files carry, the variant, "relu" | "int8")
     for variant in cfg.variants:
-        onnx_rel = Path("onnx") / f"{variant}.onnx"
-        onnx_path = out / onnx_rel
-        facts = run.variant(variant)
-        if facts.swapped_to is None:
+        if run.variant(variant).swapped_to is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
-        if not onnx_path.is_file():
+        entries.append((variant, variant, "relu"))
+    quantized = run.read_json("int8", "quantize.json") if vcfg.int8 else None
+    if vcfg.int8:
+        for variant in cfg.variants:
+            entry = ((quantized or {}).get("models", {}).get(variant) or {}).get("relu")
+            if entry is None:
+                models[variant + INT8] = {"onnx": None, "variant": variant, "network": "int8",
+                                          "note": "not verified: the int8 stage wrote no int8 model of its ReLU form"}
+                continue
+            entries.append((variant + INT8, variant, "int8"))
+    for name, variant, network in entries:
+        onnx_rel = Path("onnx") / f"{name}.onnx"
+        onnx_path = out / onnx_rel
+        facts = run.variant(variant)
+        if not onnx_path.is_file() and network == "relu":
             model, _ = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
             export_mod.export_for_verifiers(model, info.input_shape, onnx_path, ds.val.x[:cfg.export.check_samples],
                                             cfg.export.opset, cfg.export.atol, cfg.export.rtol)
+        elif not onnx_path.is_file():  # the int8 stage's file itself, so that the benchmark folder stands alone
+            atomic_write_bytes(onnx_path, (run.path / quantized["models"][variant]["relu"]["int8_path"]).read_bytes())
         t0 = time.perf_counter()
         try:
             net = from_onnx(onnx_path)
         except UnsupportedModel as e:
-            models[variant] = {"onnx": None, "note": f"not verified: {e}"}
+            models[name] = {"onnx": None, "variant": variant, "network": network, "note": f"not verified: {e}"}
             continue
         read_s = time.perf_counter() - t0
         sess = ort_util.session(onnx_path)
         predicted = [int(np.argmax(ort_util.forward_flat(sess, x))) for x in xs]
-        models[variant] = {"onnx": onnx_rel.as_posix(), "activation": facts.activation, "relus": net.num_relus,
-                           "read_seconds": round(read_s, 4),
-                           "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
+        models[name] = {"onnx": onnx_rel.as_posix(), "variant": variant, "network": network, "activation": facts.activation,
+                        "relus": net.num_relus, "read_seconds": round(read_s, 4),
+                        "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
+        if network == "int8":
+            models[name]["source"] = quantized["models"][variant]["relu"]["int8_path"]
+            models[name]["reduce_range"] = quantized["settings"].get("reduce_range", False)
         for eps in vcfg.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
@@ -271,9 +303,9 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
                     write_vnnlib(out / rel, spec, comment=f"L-inf robustness of validation sample {k}: eps={format_real(eps)}, "
                                                           f"true class {labels[k]} of {info.num_classes}; model {onnx_rel.as_posix()}")
                 instances.append((onnx_rel.as_posix(), rel.as_posix()))
-                for name in names:
-                    key = (variant, k, format_real(eps), name)
-                    base = {"variant": variant, "sample": k, "eps": format_real(eps), "verifier": name, "label": labels[k],
+                for verifier in names:
+                    key = (name, k, format_real(eps), verifier)
+                    base = {"variant": name, "sample": k, "eps": format_real(eps), "verifier": verifier, "label": labels[k],
                             "predicted": predicted[k], "relus": net.num_relus, "vnnlib": rel.as_posix()}
                     if key in done:
                         rows[key] = done[key]
@@ -284,7 +316,7 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
                         known = Result("sat", 0.0, x32, ort_util.forward_flat(sess, x32),
                                        f"the network predicts {predicted[k]} at the sample itself (true class {labels[k]}); "
                                        "no verifier ran", "clean")
-                    tasks.append(harness.FileTask(key=key, verifier=name, timeout=vcfg.timeout_s or None, known=known,
+                    tasks.append(harness.FileTask(key=key, verifier=verifier, timeout=vcfg.timeout_s or None, known=known,
                                                   onnx=onnx_path, vnnlib=out / rel))
                     rows[key] = {**base, "result": "", "final": 0}
     return _Kind("relu", models, tasks, rows, instances)
@@ -418,6 +450,49 @@ def _probe(cfg: Config, run: RunDir) -> dict[str, Any]:
     return out
 
 
+CHAIN_FIELDS = ["variant", "sample", "eps", "smooth_direct", "smooth_via_relu", "relu", "int8", "carries_over"]
+
+
+def chain_rows(variants: Sequence[str], relu_rows: list[dict[str, Any]], smooth_rows: list[dict[str, Any]],
+               verifier: str) -> list[dict[str, Any]]:
+    """Per variant, sample and ε: what is proven about each network of the chain (smooth by both routes, the float
+    ReLU network, the int8 model) and one sentence on what carries over."""
+    res = {(r["variant"], int(r["sample"]), format_real(float(r["eps"]))): r["result"] or "—" for r in relu_rows
+           if r["verifier"] == verifier}
+    smo = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r["result"] or "—" for r in smooth_rows}
+    keys = sorted({(v, s, e) for (v, s, e) in res if not v.endswith(INT8)} | {(v, s, e) for (v, s, e, _) in smo},
+                  key=lambda t: (list(variants).index(t[0]) if t[0] in variants else len(variants), float(t[2]), t[1]))
+    out = []
+    for v, smp, e in keys:
+        row = {"variant": v, "sample": smp, "eps": e, "smooth_direct": smo.get((v, smp, e, "direct"), "—"),
+               "smooth_via_relu": smo.get((v, smp, e, "via-relu"), "—"), "relu": res.get((v, smp, e), "—"),
+               "int8": res.get((v + INT8, smp, e), "—")}
+        row["carries_over"] = _carries(row)
+        out.append(row)
+    return out
+
+
+def _carries(r: dict[str, Any]) -> str:
+    smooth = "unsat" in (r["smooth_direct"], r["smooth_via_relu"])
+    relu, q = r["relu"], r["int8"]
+    if q == "unsat":
+        head = "proven for the int8 model itself"
+        rest = "and for every float network before it" if smooth and relu == "unsat" else (
+            "and for the float ReLU network" if relu == "unsat" else "though not for every float network: quantization changed the answer")
+        return f"{head}, {rest}"
+    if q == "sat":
+        if relu == "unsat":
+            return "the float ReLU proof does not carry over: the int8 model misclassifies a point of the box (witness re-checked in onnxruntime)"
+        return "falsified for the int8 model (witness re-checked in onnxruntime)" + (
+            ", and for the float ReLU network" if relu == "sat" else "")
+    if relu == "unsat":
+        return "proven for the float ReLU network" + (" and the smooth one" if smooth else "") + \
+            "; not carried to int8 (its bound through the rounding did not close, or no int8 model was verified)"
+    if smooth:
+        return "proven for the smooth network only"
+    return "nothing proven" if relu != "sat" else "falsified for the float ReLU network"
+
+
 def conflicts(rows: list[dict[str, Any]]) -> list[str]:
     """Properties that one verifier proved and another falsified (there should be none)."""
     seen: dict[tuple, set[str]] = {}
@@ -463,8 +538,13 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         for e in s["epsilons"]:
             r = next((t for t in s["table"] if t["variant"] == v and t["eps"] == e and t["verifier"] == main), None)
             cells.append("—" if r is None else f"{pct(r['certified_fraction'])} ({pct(r['falsified_fraction'])} sat)")
-        label = f"{v} (ReLU from the start)" if run.variant(v).is_relu else f"{v} swapped to ReLU"
-        rows.append([label, "ReLU ONNX", f"`{s['chains'][main]}`", *cells])
+        m = s["models"][v]
+        base = m.get("variant", v)
+        label = f"{base} (ReLU from the start)" if run.variant(base).is_relu else f"{base} swapped to ReLU"
+        if m.get("network") == "int8":
+            rows.append([f"{label}, int8", "int8 ONNX (onnxruntime)", f"`{s['chains'][main]}` on the rounding's relaxation", *cells])
+        else:
+            rows.append([label, "ReLU ONNX", f"`{s['chains'][main]}`", *cells])
     for v in s.get("smooth_models", {}):
         for route in ROUTES:
             cells = []
@@ -476,6 +556,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
             rows.append([f"{v} smooth", "smooth (train best.pt)", how, *cells])
     out.append("Certified fraction (falsified in brackets):\n\n" + table(["model", "network", "method", *eps_cols], rows))
     out.append(f"Which network each certificate is about: **ReLU ONNX** = {s['networks']['relu']}; "
+               f"**int8 ONNX** = {s['networks'].get('int8', '—')}; "
                f"**smooth** = {s['networks']['smooth']}. The smooth routes: *direct* proves the smooth network itself "
                "through sound linear relaxations of x·Φ(λx); *via the swap* proves the ReLU network with the same weights "
                "and carries the proof over where its margin exceeds the sound bound on |smooth − ReLU| over the box "
@@ -490,6 +571,17 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                "IBP vs the tight CROWN/α-CROWN bounds branch and bound starts from):\n\n" + table(
                    ["model", "ε", "verifier", "properties", "unsat", "sat", "timeout", "unknown/error", "decided",
                     f"median {s['clock']} s", f"max {s['clock']} s", "unstable (IBP)", "unstable (tight)", "ReLUs"], detail))
+    if "int8" in s["decided"] and s["decided"]["int8"]["properties"]:
+        d8 = s["decided"]["int8"]
+        out.append(f"int8 models: {d8['decided']} of {d8['properties']} properties decided in {s['int8_seconds']:.1f} s of "
+                   "solving (summed over properties).")
+    if s.get("chain"):
+        crow = [[c["variant"], c["sample"], c["eps"], c["smooth_direct"], c["smooth_via_relu"], c["relu"], c["int8"],
+                 c["carries_over"]] for c in s["chain"]]
+        out.append("The chain, per property (`verify/chain.csv`): what is proven about each network, from the smooth one "
+                   "the user trained to the int8 model that ships (unsat = proven robust, sat = a re-checked counterexample):"
+                   "\n\n" + table(["variant", "sample", "ε", "smooth (direct)", "smooth (via swap)", "float ReLU", "int8",
+                                    "what carries over"], crow))
     for v, m in s["models"].items():
         if not m.get("onnx"):
             out.append(f"`{v}`: {m['note']}")

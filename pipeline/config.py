@@ -144,6 +144,10 @@ class QuantizeConfig:
     calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
     per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
     activation_type: Literal["int8", "uint8"] = "int8"
+    # 7-bit weights: on x86 CPUs without VNNI, onnxruntime's int8 kernels add products in pairs in int16 with
+    # saturation, and only 7-bit weights keep those pairs in range; the int8 verifier reads no other model
+    # (analysis/verification/quantized.py; benchmarks/VERIFICATION.md measures what it costs)
+    reduce_range: bool = True
     keep_activations: bool = False  # QDQKeepRemovableActivations: keep ReLU nodes (slower; for graph readers)
     quantize_bias: bool = False  # False: biases stay fp32 in the file, onnxruntime makes them int32 when it fuses (same outputs, smaller file)
     fold_normalization: bool = True  # fold an MLP's input Normalize into its first Linear before quantizing
@@ -186,6 +190,8 @@ class VerifyConfig:
     # process and its children (HiGHS, which takes a wall limit only, then gets the CPU seconds left as wall seconds)
     cpu_time: bool = False
     smooth: bool = True  # certify the smooth models too: through their gates, and via the swapped ReLU network
+    # verify the int8 model of each variant's ReLU form too (the int8 stage's file, as onnxruntime's kernels run it)
+    int8: bool = True
     probe_smooth: bool = False  # also try Marabou's ONNX reader on the smooth ONNX files of the export stage
 
 

@@ -58,8 +58,8 @@ STAGES: dict[str, Stage] = {
                   ("variants", "data", "export", "quantize"), report="quantize.int8:report_section"),
     "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported",
                       ("variants", "data", "export", "quantize", "sparsity"), report="analysis.sparsity:report_section"),
-    "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped ReLU and the smooth models (VNN-COMP layout, staged verifier, tight bounds)",
-                    ("variants", "data", "export", "verify"), report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
+    "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped ReLU, int8 and smooth models (VNN-COMP layout, staged verifier, tight bounds)",
+                    ("variants", "data", "export", "quantize", "verify"), report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
     "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above", _MODEL),
 }
 

@@ -296,6 +296,8 @@ class Bounder:
         l, u = self.pre[s]
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
+        if not self.op(s).needs_bounds:
+            return torch.arange(0)
         return torch.arange(l.numel())
 
     def _tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:

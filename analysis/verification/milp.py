@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import Affine, ReLU, UnsupportedModel
+from .ops import Activation, Affine, ReLU, UnsupportedModel
 from .vnnlib import VnnlibSpec
 
 MIN_MILP_SECONDS = 0.05  # a shorter HiGHS run than this decides nothing: its presolve alone takes longer
@@ -58,7 +58,7 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
     """Big-M encoding of a merged ReLU graph over the box; `pre[s]` = (l, u) of ReLU site s's input."""
     from scipy import sparse
 
-    if not net.is_relu:
+    if net.smooth:
         raise UnsupportedModel("the MILP encodes ReLU networks only (smooth gates have no exact linear encoding)")
     lb, ub = np.asarray(lb, dtype=np.float64), np.asarray(ub, dtype=np.float64)
     var_lb, var_ub, integ = [lb], [ub], [np.zeros(lb.size)]
@@ -133,6 +133,20 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
             add_rows(np.repeat(r, 2), np.ravel(np.column_stack([ai, di])),
                      np.ravel(np.column_stack([ones, -ui])), ninf, np.zeros(n))  # a ≤ u δ
             box[k] = (lo_t.clamp(min=0), hi_t.clamp(min=0))
+            var[k] = a
+        elif isinstance(node.op, Activation):  # a fixed relaxation (int8 rounding): al·x + bl ≤ y ≤ au·x + bu
+            h = ins[0]
+            lo_t, hi_t = box[node.inputs[0]]
+            al, bl, au, bu = (np.broadcast_to(np.asarray(t, dtype=np.float64), lo_t[0].shape) for t in
+                              node.op.lines(lo_t[0], hi_t[0]))
+            ylo, yhi = node.op.interval(lo_t[0], hi_t[0])
+            n = al.size
+            a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
+            r = np.repeat(np.arange(n), 2)
+            for slope, lo_, hi_ in ((al, bl, np.full(n, np.inf)), (au, np.full(n, -np.inf), bu)):
+                add_rows(r, np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)])),
+                         np.ravel(np.column_stack([np.ones(n), -slope])), lo_, hi_)  # y − slope·x vs the intercept
+            box[k] = (ylo[None], yhi[None])
             var[k] = a
         else:
             raise UnsupportedModel(f"the MILP has no encoding for {type(node.op).__name__}")

@@ -97,6 +97,8 @@ class Activation(Op):
     interval [l, u]: `interval` (its range) and `lines` (al·x + bl ≤ op(x) ≤ au·x + bu)."""
 
     size: int
+    # False: `lines` does not depend on the input interval, so tightening it by CROWN buys nothing (`Rounding`)
+    needs_bounds: ClassVar[bool] = True
 
     def in_sizes(self) -> tuple[int, ...]:
         return (self.size,)
@@ -461,6 +463,78 @@ class Gate(Activation):
         from pipeline.gates import family
 
         return family(self.kind).f(h, self.lam)
+
+
+@dataclass(eq=False)
+class Rounding(Activation):
+    """y = x + e for some |e| ≤ E (per unit): what rounding to a quantization grid, and the float32 arithmetic around
+    it, may add to an exact value (`int8.requant_error` derives E; the clamp to the grid's range follows as ReLUs).
+    Relaxation x − E ≤ y ≤ x + E, whatever the interval. `forward` is the exact value (the float surrogate the attack
+    searches on: a point it finds counts only once the int8 model itself misclassifies it)."""
+
+    E: torch.Tensor
+    source: str = ""
+    needs_bounds: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self.E = as_tensor(self.E).reshape(-1)
+        if not bool(torch.all(self.E >= 0)):
+            raise ValueError("a rounding error bound must be >= 0")
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self.E.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return l - self.E.to(l.dtype), u + self.E.to(u.dtype)
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor):
+        one, E = torch.ones_like(l), self.E.to(l.dtype).expand_as(l)
+        return one, -E, one, E
+
+
+@dataclass(eq=False)
+class QuantizedInput(Activation):
+    """The first quantization of the graph input: y = fl32(s·(q(x) − z)), q(x) = saturate(round(x/s) + z) as the runtime
+    computes it (`quantized.grid_index`, a monotone map). Over an input interval [l, u] the values y takes are the
+    grid points from y(l) to y(u), so that pair is its exact range and the constant lines y(l) ≤ y ≤ y(u) the
+    tightest relaxation of a box; `forward` is the grid value (the ONNX model's own), with the identity's gradient
+    so that an attack can move x."""
+
+    scale: torch.Tensor  # per unit, the float32 scale as a float64
+    zero: torch.Tensor  # per unit, integer-valued
+    qmin: int
+    qmax: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        self.scale, self.zero = as_tensor(self.scale).reshape(-1), as_tensor(self.zero).reshape(-1)
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self.scale.numel()
+
+    def value(self, x: torch.Tensor, side: str = "nearest") -> torch.Tensor:
+        from .quantized import grid_index
+
+        q = grid_index(x.detach().cpu().to(DTYPE).numpy(), self.scale.numpy(), self.zero.numpy(), self.qmin, self.qmax, side)
+        # DequantizeLinear in float32, as the runtime computes it: one rounding of the exact (q − z)·s
+        y = (q - self.zero.numpy()).astype(np.float32) * self.scale.numpy().astype(np.float32)
+        return as_tensor(y.astype(np.float64)).to(x.dtype)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + (self.value(h) - h).detach()
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.value(l[None], "low")[0], self.value(u[None], "high")[0]
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor):
+        lo, hi = self.interval(l, u)
+        zero = torch.zeros_like(l)
+        return zero, lo, zero, hi
 
 
 # ---------------------------------------------------------------------------------------------

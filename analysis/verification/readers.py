@@ -21,8 +21,11 @@ import numpy as np
 import torch
 
 from .graph import Graph, Node
-from .ops import (Concat, Conv, Gate, Linear, Op, Permute, ReLU, Scale, Sum, UnsupportedModel, as_tensor, average_pool,
-                  numel)
+from .ops import (Concat, Conv, Gate, Linear, Op, Permute, QuantizedInput, ReLU, Rounding, Scale, Sum, UnsupportedModel,
+                  as_tensor, average_pool, numel)
+
+
+WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
 
 
 @dataclass
@@ -31,6 +34,33 @@ class Value:
 
     node: int
     shape: tuple[int, ...]
+
+
+@dataclass
+class QValue:
+    """The integer output of a QuantizeLinear on a variable: read only by the DequantizeLinear of the same grid."""
+
+    src: Value
+    scale: np.ndarray  # per unit (flat, the source's shape)
+    zero: np.ndarray  # per unit
+    qmin: int
+    qmax: int
+    onnx_node: Any
+
+
+@dataclass
+class Grid:
+    """What a dequantized node's values are known to be: points of this grid, in [lo, hi] per unit."""
+
+    scale: np.ndarray
+    zero: np.ndarray
+    qmin: int
+    qmax: int
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def same(self, q: QValue) -> bool:
+        return (self.qmin, self.qmax) == (q.qmin, q.qmax) and np.array_equal(self.scale, q.scale) and np.array_equal(self.zero, q.zero)
 
 
 @dataclass
@@ -65,6 +95,12 @@ class OnnxReader:
         self.input_shape = tuple(dims[1:]) if self.batch else tuple(dims)
         self.vals[inputs[0].name] = Value(0, self.input_shape)
         self.node: Any = None  # the ONNX node being read (for messages)
+        # int8 QDQ graphs (`quantized`): scales of dequantized constants by tensor name, the grid of each dequantized
+        # node, and per affine node what its runtime rounding depends on (weight scales, an int32 bias)
+        self.const_scales: dict[str, np.ndarray] = {}
+        self.grids: dict[int, Grid] = {}
+        self.affine_info: dict[int, dict[str, Any]] = {}
+        self.wide_weights: set[str] = set()  # 8-bit weights: outside what `quantized` covers
 
     # -- building -----------------------------------------------------------------------------
     def add(self, op: Op, inputs: Sequence[Value], shape: tuple[int, ...]) -> Value:
@@ -87,6 +123,9 @@ class OnnxReader:
         v = self.vals.get(name)
         if isinstance(v, Pending):
             raise self.unsupported(f"{v.onnx_node.op_type} output is read only as the gate of x·g(λx)", where=v.onnx_node)
+        if isinstance(v, QValue):
+            raise self.unsupported(f"an integer tensor {name!r} read by a {self.node.op_type}: the reader takes integer tensors "
+                                   "only into the DequantizeLinear of their own QuantizeLinear")
         if v is None:
             raise self.unsupported(f"a constant input {name!r} where this reader takes a variable" if name in self.consts
                                    else f"input {name!r} is not computed before")
@@ -154,6 +193,13 @@ class OnnxReader:
             handler(self)
         self.node = None
         out = self.vals.get(self.graph.output[0].name)
+        if isinstance(out, Value) and out.node in self.grids and not isinstance(self.nodes[out.node].op, QuantizedInput):
+            # the output's DequantizeLinear runs in float32: one rounding, relative 2⁻²⁴, of a value within the grid's range
+            from .quantized import U
+
+            g = self.grids[out.node]
+            E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
+            out = self.add(Rounding(E, source=self.graph.output[0].name), [out], out.shape)
         if isinstance(out, Pending):
             raise self.unsupported(f"{out.onnx_node.op_type} output is read only as the gate of x·g(λx)", where=out.onnx_node)
         if not isinstance(out, Value):
@@ -206,6 +252,11 @@ def _dequantize(r: OnnxReader, args: list[Any]) -> np.ndarray:
         shape = [1] * x.ndim
         shape[r.attr("axis", 1)] = scale.size
         scale, zero = scale.reshape(shape), zero.reshape(shape)
+    if r.node is not None:  # an int8 graph's weight or bias: its scale decides the runtime's bias rounding
+        r.const_scales[r.node.output[0]] = np.broadcast_to(scale, x.shape)
+        ints = np.asarray(x, dtype=np.float64) - zero
+        if x.dtype in (np.int8, np.uint8) and (ints.min(initial=0) < WEIGHT_RANGE[0] or ints.max(initial=0) > WEIGHT_RANGE[1]):
+            r.wide_weights.add(r.node.output[0])
     return (x.astype(np.float64) - zero) * scale
 
 
@@ -270,7 +321,19 @@ def _gemm(r: OnnxReader) -> None:
     c = r.node.input[2] if len(r.node.input) > 2 else ""
     b = r.const(c).astype(np.float64) if c else np.zeros(W.shape[0])
     bias = r.attr("beta", 1.0) * np.broadcast_to(b, (1, W.shape[0])).ravel()
-    r.set(r.add(Linear(r.attr("alpha", 1.0) * W, bias), [x], (W.shape[0],)))
+    out = r.add(Linear(r.attr("alpha", 1.0) * W, bias), [x], (W.shape[0],))
+    ws = r.const_scales.get(w)
+    _record_affine(r, out, x, W.shape[1], None if ws is None else (ws if r.attr("transB", 0) else ws.T).max(1), bool(c) and c in r.const_scales)
+    r.set(out)
+
+
+def _record_affine(r: OnnxReader, out: Value, x: Value, terms: int, w_scale: np.ndarray | None, int_bias: bool) -> None:
+    """What the runtime's rounding of this affine node depends on, for a QuantizeLinear that may read it."""
+    if r.node.input[1] in r.wide_weights:
+        raise r.unsupported("int8 weights beyond 7 bits: onnxruntime's x86 kernels without VNNI add products in pairs in "
+                            "int16 with saturation, so no bound holds; quantize with quantize.reduce_range=true")
+    r.affine_info[out.node] = {"input": x.node, "terms": int(terms), "int_bias": int_bias,
+                               "w_scale": None if w_scale is None else np.asarray(w_scale, dtype=np.float64).reshape(-1)}
 
 
 @handles("MatMul")
@@ -368,22 +431,101 @@ def _relu(r: OnnxReader) -> None:
 
 @handles("Clip")
 def _clip(r: OnnxReader) -> None:
-    """clamp(x, lo, hi) = lo + ReLU(x − lo) − ReLU(x − hi): ReLUs, so branch and bound splits it like one."""
     x = r.var(r.node.input[0])
     bounds = []
     for k, name in ((1, "min"), (2, "max")):
         v = r.node.input[k] if len(r.node.input) > k and r.node.input[k] else None
         bounds.append(float(r.const(v)) if v else r.attr(name, None))
     lo, hi = bounds
-    n = numel(x.shape)
-    one = np.ones(n)
     if lo is None:
         raise r.unsupported("a Clip without a lower bound")
-    low = r.add(ReLU(n, source=r.node.input[0]), [r.add(Scale(one, -lo * one), [x], x.shape)], x.shape)
+    n = numel(x.shape)
+    r.set(_clamp(r, x, np.full(n, lo), None if hi is None else np.full(n, hi)))
+
+
+def _clamp(r: OnnxReader, x: Value, lo: np.ndarray, hi: np.ndarray | None) -> Value:
+    """clamp(x, lo, hi) = lo + ReLU(x − lo) − ReLU(x − hi) per unit: ReLUs, so branch and bound splits it like one."""
+    n, one = numel(x.shape), np.ones(numel(x.shape))
+    low = r.add(ReLU(n, source=r.node.input[0]), [r.add(Scale(one, -lo), [x], x.shape)], x.shape)
     if hi is not None:
-        high = r.add(ReLU(n), [r.add(Scale(one, -hi * one), [x], x.shape)], x.shape)
+        high = r.add(ReLU(n), [r.add(Scale(one, -hi), [x], x.shape)], x.shape)
         low = r.add(Sum(n, (1.0, -1.0)), [low, high], x.shape)
-    r.set(r.add(Scale(one, lo * one), [low], x.shape))
+    return r.add(Scale(one, lo), [low], x.shape)
+
+
+# -- int8 QDQ graphs (`quantized` says which execution the reading covers) -------------------------
+
+def _quant_params(r: OnnxReader, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(scale, zero point) per unit of a tensor of `shape`, and the integer range, of a Q/DQ node."""
+    from .quantized import INT_RANGES
+
+    scale = np.asarray(r.const(r.node.input[1]), dtype=np.float64)
+    zname = r.node.input[2] if len(r.node.input) > 2 else ""
+    if zname:
+        zc = r.consts[zname] if zname in r.consts else r.const(zname)
+        dtype = {np.dtype(np.int8): 3, np.dtype(np.uint8): 2}.get(np.asarray(zc).dtype)
+        zero = np.asarray(zc, dtype=np.float64)
+    else:  # no zero point: uint8 unless output_dtype says otherwise (opset 21)
+        dtype, zero = r.attr("output_dtype", 2) or 2, np.zeros_like(scale)
+    if dtype not in INT_RANGES:
+        raise r.unsupported("only int8 and uint8 quantization")
+    if scale.size > 1:  # per channel along `axis`
+        axis = r.axis(r.attr("axis", 1), len(shape))
+        bshape = [1] * len(shape)
+        bshape[axis] = scale.size
+        scale, zero = scale.reshape(bshape), zero.reshape(bshape)
+    full = lambda v: np.broadcast_to(v, shape).reshape(-1).copy()  # noqa: E731
+    qmin, qmax = INT_RANGES[dtype]
+    return full(scale), full(zero), qmin, qmax
+
+
+@handles("QuantizeLinear")
+def _quantize(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    scale, zero, qmin, qmax = _quant_params(r, x.shape)
+    r.set(QValue(x, scale, zero, qmin, qmax, r.node))
+
+
+@handles("DequantizeLinear")
+def _dequantize_var(r: OnnxReader) -> None:
+    """DequantizeLinear of a QuantizeLinear on the same grid: the pair's relaxation (`quantized` derives it)."""
+    from .quantized import exact_error, int32_safe, requant_error
+
+    q = r.vals.get(r.node.input[0])
+    if not isinstance(q, QValue):
+        raise r.unsupported("a DequantizeLinear of a variable that no QuantizeLinear made")
+    scale, zero, qmin, qmax = _quant_params(r, q.src.shape)
+    if (qmin, qmax) != (q.qmin, q.qmax) or not (np.array_equal(scale, q.scale) and np.array_equal(zero, q.zero)):
+        raise r.unsupported("a DequantizeLinear whose scale or zero point differs from its QuantizeLinear's")
+    x, n = q.src, numel(q.src.shape)
+    lo, hi = q.scale * (qmin - q.zero), q.scale * (qmax - q.zero)
+    grid = r.grids.get(x.node)
+    if grid is not None and grid.same(q):  # requantized on its own grid (around a Flatten, a MaxPool): exact
+        return r.set(x)
+    op = r.nodes[x.node].op
+    if x.node == 0:
+        out = r.add(QuantizedInput(q.scale, q.zero, qmin, qmax, source=r.node.input[0]), [x], x.shape)
+    else:
+        if grid is not None:
+            E = exact_error((grid.lo, grid.hi), q.scale, q.zero)
+        elif isinstance(op, ReLU) and r.nodes[x.node].inputs[0] in r.grids:
+            g = r.grids[r.nodes[x.node].inputs[0]]
+            E = exact_error((g.lo.clamp(min=0), g.hi.clamp(min=0)), q.scale, q.zero)
+        elif x.node in r.affine_info and r.affine_info[x.node]["input"] in r.grids:
+            info = r.affine_info[x.node]
+            g = r.grids[info["input"]]
+            step = None if info["w_scale"] is None or info["int_bias"] else float(g.scale.max()) * info["w_scale"]
+            if not int32_safe(op, (g.lo, g.hi), g.scale, info["w_scale"]):
+                raise r.unsupported("an integer sum that may overflow int32")
+            E = requant_error(op, (g.lo, g.hi), q.scale, q.zero, info["terms"], step)
+        else:
+            what = r.nodes[x.node].name or type(op).__name__
+            raise r.unsupported(f"the quantized value comes from {what}, not from an affine op, a ReLU or a layout op on "
+                                "dequantized inputs: its float32 rounding is not bounded here")
+        noisy = r.add(Rounding(E, source=r.node.input[0]), [x], x.shape)
+        out = _clamp(r, noisy, lo, hi)
+    r.grids[out.node] = Grid(q.scale, q.zero, qmin, qmax, as_tensor(lo), as_tensor(hi))
+    r.set(out)
 
 
 @handles("Gelu")
@@ -418,7 +560,12 @@ def _conv(r: OnnxReader) -> None:
         raise r.unsupported("auto_pad or asymmetric padding")
     conv = Conv(w, b, x.shape, tuple(r.attr("strides", [1, 1])), (pads[0], pads[1]), tuple(r.attr("dilations", [1, 1])),
                 r.attr("group", 1))
-    r.set(r.add(conv, [x], conv.out_shape))
+    out = r.add(conv, [x], conv.out_shape)
+    ws = r.const_scales.get(r.node.input[1])
+    per_unit = None if ws is None else np.repeat(ws.reshape(ws.shape[0], -1).max(1), numel(conv.out_shape[1:]))
+    bias_name = r.node.input[2] if len(r.node.input) > 2 else ""
+    _record_affine(r, out, x, numel(w.shape[1:]), per_unit, bool(bias_name) and bias_name in r.const_scales)
+    r.set(out)
 
 
 @handles("AveragePool", "GlobalAveragePool")

@@ -1,0 +1,96 @@
+"""The int8 QDQ graph as the verifier reads it: which execution a certificate covers, and how far that execution may
+stray from exact arithmetic on the dequantized values.
+
+The statement covers onnxruntime's CPU execution of the QDQ graph the int8 stage writes (`quantize.int8`): inputs
+quantized by QuantizeLinear, each Gemm/Conv run either fused (QGemm/QLinearConv: int8 × int8 products summed in
+int32, the float bias rounded to int32 at the step s_x·s_w, the sum requantized by one float32 multiply, rounded to
+the nearest integer, shifted by the zero point and saturated) or unfused (DequantizeLinear, a float32 Gemm/Conv,
+QuantizeLinear). One bound covers both, so a certificate does not depend on which kernels the optimizer picks.
+
+For an affine op v = Σ_j W_j x_j + b on dequantized inputs x (every |x_j| ≤ m_j, the range of the grid it came from)
+whose output is quantized with scale s, zero point z and range [q_min, q_max], the value the runtime passes on is
+
+    y = clamp(v + e, lo, hi),   lo = s·(q_min − z),  hi = s·(q_max − z),  |e| ≤ E,
+
+    E = s/2 + e_b + γ_{n+8}·(S + e_b) + 2u·s·(|z| + 1),   S = Σ_j |W_j|·m_j + |b|,   e_b = s_x·s_w/2 + 3u·|b|,
+
+u = 2⁻²⁴, γ_k = k·u/(1 − k·u) (`quantize.rounding.gamma`), n the terms of the sum: s/2 is the rounding to the grid;
+e_b the bias's rounding to int32 (0 when the bias is already an int32 tensor or the weights are float); γ_{n+8}
+covers a float32 sum of n products of float32-dequantized factors (γ_{n+3}), or the int32 sum's conversion and the
+requantization multiply by fl(fl(s_x·s_w)/s) (γ_5), with room; the last term is the zero point's float32 add. y is
+between clamp(v − E) and clamp(v + E), so by continuity y = clamp(v + e) for one such e: the graph gets a
+`ops.Rounding` node (x ± E) and the clamp as two ReLUs (lo + ReLU(w − lo) − ReLU(w − hi)), which branch and bound
+splits like any ReLU. A ReLU absorbed into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
+
+The graph input's own QuantizeLinear is exact: `ops.QuantizedInput` maps the box to the grid points it reaches.
+
+Not covered (the reader refuses them, one line naming the node): float ops between DequantizeLinear and
+QuantizeLinear other than an affine op or a ReLU (a λ-GELU gate left in float: its float32 error is not bounded
+here), an affine op whose input is not dequantized, integer sums that could overflow int32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from quantize.rounding import U, gamma
+
+INT_RANGES = {3: (-128, 127), 2: (0, 255)}  # ONNX TensorProto.INT8 = 3, TensorProto.UINT8 = 2
+INT32_MAX = 2 ** 31 - 1
+
+
+def grid_index(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int, side: str = "nearest") -> np.ndarray:
+    """QuantizeLinear of float64 points x as the runtime computes it (float32 x/s, rounded to nearest even, plus the
+    zero point, saturated), as integer-valued float64. onnxruntime's kernels divide; a kernel that multiplies by
+    1/s may round one way further at a tie: side="low"/"high" gives the smaller/larger of the two (sound for a
+    range), "nearest" the division's."""
+    x32 = np.asarray(x, dtype=np.float64).astype(np.float32)
+    s32 = np.asarray(scale, dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        div = np.rint(x32 / s32).astype(np.float64)
+        if side == "nearest":
+            q = div
+        else:
+            mul = np.rint(x32 * (np.float32(1) / s32)).astype(np.float64)
+            q = np.minimum(div, mul) if side == "low" else np.maximum(div, mul)
+    return np.clip(q + np.asarray(zero, dtype=np.float64), qmin, qmax)
+
+
+def requant_error(op, in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray,
+                  terms: int, bias_step: np.ndarray | None) -> np.ndarray:
+    """E per output unit of the affine `op` (the module docstring's bound): `in_range` the (lo, hi) its dequantized
+    input can take, `scale`/`zero` the output's quantization (per unit), `terms` the products per sum, `bias_step`
+    s_x·s_w per unit when the runtime rounds a float bias to int32 (None: no such rounding)."""
+    lo, hi = in_range
+    m = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
+    c = op.forward(torch.zeros(1, m.numel(), dtype=torch.float64))[0].abs()  # |b|
+    S = (op.abs_forward(m[None])[0] + c).numpy()
+    e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c.numpy()
+    s = np.asarray(scale, dtype=np.float64)
+    E = s / 2 + e_b + gamma(terms + 8) * (S + e_b) + 2 * U * s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)
+    return np.broadcast_to(E, S.shape).copy()
+
+
+def exact_error(in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """E for a value computed exactly in float32 (a ReLU or a layout op on dequantized inputs) then quantized: the
+    grid's half step, the division's rounding and the zero point's add."""
+    lo, hi = in_range
+    m = torch.maximum(lo.abs(), hi.abs()).numpy()
+    s = np.asarray(scale, dtype=np.float64)
+    return np.broadcast_to(s / 2 + 2 * U * (m + s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)), m.shape).copy()
+
+
+def int32_safe(op, in_range: tuple[torch.Tensor, torch.Tensor], in_scale: np.ndarray, w_scale: np.ndarray | None) -> bool:
+    """Could the fused kernel's int32 accumulator overflow? |acc| ≤ Σ |q_w|·|q_x − z_x| + |bias/(s_x s_w)|, bounded
+    through the dequantized ranges: Σ|W|·m / (s_x·s_w)."""
+    if w_scale is None:
+        return True
+    lo, hi = in_range
+    m = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
+    c = op.forward(torch.zeros(1, m.numel(), dtype=torch.float64))[0].abs()
+    S = (op.abs_forward(m[None])[0] + c).numpy()
+    step = np.asarray(in_scale, dtype=np.float64).max() * np.asarray(w_scale, dtype=np.float64)
+    return bool(np.all(S / np.maximum(step, 1e-300) < INT32_MAX / 2)) if math.isfinite(float(S.max())) else False

@@ -1,0 +1,202 @@
+"""The int8 QDQ graph as the verifier reads it (analysis/verification/quantized.py): the relaxation of the runtime's
+rounding checked against onnxruntime's own integer execution (dense sampling, clamp ends, zero points ≠ 0 and ≠ 128),
+the first quantization exact, the verdicts on a tiny quantized network against exhaustive enumeration of its integer
+inputs, and every counterexample reproduced in onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from analysis.verification.bounds import Bounder, Spec
+from analysis.verification.ops import QuantizedInput, UnsupportedModel
+from analysis.verification.quantized import grid_index
+from analysis.verification.readers import from_onnx
+from analysis.verification.registry import get_verifier
+from analysis.verification.vnnlib import robustness_spec, write_vnnlib
+from pipeline.config import Config
+from quantize import ort as ort_util
+from quantize.int8 import quantize_file
+
+SUM_TOL = 1e-9  # float64 summation slack of the bounds themselves (values here are O(1))
+SAMPLES = 3000
+WIDTH = 8
+
+
+def _tiny(tmp: Path, act_type: str, reduce_range: bool = True, seed: int = 0, shift: float = 0.6) -> tuple[Path, torch.nn.Module]:
+    """2 → 8 → 8 → 3 ReLU MLP, quantized by the int8 stage's own recipe; calibration inputs off centre so that the
+    zero points are neither 0 nor 128."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(2, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+                              torch.nn.Linear(WIDTH, 3))
+    # a few steps on three blobs, so that the classes change inside the calibration range
+    x = torch.randn(600, 2) * 0.35 + shift + torch.tensor([[-0.6, 0.0], [0.6, 0.0], [0.0, 0.6]]).repeat(200, 1)
+    y = torch.arange(3).repeat(200)
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    for _ in range(100):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    net.eval()
+    src = tmp / "fp32.onnx"
+    torch.onnx.export(net, torch.zeros(1, 2), str(src), input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "b"}, "logits": {0: "b"}}, dynamo=False)
+    cfg = Config()
+    cfg.quantize.activation_type = act_type
+    cfg.quantize.reduce_range = reduce_range
+    calib = (np.random.default_rng(seed).uniform(-1, 1, (256, 2)) + shift).astype(np.float32)
+    dst = tmp / f"int8-{act_type}-{int(reduce_range)}.onnx"
+    quantize_file(src, dst, calib, cfg, tmp)
+    return dst, net
+
+
+def _zero_points(path: Path) -> list[int]:
+    m = onnx.load(str(path))
+    return [int(v) for i in m.graph.initializer if i.name.endswith("zero_point") and "weight" not in i.name
+            for v in numpy_helper.to_array(i).reshape(-1)]
+
+
+def _output_bounds(graph, lb: np.ndarray, ub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b = Bounder(graph, lb, ub)
+    b.crown()
+    eye = torch.eye(graph.num_outputs, dtype=torch.float64)
+    low = b.spec_bounds(Spec(eye, torch.zeros(graph.num_outputs)))
+    up = -b.spec_bounds(Spec(-eye, torch.zeros(graph.num_outputs)))
+    return low.numpy(), up.numpy()
+
+
+@pytest.mark.parametrize("act_type", ["int8", "uint8"])
+def test_relaxation_contains_onnxruntime_integer_outputs(tmp_path, act_type):
+    path, _ = _tiny(tmp_path, act_type)
+    zeros = _zero_points(path)
+    assert any(z not in (0, 128, -128) for z in zeros), zeros
+    assert "QGemm" in ort_util.optimized_op_counts(path)  # what is checked is the fused integer execution
+    graph = from_onnx(path)
+    sess = ort_util.session(path)
+    rng = np.random.default_rng(1)
+    for radius in [0.01, 0.05, 0.2, 1.0, 3.0]:  # the large boxes leave the calibration range: both clamp ends
+        for _ in range(4):
+            c = rng.uniform(-2.0, 2.0, 2)
+            lb, ub = c - radius, c + radius
+            low, up = _output_bounds(graph, lb, ub)
+            xs = np.vstack([rng.uniform(lb, ub, (SAMPLES, 2)), [lb, ub, [lb[0], ub[1]], [ub[0], lb[1]]]]).astype(np.float32)
+            ys = ort_util.infer(sess, xs)
+            assert np.all(ys >= low - SUM_TOL) and np.all(ys <= up + SUM_TOL), (radius, c, ys.min(0), low, ys.max(0), up)
+    # the output grid's ends were reached: the saturated values are inside the bounds too
+    out_scale, out_zero, qmin, qmax = _output_grid(path)
+    grid_lo, grid_hi = out_scale * (qmin - out_zero), out_scale * (qmax - out_zero)
+    ys = ort_util.infer(sess, rng.uniform(-40, 40, (20000, 2)).astype(np.float32))
+    assert np.isclose(ys.min(), grid_lo, rtol=1e-6) and np.isclose(ys.max(), grid_hi, rtol=1e-6)
+    low, up = _output_bounds(graph, np.full(2, -40.0), np.full(2, 40.0))
+    assert np.all(ys >= low - SUM_TOL) and np.all(ys <= up + SUM_TOL)
+
+
+def _output_grid(path: Path) -> tuple[float, float, int, int]:
+    m = onnx.load(str(path))
+    init = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    z = init["logits_zero_point"]
+    qmin, qmax = (-128, 127) if z.dtype == np.int8 else (0, 255)
+    return float(init["logits_scale"]), float(z), qmin, qmax
+
+
+def _qdq_model(scale: float, zero: int, dtype: int) -> onnx.ModelProto:
+    """input → QuantizeLinear → DequantizeLinear, one per-tensor grid."""
+    zp = numpy_helper.from_array(np.array(zero, dtype=np.int8 if dtype == TensorProto.INT8 else np.uint8), "z")
+    s = numpy_helper.from_array(np.array(scale, dtype=np.float32), "s")
+    g = helper.make_graph([helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"]),
+                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["logits"])], "qdq",
+                          [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", 4])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 4])], [s, zp])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("scale,zero,dtype", [(1 / 255, -128, TensorProto.INT8), (0.0173, 37, TensorProto.UINT8),
+                                              (0.0091, -50, TensorProto.INT8)])
+def test_first_quantization_is_exact(tmp_path, scale, zero, dtype):
+    path = tmp_path / "qdq.onnx"
+    onnx.save(_qdq_model(scale, zero, dtype), str(path))
+    graph = from_onnx(path)
+    assert isinstance(graph.nodes[graph.output].op, QuantizedInput)
+    sess = ort_util.session(path)
+    rng = np.random.default_rng(0)
+    # points on and next to the grid's half steps, where a rounding rule would show, and beyond both clamp ends
+    k = rng.integers(-300, 300, 4000)
+    s32 = np.float32(scale)
+    xs = np.concatenate([(k + 0.5) * s32, np.nextafter(((k + 0.5) * s32).astype(np.float32), np.float32(np.inf)),
+                         rng.uniform(-4, 4, 4000)]).astype(np.float32).reshape(-1, 4)
+    assert np.array_equal(graph.forward(xs.astype(np.float64)).numpy(), ort_util.infer(sess, xs).astype(np.float64))
+    for _ in range(50):  # the interval is the exact range of the runtime's values over a box
+        c, r = rng.uniform(-3, 3, 4), rng.uniform(0, 0.2, 4)
+        lo, hi = graph.nodes[graph.output].op.interval(torch.as_tensor(c - r), torch.as_tensor(c + r))
+        dense = np.linspace(c - r, c + r, 2001).astype(np.float32)
+        y = ort_util.infer(sess, dense)
+        assert np.array_equal(lo.numpy(), y.min(0).astype(np.float64)) and np.array_equal(hi.numpy(), y.max(0).astype(np.float64))
+        assert np.array_equal(grid_index(c - r, np.full(4, scale), np.full(4, zero), -1000, 1000, "low"),
+                              grid_index(c - r, np.full(4, scale), np.full(4, zero), -1000, 1000, "high"))
+
+
+def _vnnlib(tmp: Path, name: str, x0: np.ndarray, eps: float, label: int) -> Path:
+    return write_vnnlib(tmp / f"{name}.vnnlib", robustness_spec(x0, eps, -4.0, 4.0, label, 3))
+
+
+def test_verdicts_match_exhaustive_enumeration_and_counterexamples_reproduce(tmp_path):
+    """On a 2-input quantized net every input after the first quantization can be enumerated: the int8 model is robust on
+    a box iff none of those grid points (each moved into the box) is misclassified by onnxruntime."""
+    path, _ = _tiny(tmp_path, "int8")
+    sess = ort_util.session(path)
+    graph = from_onnx(path)
+    qin = graph.nodes[1].op
+    assert isinstance(qin, QuantizedInput)
+    verifier = get_verifier("auto")
+    rng = np.random.default_rng(3)
+    verdicts = {"sat": 0, "unsat": 0}
+    # half the centres next to a decision boundary (a class change within 0.1), so that both verdicts occur
+    cand = rng.uniform(-1, 2, (4000, 2)).astype(np.float32)
+    near = cand[ort_util.infer(sess, cand).argmax(1) != ort_util.infer(sess, cand + np.float32(0.1)).argmax(1)]
+    assert len(near) >= 10
+    centres = np.vstack([near[:10], rng.uniform(-1, 2, (10, 2))])
+    for i, x0 in enumerate(centres.astype(np.float64)):
+        eps = float(rng.choice([0.01, 0.05, 0.2]))
+        label = int(np.argmax(ort_util.forward_flat(sess, x0.astype(np.float32))))
+        vnn = _vnnlib(tmp_path, f"p{i}", x0, eps, label)
+        lb, ub = np.maximum(x0 - eps, -4.0), np.minimum(x0 + eps, 4.0)
+        qlo = grid_index(lb, qin.scale.numpy(), qin.zero.numpy(), qin.qmin, qin.qmax, "low")
+        qhi = grid_index(ub, qin.scale.numpy(), qin.zero.numpy(), qin.qmin, qin.qmax, "high")
+        grid = np.stack(np.meshgrid(*[np.arange(a, b + 1) for a, b in zip(qlo, qhi)], indexing="ij"), -1).reshape(-1, 2)
+        pts = np.clip(qin.scale.numpy() * (grid - qin.zero.numpy()), lb, ub).astype(np.float32)
+        ys = ort_util.infer(sess, pts)
+        others = np.delete(ys, label, axis=1)
+        unsafe = bool(np.any(others.max(1) >= ys[:, label]))
+        res = verifier.verify(path, vnn, timeout_s=20.0)
+        assert res.status in ("sat", "unsat", "timeout", "unknown"), res.message
+        if res.status == "unsat":
+            assert not unsafe, f"property {i}: unsat, but enumeration finds a misclassified grid point"
+        if res.status == "sat":
+            assert unsafe, f"property {i}: sat, but no grid point is misclassified"
+            x = res.counterexample.astype(np.float32)
+            assert np.all(x >= lb - 1e-12) and np.all(x <= ub + 1e-12)
+            y = ort_util.forward_flat(sess, x)
+            assert np.max(np.delete(y, label)) > y[label], "the witness must be strictly misclassified in onnxruntime"
+        if res.status in verdicts:
+            verdicts[res.status] += 1
+    assert verdicts["sat"] >= 1 and verdicts["unsat"] >= 1, verdicts
+    assert verdicts["sat"] + verdicts["unsat"] >= 16, verdicts  # decided, not only sound
+
+
+def test_8bit_weights_are_refused_with_the_fix(tmp_path):
+    path, _ = _tiny(tmp_path, "int8", reduce_range=False)
+    with pytest.raises(UnsupportedModel, match="reduce_range=true"):
+        from_onnx(path)
+
+
+def test_unpaired_dequantize_is_refused(tmp_path):
+    m = _qdq_model(0.01, 3, TensorProto.UINT8)
+    m.graph.node[1].input[1] = "s2"  # another scale than its QuantizeLinear's
+    m.graph.initializer.append(numpy_helper.from_array(np.array(0.02, dtype=np.float32), "s2"))
+    with pytest.raises(UnsupportedModel, match="differs from its QuantizeLinear"):
+        from_onnx(m)
