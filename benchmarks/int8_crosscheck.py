@@ -54,7 +54,8 @@ def crosscheck(run: Path, restarts: int, samples: int, seed: int = 0) -> dict:
         x, _v = attack.pgd(net, spec, steps=60, restarts=restarts, margin=0.0, seed=int(rng.integers(1 << 30)))
         if x is not None:
             pts.append(float32_in_box(x, spec.lb, spec.ub))
-        ys = ort_util.infer(sess, np.asarray(pts, dtype=np.float32))
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in sess.get_inputs()[0].shape][1:]
+        ys = ort_util.infer(sess, np.asarray(pts, dtype=np.float32).reshape(len(pts), *shape)).reshape(len(pts), -1)
         if min(spec.violation(y) for y in ys) < 0:
             wrong.append(f"{name}: unsat, but onnxruntime misclassifies a point of the box")
         checked["unsat"] += 1
