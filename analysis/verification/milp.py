@@ -16,6 +16,10 @@ infeasible proves it empty; a solution is checked in float64 (big-M with HiGHS's
 can place it slightly off the network), and if it is not a real counterexample a second MILP asks for
 A y ≤ b − margin. "Infeasible" means so within HiGHS's feasibility tolerance (1e-7). HiGHS's time limit
 is wall-clock time.
+
+Other activations with a fixed relaxation (the int8 graph's `ops.Rounding` and `ops.QuantizedInput`) are encoded by
+their lines and interval: the program is then a relaxation, so its infeasibility still proves a disjunct empty, and a
+point it returns is only a candidate that `Problem.confirm` re-checks on the model itself.
 """
 
 from __future__ import annotations
