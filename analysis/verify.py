@@ -255,22 +255,23 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
     instances: list[tuple[str, str]] = []
-    entries: list[tuple[str, str, str]] = []  # (the name its rows and files carry, the variant, "relu" | "int8")
+    # (the name its rows and files carry, the variant, "relu" | "int8", the int8 stage's file relative to the run)
+    entries: list[tuple[str, str, str, str | None]] = []
     for variant in cfg.variants:
         if run.variant(variant).swapped_to is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
-        entries.append((variant, variant, "relu"))
-    quantized = run.read_json("int8", "quantize.json") if vcfg.int8 else None
+        entries.append((variant, variant, "relu", None))
+    quantized = (run.read_json("int8", "quantize.json") or {}) if vcfg.int8 else {}
     if vcfg.int8:
         for variant in cfg.variants:
-            entry = ((quantized or {}).get("models", {}).get(variant) or {}).get("relu")
+            entry = (quantized.get("models", {}).get(variant) or {}).get("relu")
             if entry is None:
                 models[variant + INT8] = {"onnx": None, "variant": variant, "network": "int8",
                                           "note": "not verified: the int8 stage wrote no int8 model of its ReLU form"}
                 continue
-            entries.append((variant + INT8, variant, "int8"))
-    for name, variant, network in entries:
+            entries.append((variant + INT8, variant, "int8", entry["int8_path"]))
+    for name, variant, network, source in entries:
         onnx_rel = Path("onnx") / f"{name}.onnx"
         onnx_path = out / onnx_rel
         facts = run.variant(variant)
@@ -279,7 +280,7 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
             export_mod.export_for_verifiers(model, info.input_shape, onnx_path, ds.val.x[:cfg.export.check_samples],
                                             cfg.export.opset, cfg.export.atol, cfg.export.rtol)
         elif not onnx_path.is_file():  # the int8 stage's file itself, so that the benchmark folder stands alone
-            atomic_write_bytes(onnx_path, (run.path / quantized["models"][variant]["relu"]["int8_path"]).read_bytes())
+            atomic_write_bytes(onnx_path, (run.path / source).read_bytes())
         t0 = time.perf_counter()
         try:
             net = from_onnx(onnx_path)
@@ -293,8 +294,7 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
                         "relus": net.num_relus, "read_seconds": round(read_s, 4),
                         "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
         if network == "int8":
-            models[name]["source"] = quantized["models"][variant]["relu"]["int8_path"]
-            models[name]["reduce_range"] = quantized["settings"].get("reduce_range", False)
+            models[name].update(source=source, reduce_range=quantized["settings"].get("reduce_range", False))
         for eps in vcfg.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
@@ -478,7 +478,9 @@ def _carries(r: dict[str, Any]) -> str:
     if q == "unsat":
         head = "proven for the int8 model itself"
         rest = "and for every float network before it" if smooth and relu == "unsat" else (
-            "and for the float ReLU network" if relu == "unsat" else "though not for every float network: quantization changed the answer")
+            "and for the float ReLU network" if relu == "unsat" else
+            "while the float ReLU network is falsified: quantization changed the answer" if relu == "sat" else
+            "while the float ReLU network is undecided")
         return f"{head}, {rest}"
     if q == "sat":
         if relu == "unsat":

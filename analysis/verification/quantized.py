@@ -59,16 +59,22 @@ def grid_index(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qm
     return np.clip(q + np.asarray(zero, dtype=np.float64), qmin, qmax)
 
 
+def magnitude(op, in_range: tuple[torch.Tensor, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """(S, |b|) per output unit of the affine `op`: S = Σ_j |W_j|·m_j + |b| bounds |v| when each dequantized input
+    stays in its range (m_j = max(|lo_j|, |hi_j|))."""
+    lo, hi = in_range
+    m = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
+    c = op.forward(torch.zeros(1, m.numel(), dtype=torch.float64))[0].abs()
+    return (op.abs_forward(m[None])[0] + c).numpy(), c.numpy()
+
+
 def requant_error(op, in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray,
                   terms: int, bias_step: np.ndarray | None) -> np.ndarray:
     """E per output unit of the affine `op` (the module docstring's bound): `in_range` the (lo, hi) its dequantized
     input can take, `scale`/`zero` the output's quantization (per unit), `terms` the products per sum, `bias_step`
     s_x·s_w per unit when the runtime rounds a float bias to int32 (None: no such rounding)."""
-    lo, hi = in_range
-    m = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
-    c = op.forward(torch.zeros(1, m.numel(), dtype=torch.float64))[0].abs()  # |b|
-    S = (op.abs_forward(m[None])[0] + c).numpy()
-    e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c.numpy()
+    S, c = magnitude(op, in_range)
+    e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c
     s = np.asarray(scale, dtype=np.float64)
     E = s / 2 + e_b + gamma(terms + 8) * (S + e_b) + 2 * U * s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)
     return np.broadcast_to(E, S.shape).copy()
@@ -84,13 +90,10 @@ def exact_error(in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, 
 
 
 def int32_safe(op, in_range: tuple[torch.Tensor, torch.Tensor], in_scale: np.ndarray, w_scale: np.ndarray | None) -> bool:
-    """Could the fused kernel's int32 accumulator overflow? |acc| ≤ Σ |q_w|·|q_x − z_x| + |bias/(s_x s_w)|, bounded
-    through the dequantized ranges: Σ|W|·m / (s_x·s_w)."""
+    """True when the fused kernel's int32 accumulator cannot overflow: |acc| ≤ Σ |q_w|·|q_x − z_x| + |bias/(s_x s_w)|,
+    bounded through the dequantized ranges by S / (s_x·s_w) with the smallest input scale."""
     if w_scale is None:
         return True
-    lo, hi = in_range
-    m = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
-    c = op.forward(torch.zeros(1, m.numel(), dtype=torch.float64))[0].abs()
-    S = (op.abs_forward(m[None])[0] + c).numpy()
-    step = np.asarray(in_scale, dtype=np.float64).max() * np.asarray(w_scale, dtype=np.float64)
+    S, _ = magnitude(op, in_range)
+    step = np.asarray(in_scale, dtype=np.float64).min() * np.asarray(w_scale, dtype=np.float64)
     return bool(np.all(S / np.maximum(step, 1e-300) < INT32_MAX / 2)) if math.isfinite(float(S.max())) else False
