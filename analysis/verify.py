@@ -16,9 +16,9 @@ Which network a certificate is about:
 - **int8** (rows and files named ``<variant>-int8``, their own category in ``results.csv``): the int8 QDQ model of
   the variant's ReLU form that the int8 stage wrote, as onnxruntime's CPU kernels run it. The reader
   (`analysis.verification.readers`) turns each QuantizeLinear/DequantizeLinear pair into a sound relaxation of the
-  runtime's rounding (`analysis.verification.quantized`: the first one exact on its grid, the others x ± E then the
-  clamp to the grid's range as two ReLUs); the same staged verifier decides it, and a counterexample counts only when
-  the int8 model itself misclassifies it in onnxruntime. ``chain.csv`` puts the three networks side by side per
+  runtime's rounding (`analysis.verification.quantized`: the first one exact on its grid, the others a rounding to
+  the grid within x ± E, then the clamp to the grid's range as two ReLUs); the same staged verifier decides it, and a
+  counterexample counts only when the int8 model itself misclassifies it in onnxruntime. ``chain.csv`` puts the three networks side by side per
   property, with what carries over.
 
 Properties: for each of the first ``verify.samples`` validation examples ``x0`` (the same for every variant)
@@ -27,10 +27,11 @@ data's valid range; ε is in the data's own input units) must keep the true clas
 sample the network already gets wrong is ``sat`` with ``x0`` itself as the witness (stage "clean"; no verifier
 runs).
 
-Time: one wall-clock budget for the whole stage (``verify.budget_s``), shared by every property through the one
-property loop (`analysis.verification.harness.StageBudget`): rounds of growing per-property limits, so easy
-properties finish first and the time they leave goes to the hard ones; ``verify.timeout_s`` > 0 caps any one
-property. ``verify.jobs`` worker processes (0: the run's thread count) solve properties side by side.
+Time: one wall-clock budget for the float networks' properties (``verify.budget_s``, ReLU and smooth), shared
+through the one property loop (`analysis.verification.harness.StageBudget`): rounds of growing per-property limits,
+so easy properties finish first and the time they leave goes to the hard ones; then the int8 models' properties
+the same way under their own ``verify.int8_budget_s``, so that what they add to the stage is bounded apart.
+``verify.timeout_s`` > 0 caps any one property. ``verify.jobs`` worker processes (0: the run's thread count) solve properties side by side.
 
 Layout under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``, ``instances.csv``
 (``onnx,vnnlib,timeout``: the budget's fair share per property, or the cap), ``results.csv`` (VNN-COMP:
@@ -114,6 +115,9 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"verify.samples must be >= 1, got {v.samples}")
     if not v.budget_s > 0:
         raise ConfigError(f"verify.budget_s must be > 0 (wall seconds for the whole stage), got {v.budget_s}")
+    if v.int8 and not v.int8_budget_s > 0:
+        raise ConfigError(f"verify.int8_budget_s must be > 0 (wall seconds for the int8 properties), got {v.int8_budget_s}; "
+                          "or verify.int8=false")
     if v.timeout_s < 0:
         raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
     if v.jobs < 0:
@@ -177,12 +181,14 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     try:
         relu = _relu_properties(cfg, run, out, ds, xs, labels, lo, hi, n, names)
         smooth = _smooth_properties(cfg, run, out, info, xs, labels, lo, hi, n) if vcfg.smooth else _Kind("smooth", {}, [], {})
-        relu_count = sum(1 for t in relu.tasks if t.known is None)
-        share = vcfg.timeout_s or vcfg.budget_s / max(1, relu_count + sum(1 for t in smooth.tasks if t.known is None))
-        write_instances_csv(out / "instances.csv", [(o, v, round(share, 3)) for o, v in relu.instances])
-        started = time.perf_counter()
-        _solve(vcfg, out, names, relu, smooth, clock, jobs)
-        seconds = time.perf_counter() - started
+        is_int8 = lambda t: relu.rows[t.key]["variant"].endswith(INT8)  # noqa: E731
+        open_int8 = sum(1 for t in relu.tasks if t.known is None and is_int8(t))
+        open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
+        share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
+                 True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
+        write_instances_csv(out / "instances.csv", [(o, v, round(share[Path(o).stem.endswith(INT8)], 3))
+                                                     for o, v in relu.instances])
+        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, clock, jobs)
     finally:
         torch.set_num_threads(threads)
     probe = _probe(cfg, run) if vcfg.probe_smooth else {}
@@ -201,7 +207,8 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
         "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
         "eps_units": _eps_units(info),
-        "budget_s": vcfg.budget_s, "timeout_s": vcfg.timeout_s, "jobs": jobs, "solve_seconds": round(seconds, 3),
+        "budget_s": vcfg.budget_s, "int8_budget_s": vcfg.int8_budget_s if vcfg.int8 else 0.0, "timeout_s": vcfg.timeout_s,
+        "jobs": jobs, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
         "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
         "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
         "decided": {"relu": _decided([r for r in relu_rows if not r["variant"].endswith(INT8)]),
@@ -369,9 +376,12 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
     return _Kind("smooth", models, tasks, rows)
 
 
-def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock: str, jobs: int) -> None:
-    """Every open property through the one property loop under the stage budget; the CSVs rewritten as answers come."""
+def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock: str, jobs: int) -> tuple[float, float]:
+    """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
+    models' under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
+    the int8 part."""
     tasks = relu.tasks + smooth.tasks
+    int8_keys = {t.key for t in relu.tasks if relu.rows[t.key]["variant"].endswith(INT8)}
     is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
 
     def save() -> None:
@@ -405,6 +415,8 @@ def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock:
         save()
 
     save()
+    started = time.perf_counter()
+    int8_seconds = 0.0
     if tasks:
         finished: dict[str, int] = {}
         with Progress("verify", len(tasks), "property", every_s=PROGRESS_EVERY_S) as bar:
@@ -415,8 +427,15 @@ def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock:
                     bar.step(line=f"    verify: {sum(finished.values())}/{len(tasks)} properties final ("
                                   + ", ".join(f"{k} {n}" for k, n in sorted(finished.items())) + ")")
 
-            harness.run(tasks, harness.StageBudget(vcfg.budget_s), jobs=jobs, clock=clock, on_done=done_and_shown)
+            for part, budget in (([t for t in tasks if t.key not in int8_keys], vcfg.budget_s),
+                                 ([t for t in tasks if t.key in int8_keys], vcfg.int8_budget_s)):
+                t0 = time.perf_counter()
+                if part:
+                    harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown)
+                if part and part[0].key in int8_keys:
+                    int8_seconds = time.perf_counter() - t0
     save()
+    return time.perf_counter() - started, int8_seconds
 
 
 def _probe(cfg: Config, run: RunDir) -> dict[str, Any]:
@@ -528,7 +547,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     out = ["## Verification (L∞ local robustness)",
            f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
            f"clipped to the input range {s['input_range']} (ε in {s['eps_units']}). Time: one budget of {s['budget_s']:g} s "
-           f"for the whole stage, shared by every property (easy ones first, what they leave to the hard ones{cap}; "
+           f"for the float networks, shared by their properties (easy ones first, what they leave to the hard ones{cap}; "
            f"{clock} seconds per property, {s['jobs']} worker process(es)); solving took {s['solve_seconds']:.1f} s. "
            f"Decided: {dec['decided']} of {dec['properties']} ReLU properties. Certified = unsat (proved); falsified = "
            f"sat (a counterexample, re-checked in float32 on the network itself; a sample the network already "
@@ -575,8 +594,9 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                     f"median {s['clock']} s", f"max {s['clock']} s", "unstable (IBP)", "unstable (tight)", "ReLUs"], detail))
     if "int8" in s["decided"] and s["decided"]["int8"]["properties"]:
         d8 = s["decided"]["int8"]
-        out.append(f"int8 models: {d8['decided']} of {d8['properties']} properties decided in {s['int8_seconds']:.1f} s of "
-                   "solving (summed over properties).")
+        took = (f"in {s['int8_solve_seconds']:.1f} s (their own budget of {s['int8_budget_s']:g} s, after the float "
+                "networks')") if "int8_solve_seconds" in s else f"in {s['int8_seconds']:.1f} s of solving (summed over properties)"
+        out.append(f"int8 models: {d8['decided']} of {d8['properties']} properties decided {took}.")
     if s.get("chain"):
         crow = [[c["variant"], c["sample"], c["eps"], c["smooth_direct"], c["smooth_via_relu"], c["relu"], c["int8"],
                  c["carries_over"]] for c in s["chain"]]

@@ -14,7 +14,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from analysis.verification.bounds import Bounder, Spec
-from analysis.verification.ops import QuantizedInput, UnsupportedModel
+from analysis.verification.graph import Graph, Node
+from analysis.verification.ops import QuantizedInput, ReLU, Rounding, Scale, UnsupportedModel
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
 from analysis.verification.registry import get_verifier
@@ -53,6 +54,48 @@ def _tiny(tmp: Path, act_type: str, reduce_range: bool = True, seed: int = 0, sh
     dst = tmp / f"int8-{act_type}-{int(reduce_range)}.onnx"
     quantize_file(src, dst, calib, cfg, tmp)
     return dst, net
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grid_rounding_relaxation_holds_for_every_rounding_of_every_point(seed):
+    """`ops.Rounding` on a grid: its interval and lines contain s·k for every k = round(t/s) that the runtime may
+    compute (|t − x| ≤ E − s/2, ties both ways) at every x of the input interval. Dense sampling in float64 over
+    intervals from inside one cell to many cells, ends on half steps (ties) included."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    s = rng.uniform(0.01, 0.3, n)
+    inner = s * rng.choice([0.0, 0.01, 0.2], n)  # E − s/2: the arithmetic before the rounding
+    op = Rounding(s / 2 + inner, s)
+    centre = rng.integers(-20, 20, n) * s + rng.choice([0.0, 0.5, rng.uniform(-0.5, 0.5)], n) * s
+    width = s * rng.choice([0.0, 0.3, 0.99, 1.0, 2.5, 9.0], n)
+    l, u = torch.as_tensor(centre - width / 2), torch.as_tensor(centre + width / 2)
+    lo, hi = op.interval(l, u)
+    al, bl, au, bu = op.lines(l, u)
+    for t in np.linspace(0, 1, 101):
+        x = l + (u - l) * t
+        for d in (-1.0, -0.5, 0.0, 0.5, 1.0):
+            q = torch.as_tensor(s * (x.numpy() / s + d * inner / s))  # the value rounded, ties included
+            for k in (torch.floor(q / torch.as_tensor(s) + 0.5), torch.ceil(q / torch.as_tensor(s) - 0.5)):  # both ways at a tie
+                y = k * torch.as_tensor(s)
+                assert bool(torch.all(y >= lo - SUM_TOL)) and bool(torch.all(y <= hi + SUM_TOL))
+                assert bool(torch.all(y >= al * x + bl - SUM_TOL)) and bool(torch.all(y <= au * x + bu + SUM_TOL))
+    # inside one grid cell (no half step within reach) the value is exact: a constant, and the lines say so
+    S, I = torch.as_tensor(s), torch.as_tensor(inner)
+    one = torch.floor((l - I) / S + 0.5 - 1e-6) == torch.floor((u + I) / S + 0.5 + 1e-6)
+    assert bool(one.any())
+    assert bool(torch.all((lo == hi)[one])) and bool(torch.all((al == 0)[one])) and bool(torch.all((au == 0)[one]))
+
+
+def test_a_unit_below_the_first_half_step_is_dead_after_the_clamp():
+    """x ∈ [−3s, 0.3s] on a grid of step s with the clamp at 0 (an absorbed ReLU): every value rounds to ≤ 0, so the
+    clamp's ReLU is stable. The interval x ± E alone would leave it unstable."""
+    s = 0.1
+    net = Graph((1,), [Node(None, []), Node(Scale(torch.ones(1), torch.zeros(1)), [0]), Node(Rounding([s / 2 + 1e-4], [s]), [1]),
+                       Node(ReLU(1), [2])], 3)
+    b = Bounder(net, [-3 * s], [0.3 * s])
+    b.crown()
+    l, u = b.pre[-1]
+    assert float(u[0]) <= 0.0 and float(l[0]) <= -3 * s + 1e-12
 
 
 def _zero_points(path: Path) -> list[int]:
@@ -152,9 +195,10 @@ def test_verdicts_match_exhaustive_enumeration_and_counterexamples_reproduce(tmp
     graph = from_onnx(path)
     qin = graph.nodes[1].op
     assert isinstance(qin, QuantizedInput)
-    verifier = get_verifier("auto")
+    verifier, exact = get_verifier("auto"), get_verifier("milp")
     rng = np.random.default_rng(3)
     verdicts = {"sat": 0, "unsat": 0}
+    milp_decided = 0
     # half the centres next to a decision boundary (a class change within 0.1), so that both verdicts occur
     cand = rng.uniform(-1, 2, (4000, 2)).astype(np.float32)
     near = cand[ort_util.infer(sess, cand).argmax(1) != ort_util.infer(sess, cand + np.float32(0.1)).argmax(1)]
@@ -174,6 +218,10 @@ def test_verdicts_match_exhaustive_enumeration_and_counterexamples_reproduce(tmp
         unsafe = bool(np.any(others.max(1) >= ys[:, label]))
         res = verifier.verify(path, vnn, timeout_s=20.0)
         assert res.status in ("sat", "unsat", "timeout", "unknown"), res.message
+        # the MILP encodes every rounding with an integer (y = s·k, |y − x| ≤ E): it decides, and agrees
+        by_milp = exact.verify(path, vnn, timeout_s=20.0)
+        assert by_milp.status == ("sat" if unsafe else "unsat") or by_milp.status in ("timeout", "unknown"), by_milp.message
+        milp_decided += by_milp.status in ("sat", "unsat")
         if res.status == "unsat":
             assert not unsafe, f"property {i}: unsat, but enumeration finds a misclassified grid point"
         if res.status == "sat":
@@ -186,6 +234,7 @@ def test_verdicts_match_exhaustive_enumeration_and_counterexamples_reproduce(tmp
             verdicts[res.status] += 1
     assert verdicts["sat"] >= 1 and verdicts["unsat"] >= 1, verdicts
     assert verdicts["sat"] + verdicts["unsat"] >= 16, verdicts  # decided, not only sound
+    assert milp_decided >= 19, milp_decided
 
 
 def test_8bit_weights_are_refused_with_the_fix(tmp_path):
@@ -200,3 +249,54 @@ def test_unpaired_dequantize_is_refused(tmp_path):
     m.graph.initializer.append(numpy_helper.from_array(np.array(0.02, dtype=np.float32), "s2"))
     with pytest.raises(UnsupportedModel, match="differs from its QuantizeLinear"):
         from_onnx(m)
+
+
+INT8_BUDGET_S = 8.0
+STAGE_SLACK_S = 5.0  # worker start-up and the last round's answer after the budget's end (measured ≤ 2 s here)
+
+
+def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
+    """The int8 stage's file of a digits ReLU MLP through the verify stage: `<variant>-int8` rows in their own results.csv
+    category, the file beside the float one, a chain row per property, the int8 part within its own budget, every int8
+    witness misclassified by onnxruntime on the int8 model, and the report's int8 line."""
+    import csv as csv_
+    import json
+
+    from _digits import make_run, trained
+    from analysis.verification.vnncomp import read_results
+    from analysis.verify import read_rows, report_section, run_verify, validate_config
+    from pipeline.config import ConfigError, apply_overrides
+    from quantize import export as ex
+    from quantize import int8 as q8
+
+    run = make_run(tmp_path, {"relu": trained("relu")})
+    ex.run_export(run.cfg, run)
+    q8.run_int8(run.cfg, run)
+    v = run.cfg.verify
+    v.samples, v.epsilons, v.smooth, v.budget_s, v.int8_budget_s = 3, [0.01, 0.2], False, 30.0, INT8_BUDGET_S
+    run_verify(run.cfg, run)
+    out = run.file("verify")
+    rows = read_rows(out / "details.csv")
+    int8 = [r for r in rows if r["variant"] == "relu-int8"]
+    assert len(int8) == 6 and len(rows) == 12
+    assert {r["category"] for r in read_results(out / "results.csv")} == {"relu", "relu-int8"}
+    assert (out / "onnx" / "relu-int8.onnx").is_file()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["int8_budget_s"] == INT8_BUDGET_S and 0 < s["int8_solve_seconds"] <= INT8_BUDGET_S + STAGE_SLACK_S
+    assert s["decided"]["int8"]["properties"] == 6
+    assert {r["result"] for r in int8} == {"sat", "unsat"}  # both verdicts occur (ε 0.01 proves, 0.2 falsifies)
+    sess = ort_util.session(out / "onnx" / "relu-int8.onnx")
+    for r in int8:
+        if r["result"] == "sat" and r["stage"] != "clean":
+            text = (out / r["witness"]).read_text().replace("(", "\n(")
+            x = np.asarray([float(t.split()[1].rstrip(")")) for t in text.splitlines() if t.startswith("(X_")], dtype=np.float32)
+            y = ort_util.forward_flat(sess, x)
+            assert np.max(np.delete(y, int(r["label"]))) > y[int(r["label"])], "an int8 witness is misclassified in onnxruntime"
+    with open(out / "chain.csv") as f:
+        chain = list(csv_.DictReader(f))
+    assert len(chain) == 6 and {c["int8"] for c in chain} <= {"unsat", "sat", "timeout", "unknown", "error"}
+    assert all(c["carries_over"] for c in chain)
+    md = report_section(run.cfg, run)
+    assert "int8 models:" in md and f"own budget of {INT8_BUDGET_S:g} s" in md
+    with pytest.raises(ConfigError, match="int8_budget_s"):
+        validate_config(apply_overrides(run.cfg, ["verify.int8_budget_s=0"]))

@@ -80,7 +80,8 @@ def test_stage_is_registered_before_report_and_config_is_checked():
     validate_config(cfg)
     for override, match in [("verify.verifiers=pgd+crow", "unknown verifier 'crow'"), ("verify.epsilons=[0.0]", "epsilons"),
                             ("verify.samples=0", "samples"), ("verify.budget_s=0", "budget_s"),
-                            ("verify.timeout_s=-1", "timeout_s"), ("verify.jobs=-1", "jobs")]:
+                            ("verify.timeout_s=-1", "timeout_s"), ("verify.jobs=-1", "jobs"),
+                            ("verify.int8_budget_s=0", "int8_budget_s")]:
         with pytest.raises(ConfigError, match=match) as e:
             validate_config(apply_overrides(Config(), [override]))
         assert "\n" not in str(e.value)
@@ -201,7 +202,7 @@ def test_summary_fractions_match_results(done):
 def test_report_section_has_one_table_with_every_network(done):
     run, _, _ = done
     md = report_section(run.cfg, run)
-    assert "## Verification" in md and "not the int8 model" in md and f"one budget of {BUDGET_S:g} s for the whole stage" in md
+    assert "## Verification" in md and "not the int8 model" in md and f"one budget of {BUDGET_S:g} s for the float networks" in md
     for eps in EPSILONS:
         assert f"ε = {eps:g}" in md
     assert "| lambda_gelu swapped to ReLU |" in md and "| gelu swapped to ReLU |" in md and "| relu (ReLU from the start) |" in md

@@ -143,25 +143,35 @@ class Bounder:
 
     # -- IBP -------------------------------------------------------------------------------------
     def _ibp(self):
+        pre: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def record(s: int, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            pre.append((l, u))
+            return l, u
+
+        lo, hi = self._interval_pass(record)
+        return pre, (lo, hi)
+
+    def _interval_pass(self, at_site: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]):
+        """Interval arithmetic through the graph in topological order; at activation site s, `at_site(s, l, u)` gets
+        the interval reaching its input and returns the one to relax (IBP records it; CROWN tightens it first)."""
         vals: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.net.nodes)
         vals[0] = (self.lb[None], self.ub[None])
-        pre: list[tuple[torch.Tensor, torch.Tensor]] = []
         for k, node in enumerate(self.net.nodes[1:], start=1):
             if isinstance(node.op, Affine):
                 vals[k] = node.op.ibp(*(vals[i] for i in node.inputs))
                 continue
             lo, hi = vals[node.inputs[0]]
-            pre.append((lo[0], hi[0]))
+            l, u = at_site(self.site_of[k], lo[0], hi[0])
             if isinstance(node.op, ReLU):
-                vals[k] = (lo.clamp(min=0), hi.clamp(min=0))
+                glo, ghi = l.clamp(min=0), u.clamp(min=0)
             elif isinstance(node.op, Gate):
-                glo, ghi = gate_range(SMOOTH_GATES[node.op.kind], node.op.lam, lo[0], hi[0])
-                vals[k] = (glo[None], ghi[None])
+                glo, ghi = gate_range(SMOOTH_GATES[node.op.kind], node.op.lam, l, u)
             else:
-                glo, ghi = node.op.interval(lo[0], hi[0])
-                vals[k] = (glo[None], ghi[None])
+                glo, ghi = node.op.interval(l, u)
+            vals[k] = (glo[None], ghi[None])
         lo, hi = vals[self.net.output]
-        return pre, (lo[0], hi[0])
+        return lo[0], hi[0]
 
     def ibp_spec(self, spec: Spec) -> torch.Tensor:
         """Interval bounds of the rows C y + d; C folded into a last Linear after a ReLU (tighter than bounding y first)."""
@@ -323,15 +333,20 @@ class Bounder:
         return E
 
     def crown(self) -> None:
-        """CROWN bounds of every site's input, site by site (each uses the ones before it)."""
-        for s in range(len(self.sites)):
-            if self.expired():
-                return
-            if self._exact_by_ibp(s):
-                continue
+        """CROWN bounds of every site's input, site by site in topological order (each uses the ones before it), each
+        intersected with the interval that the sites before it give by interval arithmetic: an activation whose range
+        is narrower than its lines say (a grid's rounding, `ops.Rounding`) passes that on to the ReLUs after it."""
+        stopped = False
+
+        def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal stopped
+            self._tighten(s, torch.arange(lo.numel()), lo, hi)
+            stopped = stopped or self.expired()
+            if stopped or self._exact_by_ibp(s):
+                return self.pre[s]
             idx = self._query(s)
             if idx.numel() == 0:
-                continue
+                return self.pre[s]
             j = self.site_input[s]
             n = self.pre[s][0].numel()
             step = max(1, CHUNK_ELEMENTS // max(1, self.width(j)) // 2)
@@ -342,7 +357,11 @@ class Bounder:
                 los.append(b[:part.numel()])
                 ups.append(-b[part.numel():])
             self._tighten(s, idx, torch.cat(los), torch.cat(ups))
-        self.method = "crown"
+            return self.pre[s]
+
+        self._interval_pass(tighten)
+        if not stopped:
+            self.method = "crown"
 
     def spec_bounds(self, spec: Spec, slopes: dict[int, Any] | None = None, exact: bool = True) -> torch.Tensor:
         """Lower bounds of each row of C y + d."""

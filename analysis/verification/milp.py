@@ -18,8 +18,10 @@ A y ≤ b − margin. "Infeasible" means so within HiGHS's feasibility tolerance
 is wall-clock time.
 
 Other activations with a fixed relaxation (the int8 graph's `ops.Rounding` and `ops.QuantizedInput`) are encoded by
-their lines and interval: the program is then a relaxation, so its infeasibility still proves a disjunct empty, and a
-point it returns is only a candidate that `Problem.confirm` re-checks on the model itself.
+their lines and interval; a rounding to a grid also as y = s·k with k an integer and |y − x| ≤ E, which is every value
+the runtime may compute (and a few more: both roundings within E − s/2 of a half step). The program is then a
+relaxation, so its infeasibility still proves a disjunct empty, and a point it returns is only a candidate that
+`Problem.confirm` re-checks on the model itself.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import Activation, Affine, ReLU, UnsupportedModel
+from .ops import Activation, Affine, QuantizedInput, ReLU, Rounding, UnsupportedModel
 from .vnnlib import VnnlibSpec
 
 MIN_MILP_SECONDS = 0.05  # a shorter HiGHS run than this decides nothing: its presolve alone takes longer
@@ -49,7 +51,7 @@ class Encoding:
     var_lb: np.ndarray
     var_ub: np.ndarray
     integrality: np.ndarray
-    x: slice
+    x: slice  # the variables whose values, moved into the box, are the input a solution stands for
     y: slice
     num_unstable: int
 
@@ -150,16 +152,33 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
             for slope, lo_, hi_ in ((al, bl, np.full(n, np.inf)), (au, np.full(n, -np.inf), bu)):
                 add_rows(r, np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)])),
                          np.ravel(np.column_stack([np.ones(n), -slope])), lo_, hi_)  # y − slope·x vs the intercept
+            if isinstance(node.op, Rounding) and node.op.step is not None:  # |y − x| ≤ E whatever the lines chose
+                add_rows(r, np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)])),
+                         np.tile([1.0, -1.0], n), -node.op.E.numpy(), node.op.E.numpy())
+            grid = node.op.grid() if isinstance(node.op, (Rounding, QuantizedInput)) else None
+            if grid is not None:  # y on the grid: |y − s·k| ≤ slack with k an integer (units with one value left are fixed)
+                step, slack = (np.broadcast_to(np.asarray(t, dtype=np.float64), (n,)) for t in grid)
+                wide = np.flatnonzero(yhi.numpy() > ylo.numpy())
+                m = wide.size
+                kv = new_vars(np.floor(ylo.numpy()[wide] / step[wide]), np.ceil(yhi.numpy()[wide] / step[wide]), integer=True)
+                add_rows(np.repeat(np.arange(m), 2), np.ravel(np.column_stack([a.start + wide, kv.start + np.arange(m)])),
+                         np.ravel(np.column_stack([np.ones(m), -step[wide]])), -slack[wide], slack[wide])
             box[k] = (ylo[None], yhi[None])
             var[k] = a
         else:
             raise UnsupportedModel(f"the MILP has no encoding for {type(node.op).__name__}")
     h = var[net.output]
+    # an input quantized first: the program chooses its grid points, the box's own variables are free; a grid point moved
+    # into the box is an input that the runtime quantizes to it (the grid is monotone and the point lies between the
+    # grid values of the box's ends)
+    readers = [k for k, node in enumerate(net.nodes) if 0 in node.inputs]
+    first = readers[0] if len(readers) == 1 and isinstance(net.nodes[readers[0]].op, QuantizedInput) else None
+    x_var = var[first] if first is not None else slice(0, lb.size)
     rr, cc, vv = (np.concatenate(t) for t in zip(*triplets))
     matrix = sparse.csr_matrix((vv, (rr, cc)), shape=(num_rows, num_vars))
     return Encoding(matrix=matrix, row_lo=np.concatenate(row_lo), row_hi=np.concatenate(row_hi),
                     var_lb=np.concatenate(var_lb), var_ub=np.concatenate(var_ub), integrality=np.concatenate(integ),
-                    x=slice(0, lb.size), y=h, num_unstable=num_unstable)
+                    x=x_var, y=h, num_unstable=num_unstable)
 
 
 def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_disjuncts: Sequence[int],

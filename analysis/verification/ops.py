@@ -97,7 +97,7 @@ class Activation(Op):
     interval [l, u]: `interval` (its range) and `lines` (al·x + bl ≤ op(x) ≤ au·x + bu)."""
 
     size: int
-    # False: `lines` does not depend on the input interval, so tightening it by CROWN buys nothing (`Rounding`)
+    # False: `lines` does not depend on the input interval, so tightening it by CROWN buys nothing (`Rounding` off a grid)
     needs_bounds: ClassVar[bool] = True
 
     def in_sizes(self) -> tuple[int, ...]:
@@ -468,32 +468,76 @@ class Gate(Activation):
 @dataclass(eq=False)
 class Rounding(Activation):
     """y = x + e for some |e| ≤ E (per unit): what rounding to a quantization grid, and the float32 arithmetic around
-    it, may add to an exact value (`int8.requant_error` derives E; the clamp to the grid's range follows as ReLUs).
-    Relaxation x − E ≤ y ≤ x + E, whatever the interval. `forward` is the exact value (the float surrogate the attack
-    searches on: a point it finds counts only once the int8 model itself misclassifies it)."""
+    it, may add to an exact value (`quantized.requant_error` derives E; the clamp to the grid's range follows as ReLUs).
+
+    Without a grid (`step` None: the output DequantizeLinear's float32 product) the relaxation is x − E ≤ y ≤ x + E on
+    any interval. With one, y is a multiple of the grid step s (y = s·k, k = round(t/s), |t − x| ≤ E − s/2 the
+    arithmetic before the rounding), so over an input interval [l, u] k lies in [⌈(l − E')/s − ½⌉, ⌊(u + E')/s + ½⌋]
+    (E' = E − s/2; ties either way): a unit whose interval stays inside one grid cell has an exact, constant value,
+    and the clamp's ReLUs after it see the snapped range (a unit just below a grid point's half step is dead, not
+    unstable). The lines are, per side, x ± E or the snapped end, whichever is tighter at the interval's middle.
+
+    `forward` is the surrogate an attack searches on: the grid value s·round(x/s) (x itself without a grid), with
+    the identity's gradient. A point it finds counts only once the int8 model itself misclassifies it."""
 
     E: torch.Tensor
+    step: torch.Tensor | None = None  # per unit, the grid step s as a float64 (None: no grid)
     source: str = ""
-    needs_bounds: ClassVar[bool] = False
+
+    # relative slack on k's bounds: (l − E')/s in float64 is off by ~1e-16 relative; a value right at a half step may
+    # round either way, so the bounds must never move inward by that error
+    SNAP_SLACK: ClassVar[float] = 1e-9
 
     def __post_init__(self) -> None:
         self.E = as_tensor(self.E).reshape(-1)
         if not bool(torch.all(self.E >= 0)):
             raise ValueError("a rounding error bound must be >= 0")
+        if self.step is not None:
+            self.step = as_tensor(self.step).reshape(-1).expand_as(self.E).clone()
+            if not bool(torch.all((self.step > 0) & (self.E >= self.step / 2))):
+                raise ValueError("a grid's step must be > 0 and its rounding error bound at least half of it")
+
+    @property
+    def needs_bounds(self) -> bool:  # type: ignore[override]
+        return self.step is not None
 
     @property
     def size(self) -> int:  # type: ignore[override]
         return self.E.numel()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h
+        if self.step is None:
+            return h
+        s = self.step.to(h.dtype)
+        return h + (torch.round(h / s) * s - h).detach()
+
+    def _snapped(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, E = self.step.to(l.dtype), self.E.to(l.dtype)
+        inner = E - s / 2
+        klo = torch.ceil((l - inner) / s - 0.5 - self.SNAP_SLACK)
+        khi = torch.floor((u + inner) / s + 0.5 + self.SNAP_SLACK)
+        return torch.maximum(klo * s, l - E), torch.minimum(khi * s, u + E)
+
+    def grid(self) -> tuple[torch.Tensor, float] | None:
+        """(step, slack): every value is within slack of a multiple of step (the MILP's integer encoding)."""
+        return None if self.step is None else (self.step, 0.0)
 
     def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return l - self.E.to(l.dtype), u + self.E.to(u.dtype)
+        E = self.E.to(l.dtype)
+        if self.step is None:
+            return l - E, u + E
+        return self._snapped(l, u)
 
     def lines(self, l: torch.Tensor, u: torch.Tensor):
         one, E = torch.ones_like(l), self.E.to(l.dtype).expand_as(l)
-        return one, -E, one, E
+        if self.step is None:
+            return one, -E, one, E
+        lo, hi = self._snapped(l, u)
+        mid = (l + u) / 2
+        flat_lo, flat_hi = lo >= mid - E, hi <= mid + E  # the constant line is the tighter one at the middle
+        zero = torch.zeros_like(l)
+        return (torch.where(flat_lo, zero, one), torch.where(flat_lo, lo, -E),
+                torch.where(flat_hi, zero, one), torch.where(flat_hi, hi, E))
 
 
 @dataclass(eq=False)
@@ -527,6 +571,11 @@ class QuantizedInput(Activation):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h + (self.value(h) - h).detach()
+
+    def grid(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(step, slack): a value is fl32(s·k), k = q − z an integer: within 2⁻²⁴·|y| of s·k."""
+        top = self.scale * torch.maximum((self.qmin - self.zero).abs(), (self.qmax - self.zero).abs())
+        return self.scale, top * 2.0 ** -24
 
     def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.value(l[None], "low")[0], self.value(u[None], "high")[0]

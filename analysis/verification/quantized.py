@@ -17,10 +17,11 @@ whose output is quantized with scale s, zero point z and range [q_min, q_max], t
 u = 2⁻²⁴, γ_k = k·u/(1 − k·u) (`quantize.rounding.gamma`), n the terms of the sum: s/2 is the rounding to the grid;
 e_b the bias's rounding to int32 (0 when the bias is already an int32 tensor or the weights are float); γ_{n+8}
 covers a float32 sum of n products of float32-dequantized factors (γ_{n+3}), or the int32 sum's conversion and the
-requantization multiply by fl(fl(s_x·s_w)/s) (γ_5), with room; the last term is the zero point's float32 add. y is
-between clamp(v − E) and clamp(v + E), so by continuity y = clamp(v + e) for one such e: the graph gets a
-`ops.Rounding` node (x ± E) and the clamp as two ReLUs (lo + ReLU(w − lo) − ReLU(w − hi)), which branch and bound
-splits like any ReLU. A ReLU absorbed into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
+requantization multiply by fl(fl(s_x·s_w)/s) (γ_5), with room; the last term is the zero point's float32 add. Every
+term but s/2 acts before the rounding: y = clamp(s·k, lo, hi) with k = round(t/s), |t − v| ≤ E − s/2. The graph gets
+an `ops.Rounding` node (s·k within v ± E, which knows its grid: exact where v's interval fits in one cell) and the
+clamp as two ReLUs (lo + ReLU(w − lo) − ReLU(w − hi)), which branch and bound splits like any ReLU. A ReLU absorbed
+into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
 
 The graph input's own QuantizeLinear is exact: `ops.QuantizedInput` maps the box to the grid points it reaches.
 

@@ -199,7 +199,7 @@ class OnnxReader:
 
             g = self.grids[out.node]
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
-            out = self.add(Rounding(E, source=self.graph.output[0].name), [out], out.shape)
+            out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
         if isinstance(out, Pending):
             raise self.unsupported(f"{out.onnx_node.op_type} output is read only as the gate of x·g(λx)", where=out.onnx_node)
         if not isinstance(out, Value):
@@ -522,7 +522,7 @@ def _dequantize_var(r: OnnxReader) -> None:
             what = r.nodes[x.node].name or type(op).__name__
             raise r.unsupported(f"the quantized value comes from {what}, not from an affine op, a ReLU or a layout op on "
                                 "dequantized inputs: its float32 rounding is not bounded here")
-        noisy = r.add(Rounding(E, source=r.node.input[0]), [x], x.shape)
+        noisy = r.add(Rounding(E, q.scale, source=r.node.input[0]), [x], x.shape)
         out = _clamp(r, noisy, lo, hi)
     r.grids[out.node] = Grid(q.scale, q.zero, qmin, qmax, as_tensor(lo), as_tensor(hi))
     r.set(out)
