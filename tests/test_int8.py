@@ -147,11 +147,17 @@ def _activation_scales(path) -> dict[str, float]:
             if t.name.endswith("_scale") and numpy_helper.to_array(t).size == 1}
 
 
-def test_percentile_calibration_clips_ranges(nets, quantized, tmp_path):
+@pytest.fixture(scope="module")
+def minmax_relu(nets, tmp_path_factory):
+    """The ReLU MLP calibrated by minmax: the full range, what the clipping calibrations are compared with."""
     cfg = Config()
-    cfg.quantize.calibration_method = "percentile"
-    _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "pct", cfg)
-    minmax, pct = _activation_scales(quantized[("relu", "mlp")][1]), _activation_scales(int8)
+    cfg.quantize.calibration_method = "minmax"
+    return _quantize(*nets[("relu", "mlp")], tmp_path_factory.mktemp("minmax"), "minmax", cfg)[1]
+
+
+def test_percentile_calibration_clips_ranges(nets, quantized, minmax_relu):
+    assert Config().quantize.calibration_method == "percentile"  # the fixture `quantized` is the default's
+    minmax, pct = _activation_scales(minmax_relu), _activation_scales(quantized[("relu", "mlp")][1])
     assert set(minmax) == set(pct)
     assert all(pct[k] <= minmax[k] * (1 + 1e-6) for k in minmax) and any(pct[k] < minmax[k] for k in minmax)
 
@@ -191,7 +197,7 @@ def test_int8_stage(nets, tmp_path):
     ex.run_export(run.cfg, run)
     result = q8.run_int8(run.cfg, run)
     saved = json.loads(run.file("quantize", "quantize.json").read_text())
-    assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "minmax"
+    assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "percentile"
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     relu = saved["models"]["lambda_gelu"]["relu"]
     assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"
@@ -223,13 +229,13 @@ def test_fp32_bias_in_the_file_runs_the_same_integer_graph(nets, quantized, tmp_
     assert ort_util.file_bytes(default) < ort_util.file_bytes(with_int32_bias)
 
 
-def test_entropy_calibration_searches_a_real_histogram(nets, quantized, tmp_path):
+def test_entropy_calibration_searches_a_real_histogram(nets, minmax_relu, tmp_path):
     # quantize_static's own entropy calibrator has as many histogram bins as quantized bins (128),
     # i.e. a single candidate range; ours uses ENTROPY_BINS and so clips somewhere.
     cfg = Config()
     cfg.quantize.calibration_method = "entropy"
     _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "ent", cfg)
-    minmax, ent = _activation_scales(quantized[("relu", "mlp")][1]), _activation_scales(int8)
+    minmax, ent = _activation_scales(minmax_relu), _activation_scales(int8)
     assert set(minmax) == set(ent) and any(ent[k] < 0.9 * minmax[k] for k in minmax)
 
 
