@@ -251,6 +251,33 @@ def test_unpaired_dequantize_is_refused(tmp_path):
         from_onnx(m)
 
 
+def _qdq_matmul(w_int: np.ndarray) -> onnx.ModelProto:
+    """input → Q → DQ → MatMul by DequantizeLinear(int8 weights) → Q → DQ: a MatMul the way a QDQ quantizer writes it."""
+    s, z = numpy_helper.from_array(np.array(0.01, dtype=np.float32), "s"), numpy_helper.from_array(np.array(0, dtype=np.int8), "z")
+    w = numpy_helper.from_array(w_int.astype(np.int8), "w")
+    ws, wz = numpy_helper.from_array(np.array(0.02, dtype=np.float32), "ws"), numpy_helper.from_array(np.array(0, dtype=np.int8), "wz")
+    nodes = [helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["x"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["W"]), helper.make_node("MatMul", ["x", "W"], ["v"]),
+             helper.make_node("QuantizeLinear", ["v", "s", "z"], ["q2"]), helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["logits"])]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", 3])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 2])], [s, z, w, ws, wz])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_a_matmul_on_dequantized_weights_is_read_and_8bit_ones_refused_with_the_fix(tmp_path):
+    narrow = np.array([[10, -64], [64, 3], [-20, 7]])
+    path = tmp_path / "mm.onnx"
+    onnx.save(_qdq_matmul(narrow), str(path))
+    graph = from_onnx(path)
+    rng = np.random.default_rng(0)
+    lb, ub = np.full(3, -0.3), np.full(3, 0.4)
+    low, up = _output_bounds(graph, lb, ub)
+    ys = ort_util.infer(ort_util.session(path), rng.uniform(lb, ub, (SAMPLES, 3)).astype(np.float32))
+    assert np.all(ys >= low - SUM_TOL) and np.all(ys <= up + SUM_TOL)
+    with pytest.raises(UnsupportedModel, match="reduce_range=true"):
+        from_onnx(_qdq_matmul(np.array([[100, -64], [64, 3], [-20, 7]])))
+
+
 INT8_BUDGET_S = 8.0
 STAGE_SLACK_S = 5.0  # worker start-up and the last round's answer after the budget's end (measured ≤ 2 s here)
 

@@ -59,7 +59,8 @@ class Grid:
     lo: torch.Tensor
     hi: torch.Tensor
 
-    def same(self, q: QValue) -> bool:
+    def same(self, q: Any) -> bool:
+        """Is `q` (a QValue, a Grid, parameters read from a node) this grid: scale, zero point and range?"""
         return (self.qmin, self.qmax) == (q.qmin, q.qmax) and np.array_equal(self.scale, q.scale) and np.array_equal(self.zero, q.zero)
 
 
@@ -344,7 +345,10 @@ def _matmul(r: OnnxReader) -> None:
     x, W = r.var(a), r.const(w).astype(np.float64)
     if W.ndim != 2 or len(x.shape) != 1 or x.shape[0] != W.shape[0]:
         raise r.unsupported(f"only x·W with x flat (got shape {x.shape}) and a constant 2-d W (got {W.shape})")
-    r.set(r.add(Linear(W.T, np.zeros(W.shape[1])), [x], (W.shape[1],)))
+    out = r.add(Linear(W.T, np.zeros(W.shape[1])), [x], (W.shape[1],))
+    ws = r.const_scales.get(w)
+    _record_affine(r, out, x, W.shape[0], None if ws is None else ws.max(0), False)
+    r.set(out)
 
 
 @handles("Add", "Sub", "Mul", "Div")
@@ -495,10 +499,10 @@ def _dequantize_var(r: OnnxReader) -> None:
     if not isinstance(q, QValue):
         raise r.unsupported("a DequantizeLinear of a variable that no QuantizeLinear made")
     scale, zero, qmin, qmax = _quant_params(r, q.src.shape)
-    if (qmin, qmax) != (q.qmin, q.qmax) or not (np.array_equal(scale, q.scale) and np.array_equal(zero, q.zero)):
-        raise r.unsupported("a DequantizeLinear whose scale or zero point differs from its QuantizeLinear's")
-    x, n = q.src, numel(q.src.shape)
     lo, hi = q.scale * (qmin - q.zero), q.scale * (qmax - q.zero)
+    if not Grid(scale, zero, qmin, qmax, as_tensor(lo), as_tensor(hi)).same(q):
+        raise r.unsupported("a DequantizeLinear whose scale or zero point differs from its QuantizeLinear's")
+    x = q.src
     grid = r.grids.get(x.node)
     if grid is not None and grid.same(q):  # requantized on its own grid (around a Flatten, a MaxPool): exact
         return r.set(x)
