@@ -221,6 +221,7 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     from analysis.verify import run_verify
     from pipeline.config import VerifyConfig
     from pipeline.rundir import RunDir
+    from pipeline.runner import choose_threads
 
     dst = tmp / "stage-run"
     if dst.exists():
@@ -230,15 +231,25 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     cfg.verify = VerifyConfig()
     run = RunDir(dst, cfg)
     load0 = common.load()
+    threads = torch.get_num_threads()
+    # the thread count `pipeline run` gives its stages (verify.jobs = 0 follows it), not this script's one thread
+    torch.set_num_threads(choose_threads(cfg.threads))
     t0 = time.perf_counter()
-    metrics = run_verify(cfg, run)
+    try:
+        metrics = run_verify(cfg, run)
+    finally:
+        torch.set_num_threads(threads)
     seconds = time.perf_counter() - t0
     summary = json.loads((dst / "verify" / "summary.json").read_text())
-    decided = sum(r["sat"] + r["unsat"] for r in summary["table"])
-    total = sum(r["properties"] for r in summary["table"])
+    floats = [r for r in summary["table"] if not r["variant"].endswith("-int8")]
+    int8 = [r for r in summary["table"] if r["variant"].endswith("-int8")]
+    decided = sum(r["sat"] + r["unsat"] for r in floats)
+    total = sum(r["properties"] for r in floats)
     log(f"  default verify stage: {seconds:.1f} s, {decided}/{total} ReLU properties decided")
-    return {"seconds": seconds, "config": vars(VerifyConfig()), "relu_properties": total, "relu_decided": decided,
-            "relu_certified": sum(r["unsat"] for r in summary["table"]),
+    return {"seconds": seconds, "config": vars(VerifyConfig()), "jobs": summary["jobs"], "relu_properties": total, "relu_decided": decided,
+            "relu_certified": sum(r["unsat"] for r in floats),
+            "int8_properties": sum(r["properties"] for r in int8), "int8_decided": sum(r["sat"] + r["unsat"] for r in int8),
+            "int8_certified": sum(r["unsat"] for r in int8), "int8_seconds": summary.get("int8_solve_seconds"),
             "smooth_certificates": sum(r["properties"] for r in summary["smooth_table"]),
             "smooth_certified": sum(r["unsat"] for r in summary["smooth_table"]),
             "table": summary["table"], "smooth_table": summary["smooth_table"], "metrics": metrics,
@@ -342,9 +353,12 @@ def markdown(res: dict[str, Any]) -> str:
                    f"Load {ce['load_before']} → {ce['load_after']}.\n\n" + table(["network", "method", *[f"ε = {e:g}" for e in eps]], rows))
     s = res.get("stage")
     if s:
-        out.append(f"## The default verify stage\n\n`VerifyConfig()` = {s['config']}: **{s['seconds']:.1f} s** in total; "
+        out.append(f"## The default verify stage\n\n`VerifyConfig()` = {s['config']}, {s.get('jobs', 1)} worker process(es): "
+                   f"**{s['seconds']:.1f} s** in total; "
                    f"{s['relu_decided']}/{s['relu_properties']} ReLU properties decided ({s['relu_certified']} certified), "
-                   f"{s['smooth_certified']}/{s['smooth_certificates']} smooth certificates. Load {s['load_before']} → {s['load_after']}. "
+                   + (f"{s['int8_decided']}/{s['int8_properties']} int8 properties decided ({s['int8_certified']} certified) in "
+                      f"{s['int8_seconds']:.1f} s of it, " if s.get("int8_properties") else "")
+                   + f"{s['smooth_certified']}/{s['smooth_certificates']} smooth certificates. Load {s['load_before']} → {s['load_after']}. "
                    "(Before the verification engine: 15 properties in 162 s, 14 timeouts, 0 certified.)")
     for name, v in (res.get("vnncomp") or {}).items():
         if not isinstance(v, dict):  # the section's own argv, commit and seconds
