@@ -312,6 +312,9 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
     assert s["int8_budget_s"] == INT8_BUDGET_S and 0 < s["int8_solve_seconds"] <= INT8_BUDGET_S + STAGE_SLACK_S
     assert s["decided"]["int8"]["properties"] == 6
     assert {r["result"] for r in int8} == {"sat", "unsat"}  # both verdicts occur (ε 0.01 proves, 0.2 falsifies)
+    # the ReLUs branch and bound can split: the clamp's two per requantized unit (64 + 32 hidden, 10 logits), not the
+    # roundings, whose units are never counted unstable
+    assert {int(r["relus"]) for r in int8} == {2 * (64 + 32 + 10)} and {int(r["relus"]) for r in rows if r not in int8} == {64 + 32}
     sess = ort_util.session(out / "onnx" / "relu-int8.onnx")
     for r in int8:
         if r["result"] == "sat" and r["stage"] != "clean":

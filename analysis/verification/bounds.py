@@ -65,9 +65,11 @@ class BoxBounds:
     method: str = "ibp"
 
     def unstable(self, which: str = "tight") -> list[int]:
-        """Per ReLU/gate site, the units whose input interval has l < 0 < u."""
+        """Per activation site, the units whose input interval has l < 0 < u (0 at a site with a fixed relaxation, an
+        int8 rounding: its units are not split, and 0 is no kink of theirs)."""
         pre = self.pre if which == "tight" else self.ibp_pre
-        return [int(((l < 0) & (u > 0)).sum()) for l, u in pre]
+        ops = [self.net.nodes[k].op for k in self.net.activations]
+        return [int(((l < 0) & (u > 0)).sum()) if isinstance(op, (ReLU, Gate)) else 0 for (l, u), op in zip(pre, ops)]
 
     def stable(self, which: str = "tight") -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per site, (dead mask u ≤ 0, active mask l ≥ 0)."""

@@ -81,8 +81,9 @@ class Graph:
 
     @property
     def num_relus(self) -> int:
-        """Units of every activation site (ReLUs and gates)."""
-        return sum(self.sizes[k] for k in self.activations)
+        """Units of the ReLU and gate sites: what branch and bound splits or α-CROWN optimizes (an int8 graph's
+        roundings and first quantization, fixed relaxations, are not counted)."""
+        return sum(self.sizes[k] for k in self.activations if isinstance(self.nodes[k].op, (ReLU, Gate)))
 
     def consumers(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.nodes]
@@ -163,4 +164,4 @@ class Graph:
         from collections import Counter
 
         c = Counter(type(n.op).__name__ for n in self.nodes[1:])
-        return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f"; {self.num_inputs} inputs, {self.num_relus} activation units"
+        return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) + f"; {self.num_inputs} inputs, {sum(self.sizes[k] for k in self.activations)} activation units"
