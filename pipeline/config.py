@@ -142,7 +142,7 @@ class QuantizeConfig:
 
     calibration_samples: int = 1024  # training examples fed through the CalibrationDataReader
     # percentile (onnxruntime's, 99.999%): on the default run its finer activation grids left the int8 verifier less
-    # rounding noise (39/45 int8 properties decided vs 36 with minmax, all 42 margin bounds both report higher) at
+    # rounding noise (38–39/45 int8 properties decided vs 36 with minmax, all 42 margin bounds both report higher) at
     # the same int8-vs-fp32 agreement (±0.06 pt); benchmarks/VERIFICATION.md, "The int8 model"
     calibration_method: Literal["minmax", "entropy", "percentile"] = "percentile"
     per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
