@@ -484,8 +484,8 @@ class Rounding(Activation):
     step: torch.Tensor | None = None  # per unit, the grid step s as a float64 (None: no grid)
     source: str = ""
 
-    # relative slack on k's bounds: (l − E')/s in float64 is off by ~1e-16 relative; a value right at a half step may
-    # round either way, so the bounds must never move inward by that error
+    # slack on k's bounds, in grid steps: (l − E')/s in float64 is off by ~1e-16 of its size (≤ 1e-12 for the ranges
+    # an int8 grid spans); a value right at a half step may round either way, so the bounds must never move inward
     SNAP_SLACK: ClassVar[float] = 1e-9
 
     def __post_init__(self) -> None:
