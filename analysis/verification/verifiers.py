@@ -263,11 +263,12 @@ class BabVerifier(Verifier):
     left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
     for the ReLU layers). Complete for ReLU networks."""
 
-    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int = 3) -> None:
+    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None) -> None:
         from .bab import Settings
 
-        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
-                                 candidates=int(candidates))
+        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
+        if candidates is not None:  # else the search's own default (bab.Settings)
+            self.settings.candidates = int(candidates)
         self.steps = int(steps)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
