@@ -181,14 +181,14 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     try:
         relu = _relu_properties(cfg, run, out, ds, xs, labels, lo, hi, n, names)
         smooth = _smooth_properties(cfg, run, out, info, xs, labels, lo, hi, n) if vcfg.smooth else _Kind("smooth", {}, [], {})
-        is_int8 = lambda t: relu.rows[t.key]["variant"].endswith(INT8)  # noqa: E731
-        open_int8 = sum(1 for t in relu.tasks if t.known is None and is_int8(t))
+        int8_keys = {t.key for t in relu.tasks if relu.rows[t.key]["variant"].endswith(INT8)}
+        open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in int8_keys)
         open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
         share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
                  True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
         write_instances_csv(out / "instances.csv", [(o, v, round(share[Path(o).stem.endswith(INT8)], 3))
                                                      for o, v in relu.instances])
-        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, clock, jobs)
+        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs)
     finally:
         torch.set_num_threads(threads)
     probe = _probe(cfg, run) if vcfg.probe_smooth else {}
@@ -376,12 +376,12 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
     return _Kind("smooth", models, tasks, rows)
 
 
-def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, clock: str, jobs: int) -> tuple[float, float]:
+def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, int8_keys: set[Any], clock: str,
+           jobs: int) -> tuple[float, float]:
     """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
-    models' under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
+    models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
     the int8 part."""
     tasks = relu.tasks + smooth.tasks
-    int8_keys = {t.key for t in relu.tasks if relu.rows[t.key]["variant"].endswith(INT8)}
     is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
 
     def save() -> None:

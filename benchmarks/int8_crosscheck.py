@@ -21,9 +21,8 @@ from analysis.verification import attack
 from analysis.verification.problem import float32_in_box
 from analysis.verification.readers import from_onnx
 from analysis.verification.vnnlib import read_vnnlib_all
+from analysis.verify import INT8
 from quantize import ort as ort_util
-
-INT8 = "-int8"
 
 
 def crosscheck(run: Path, restarts: int, samples: int, seed: int = 0) -> dict:
