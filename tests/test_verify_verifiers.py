@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from _modules import Affine
 from analysis.verification import milp
-from analysis.verification.bab import Settings, bab
+from analysis.verification.bab import Settings, _Search, bab
 from analysis.verification.bounds import Bounder
 from analysis.verification.problem import BOX_TOL, Budget, Problem, Result
 from analysis.verification.readers import from_torch
@@ -237,6 +237,63 @@ def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and
     b = Bounder(net, spec.lb, spec.ub)
     got["milp"], _, _ = milp.solve(b.net, spec, b.pre, every, lambda: 30.0, lp_first=False)
     assert set(got.values()) == {truth}, (got, truth)
+
+
+PRIOR_TOL = 1e-9  # a row bounded with or without the other rows beside it: the same arithmetic up to BLAS order
+SAMPLES = 20_000
+
+
+def _two_disjunct_case():
+    """A 2-disjunct robustness property on a small ReLU net whose first disjunct's CROWN row is < 0 at the root."""
+    for seed in range(50):
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        model = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+        net = from_torch(model, (3,))
+        x0 = rng.uniform(0, 1, 3)
+        c = int(np.argmax(net.forward(x0).numpy()))
+        spec = robustness_spec(x0, 0.3, -1.0, 2.0, c, 3)
+        b = Bounder(net, spec.lb, spec.ub)
+        b.crown()
+        search = _Search(b, spec, [0, 1], Settings(dtype=torch.float64), lambda: False)
+        R = search.R
+        zero = [torch.zeros(1, n, dtype=torch.int8) for n in search.sizes]
+        alpha = [b.relaxation(site)[0].expand(R, -1)[None].float() for site in search.relu_sites]
+        beta = [torch.zeros(1, R, n) for n in search.sizes]
+        root = search.bound(zero, alpha, beta, 0, True)
+        if float(root.lower[0, 0]) < 0:
+            return net, spec, search, zero, alpha, beta, root
+    raise AssertionError("no seed in 0..49 gives an open first disjunct")
+
+
+def test_a_child_bounds_only_the_disjuncts_its_parent_leaves_open():
+    """Rows of a disjunct the prior excludes keep the prior's value and are not bounded again; the rows bounded are
+    the ones the search without a prior bounds, with the same values, and they are sound (dense sampling)."""
+    net, spec, search, zero, alpha, beta, root = _two_disjunct_case()
+    prior = torch.tensor([[-1.0, 0.25]], dtype=torch.float64)  # disjunct 1 excluded, disjunct 0 open
+    r = search.bound(zero, alpha, beta, 3, True, prior)
+    full = search.bound(zero, alpha, beta, 3, True)
+    assert r.rows.tolist() == [0] and full.rows.tolist() == [0, 1]
+    assert float(r.lower[0, 1]) == 0.25
+    assert abs(float(r.lower[0, 0]) - float(full.lower[0, 0])) <= PRIOR_TOL * max(1.0, abs(float(full.lower[0, 0])))
+    assert r.points.shape == (1, 3)
+    xs = np.random.default_rng(0).uniform(spec.lb, spec.ub, (SAMPLES, 3))
+    ys = net.forward(xs).numpy()
+    A, bv = spec.disjuncts[0]
+    assert float(r.lower[0, 0]) <= float(np.min(ys @ A[0] - bv[0])) + 1e-9
+
+
+def test_a_domain_closes_only_when_every_row_holds_in_float64_the_priors_too():
+    """A float32 search trusts a prior only for choosing what to bound: before a domain is closed every row, the
+    prior's included, is bounded again in float64, so a prior that claims too much cannot close it."""
+    net, spec, search, zero, alpha, beta, root = _two_disjunct_case()
+    search.s = Settings(dtype=torch.float32)
+    search.d = search.d.clone()
+    search.d[1] += 1e3  # disjunct 1 now holds by a wide margin
+    claim = torch.tensor([[5.0, -1.0]], dtype=torch.float64)  # a false claim that disjunct 0 is excluded
+    r = search.bound(zero, alpha, beta, 0, False, claim)
+    assert r.rows.tolist() == [1] and float(r.lower[0, 1]) > 0
+    assert not bool(r.closed[0]) and float(r.lower[0, 0]) < 0  # re-bounded in float64: the root's value, not 5
 
 
 # ---------------------------------------------------------------------------------------------

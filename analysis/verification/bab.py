@@ -17,10 +17,12 @@ A round takes the `batch` domains with the lowest bounds (best first) and:
    evaluated by one CROWN pass over both children with the parent's α and β (no optimization), the unit whose worse
    child is best wins; when the queue holds fewer domains than the batch wants, a domain is split on several units at
    once (2^depth children), so early rounds are full;
-2. bounds all children in one batched pass, α and β warm-started from the parent (a new split's β starts at 0);
+2. bounds all children in one batched pass, α and β warm-started from the parent (a new split's β starts at 0); a
+   child bounds only the rows of the disjuncts its parent's bounds leave open (the others keep the parent's bound,
+   which holds on the child's smaller region);
 3. runs each child's bound minimizer (a corner of the box per row) through the network, and every few rounds a short
    attack from the most violated ones: an unsafe point that survives `confirm` is a counterexample;
-4. closes children whose rows are all > 0; a child with no unstable unit left is decided exactly by an LP (the MILP
+4. closes children whose disjuncts are all excluded (after a float64 re-check of every row); a child with no unstable unit left is decided exactly by an LP (the MILP
    encoding with every unit stable has no binaries).
 The answer: unsat when no domain is left, sat on a counterexample, timeout when the budget runs out, unknown when
 an unsafe region was found whose points did not survive `confirm`.
@@ -32,7 +34,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -77,60 +79,94 @@ class Domain:
         return float(self.lower.clamp(max=0).sum())
 
 
+class Bounded(NamedTuple):
+    """One batched bound pass over D domains."""
+
+    lower: torch.Tensor  # [D, R]: float64-verified where `closed` is set, the search's own values elsewhere
+    closed: torch.Tensor  # [D]
+    points: torch.Tensor  # [M, n_in]: each bounded row's bound minimizer (a corner of the box)
+    rows: torch.Tensor  # [M]: each bounded row's flat index d·R + r into `lower`
+    scores: list[torch.Tensor] | None  # per ReLU site [D, n_s] BaBSR scores (−1: not unstable)
+    alpha: list[torch.Tensor]  # per ReLU site [D, R, n_s]: the best α (the warm start of the children)
+    beta: list[torch.Tensor]
+
+
 class _Search:
-    def __init__(self, b: Bounder, C: torch.Tensor, d: torch.Tensor, owner: torch.Tensor, disjuncts: list[int],
-                 s: Settings, expired: Callable[[], bool]):
-        self.b, self.C, self.d, self.s, self.expired = b, C, d, s, expired
-        self.owner, self.disjuncts = owner, disjuncts
-        self.R = C.shape[0]
+    def __init__(self, b: Bounder, spec: VnnlibSpec, disjuncts: list[int], s: Settings, expired: Callable[[], bool]):
+        """The rows C y + d of the disjuncts `disjuncts` of `spec` (a disjunct {A y ≤ b} is excluded when some row of
+        A y − b has lower bound > 0), each row's disjunct in `owner`."""
+        rows = [(k, r) for k in disjuncts for r in range(spec.disjuncts[k][0].shape[0])]
+        self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE)
+        self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE)
+        self.owner = torch.as_tensor([k for k, _ in rows])
+        self.b, self.s, self.expired, self.disjuncts = b, s, expired, disjuncts
+        self.R = self.C.shape[0]
         self.relu_sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), ReLU)]
         self.sizes = [b.pre[i][0].numel() for i in self.relu_sites]
         self.offsets = np.cumsum([0] + self.sizes)
 
-    def closed(self, lower: torch.Tensor) -> torch.Tensor:
-        """Per domain ([D, R] lower bounds): is every disjunct excluded, i.e. some row of each > 0?"""
-        out = torch.ones(lower.shape[0], dtype=torch.bool)
+    def excluded(self, lower: torch.Tensor) -> torch.Tensor:
+        """Per domain and row ([D, R] lower bounds): is the row's disjunct excluded, i.e. some row of it > 0?"""
+        out = torch.zeros(lower.shape, dtype=torch.bool)
         for k in self.disjuncts:
-            out &= (lower[:, self.owner == k] > 0).any(1)
+            rows = self.owner == k
+            out[:, rows] = (lower[:, rows] > 0).any(1, keepdim=True)
         return out
 
+    def closed(self, lower: torch.Tensor) -> torch.Tensor:
+        """Per domain ([D, R] lower bounds): is every disjunct excluded?"""
+        return self.excluded(lower).all(1)
+
     # -- one batched bound pass --------------------------------------------------------------------
-    def _setup(self, splits: list[torch.Tensor], dtype: torch.dtype):
-        """Per-row intervals, β signs and the unstable masks for D domains' splits (each [D, n_s])."""
-        R = self.R
+    def _setup(self, splits: list[torch.Tensor], dtype: torch.dtype, dom: torch.Tensor):
+        """For D domains' splits (each [D, n_s]): per bounded row (its domain `dom`) the intervals and β signs, and
+        per domain the unstable masks."""
         bounds, signs, cross = {}, {}, {}
         for j, s in enumerate(self.relu_sites):
             t = splits[j]
             l, u = (v.to(dtype) for v in self.b.pre[s])
             l = torch.where(t > 0, l.clamp(min=0), l.expand_as(t))
             u = torch.where(t < 0, u.clamp(max=0), u.expand_as(t))
-            bounds[s] = (l.repeat_interleave(R, 0), u.repeat_interleave(R, 0))
-            signs[s] = (-t).to(dtype).repeat_interleave(R, 0)
-            cross[s] = (bounds[s][0] < 0) & (bounds[s][1] > 0)
+            bounds[s] = (l[dom], u[dom])
+            signs[s] = (-t).to(dtype)[dom]
+            cross[s] = (l < 0) & (u > 0)
         return bounds, signs, cross
 
-    def _exact(self, splits: list[torch.Tensor], alpha: dict[int, torch.Tensor], beta: dict[int, torch.Tensor]) -> torch.Tensor:
-        """[D, R] lower bounds in float64 for the given α, β ([D·R, n_s] each): what a decision rests on."""
-        D = splits[0].shape[0]
-        bounds, signs, cross = self._setup(splits, DTYPE)
-        a = {s: torch.where(cross[s], v.to(DTYPE).clamp(0, 1), torch.zeros(1, dtype=DTYPE)) for s, v in alpha.items()}
-        extra = {s: v.to(DTYPE).clamp(min=0) * signs[s] for s, v in beta.items()}
+    def _exact(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor]) -> torch.Tensor:
+        """[D, R] lower bounds in float64 for the given α, β ([D, R, n_s] each), every row: what a decision rests on."""
+        D, R = splits[0].shape[0], self.R
+        dom = torch.arange(D).repeat_interleave(R)
+        bounds, signs, _ = self._setup(splits, DTYPE, dom)
+        a = {s: torch.where((bounds[s][0] < 0) & (bounds[s][1] > 0), alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1), torch.zeros(1, dtype=DTYPE))
+             for j, s in enumerate(self.relu_sites)}
+        extra = {s: beta[j].reshape(D * R, -1).to(DTYPE).clamp(min=0) * signs[s] for j, s in enumerate(self.relu_sites)}
         with torch.no_grad():
             return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, bounds, extra) + self.d.repeat(D)).view(D, -1)
 
     def bound(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor], steps: int,
-              need_scores: bool):
+              need_scores: bool, prior: torch.Tensor | None = None) -> Bounded:
         """Bounds of D domains (splits [D, n_s], α and β [D, R, n_s] as warm starts), `steps` Adam steps in the search's
-        dtype. Returns (lower bounds [D, R]: float64-verified where `closed` is set, the search's own values elsewhere;
-        closed [D]; the input minimizers [D, R, n_in]; BaBSR scores per site [D, n_s] or None; the best α and β)."""
+        dtype. `prior` [D, R]: lower bounds known to hold on each domain (its parent's); the rows of disjuncts they
+        already exclude keep them and are not bounded again, so a round's work goes to the disjuncts still open
+        (α,β-CROWN gets the same by running its search per open label)."""
         D, R, dt = splits[0].shape[0], self.R, self.s.dtype
-        bounds, signs, cross = self._setup(splits, dt)
-        a = {s: torch.where(cross[s], alpha[j].reshape(D * R, -1).to(dt).clamp(0, 1), torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
+        active = torch.ones(D, R, dtype=torch.bool) if prior is None else ~self.excluded(prior)
+        flat = torch.nonzero(active.flatten()).flatten()
+        dom, row = flat // R, flat % R
+        bounds, signs, cross = self._setup(splits, dt, dom)
+        a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1), torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
              for j, s in enumerate(self.relu_sites)}
-        bt = {s: beta[j].reshape(D * R, -1).to(dt).clamp(min=0).requires_grad_(steps > 0)
+        bt = {s: beta[j].reshape(D * R, -1)[flat].to(dt).clamp(min=0).requires_grad_(steps > 0)
               for j, s in enumerate(self.relu_sites) if bool(signs[s].any())}
-        A0 = self.C.to(dt).repeat(D, 1)
-        dd = self.d.to(dt).repeat(D)
+        A0 = self.C.to(dt)[row]
+        dd = self.d.to(dt)[row]
+        full = torch.full((D, R), -math.inf, dtype=DTYPE) if prior is None else prior.to(DTYPE).clone()
+
+        def whole(part: torch.Tensor) -> torch.Tensor:  # the bounded rows' values in place, the prior elsewhere
+            out = full.clone()
+            out.view(-1)[flat] = part.to(DTYPE)
+            return out
+
         opt = Adam(list(a.values()), lr=self.s.lr_alpha) if steps > 0 else None
         opt_b = Adam(list(bt.values()), lr=self.s.lr_beta) if steps > 0 and bt else None
         best = None
@@ -155,7 +191,7 @@ class _Search:
                     best_b[s] = torch.where(better[:, None], bt[s].detach(), best_b[s])
             if last:
                 break
-            if bool(torch.all(self.closed(best.view(D, R)))):
+            if bool(torch.all(self.closed(whole(best)))):
                 steps = i + 1  # every domain closed: one more pass for the records
                 continue
             opt.zero_grad()
@@ -170,35 +206,39 @@ class _Search:
                     v.clamp_(0.0, 1.0)
                 for v in bt.values():
                     v.clamp_(min=0.0)
-        lower = best.view(D, R).to(DTYPE)
+        new_alpha, new_beta = [], []
+        for j, s in enumerate(self.relu_sites):  # the bounded rows' best α and β, the warm starts elsewhere
+            na = alpha[j].reshape(D * R, -1).to(STORE).clone()
+            na[flat] = best_a[s].to(STORE)
+            new_alpha.append(na.view(D, R, -1))
+            nb = beta[j].reshape(D * R, -1).to(STORE).clone()
+            if s in best_b:
+                nb[flat] = best_b[s].to(STORE)
+            new_beta.append(nb.view(D, R, -1))
+        lower = whole(best)
         closed = self.closed(lower)
-        if dt != DTYPE and bool(closed.any()):  # the decision, in float64 with the same α and β
+        if dt != DTYPE and bool(closed.any()):  # the decision, in float64, every row (the prior's too) with its α and β
             idx = torch.nonzero(closed).flatten()
-            rows = (idx[:, None] * R + torch.arange(R)).flatten()
-            exact = self._exact([t[idx] for t in splits], {s: v[rows] for s, v in best_a.items()},
-                                {s: v[rows] for s, v in best_b.items()})
+            exact = self._exact([t[idx] for t in splits], [v[idx] for v in new_alpha], [v[idx] for v in new_beta])
             lower[idx] = exact
             closed[idx] = self.closed(exact)
-        xstar = torch.where(inputs[0] >= 0, self.b.lb, self.b.ub).view(D, R, -1)
-        scores = self._scores(bounds, cross, record, lower, D) if need_scores else None
-        new_alpha = [best_a[s].view(D, R, -1).to(STORE) for s in self.relu_sites]
-        new_beta = [(best_b[s] if s in best_b else torch.zeros(D * R, self.sizes[j])).view(D, R, -1).to(STORE)
-                    for j, s in enumerate(self.relu_sites)]
-        return lower, closed, xstar, scores, new_alpha, new_beta
+        points = torch.where(inputs[0] >= 0, self.b.lb, self.b.ub)
+        scores = self._scores(bounds, cross, record, lower.view(-1)[flat], dom, D) if need_scores else None
+        return Bounded(lower, closed, points, flat, scores, new_alpha, new_beta)
 
-    def _scores(self, bounds, cross, record, lower: torch.Tensor, D: int) -> list[torch.Tensor]:
-        """BaBSR's intercept score per unstable unit: how much the upper relaxation's intercept −l·u/(u−l) costs the
-        bound of the rows still open (coefficient weight of the rows with lower bound ≤ 0)."""
-        R = self.R
-        open_rows = (lower <= 0).to(record[self.relu_sites[0]].dtype).reshape(D * R, 1)
+    def _scores(self, bounds, cross, record, lower: torch.Tensor, dom: torch.Tensor, D: int) -> list[torch.Tensor]:
+        """BaBSR's intercept score per unstable unit and domain: how much the upper relaxation's intercept −l·u/(u−l)
+        costs the bound of the rows still open (coefficient weight of the bounded rows with lower bound ≤ 0)."""
+        open_rows = (lower <= 0).to(record[self.relu_sites[0]].dtype)[:, None]
         out = []
         for s in self.relu_sites:
             l, u = bounds[s]
-            intercept = torch.where(cross[s], -l * u / (u - l).clamp(min=1e-300), torch.zeros_like(l))
+            crs = cross[s][dom]
+            intercept = torch.where(crs, -l * u / (u - l).clamp(min=1e-300), torch.zeros_like(l))
             A = record[s] * open_rows
-            sc = A.clamp(max=0).abs() * intercept + 1e-6 * A.abs() * torch.minimum(u, -l).clamp(min=0) * cross[s]
-            sc = sc.view(D, R, -1).sum(1)
-            out.append(torch.where(cross[s].view(D, R, -1)[:, 0], sc, torch.full_like(sc, -1.0)))
+            sc = A.clamp(max=0).abs() * intercept + 1e-6 * A.abs() * torch.minimum(u, -l).clamp(min=0) * crs
+            sc = torch.zeros(D, sc.shape[1], dtype=sc.dtype).index_add_(0, dom, sc)
+            out.append(torch.where(cross[s], sc, torch.full_like(sc, -1.0)))
         return out
 
     # -- branching ---------------------------------------------------------------------------------
@@ -231,8 +271,9 @@ class _Search:
                 alpha.append(parents[i].alpha)
                 beta.append(parents[i].beta)
         stack = lambda xs: [torch.stack([x[j] for x in xs]) for j in range(len(self.relu_sites))]  # noqa: E731
+        prior = torch.stack([parents[i].lower for i, _ in rows for _side in (1, -1)])
         with torch.no_grad():
-            lower, *_ = self.bound(stack(splits), stack(alpha), stack(beta), 0, False)
+            lower = self.bound(stack(splits), stack(alpha), stack(beta), 0, False, prior).lower
         value = lower.clamp(max=0).sum(1).view(-1, 2).min(1).values  # the worse child's total violation
         best: dict[int, tuple[float, int]] = {}
         for (i, unit), v in zip(rows, value.tolist()):
@@ -253,12 +294,8 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     confirm = confirm or (lambda x: x)
     if b.net.smooth:
         raise ValueError("branch and bound here splits ReLUs; the network has smooth gates")
-    rows = [(k, r) for k in disjuncts for r in range(spec.disjuncts[k][0].shape[0])]
-    C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE)
-    d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE)
-    owner = torch.as_tensor([k for k, _ in rows])
-    search = _Search(b, C, d, owner, disjuncts, s, expired)
-    stats = {"domains": 0, "rounds": 0, "leaf_lps": 0, "max_queue": 1, "unconfirmed": 0, "attacks": 0}
+    search = _Search(b, spec, disjuncts, s, expired)
+    stats = {"domains": 0, "rounds": 0, "rows": 0, "leaf_lps": 0, "max_queue": 1, "unconfirmed": 0, "attacks": 0}
     if not search.relu_sites:  # no ReLU: nothing to branch on, one LP decides
         status, x, msg = milp.solve(b.net, spec, [], disjuncts, left)
         if status == "sat":
@@ -276,11 +313,11 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     init_alpha = [b.relaxation(site)[0].expand(R, -1).to(STORE) for site in search.relu_sites]
     init_beta = [torch.zeros(R, n, dtype=STORE) for n in search.sizes]
     stack1 = lambda xs: [x[None] for x in xs]  # noqa: E731
-    lower, closed, xstar, scores, al, be = search.bound(stack1(zero), stack1(init_alpha), stack1(init_beta), s.steps, True)
+    r = search.bound(stack1(zero), stack1(init_alpha), stack1(init_beta), s.steps, True)
     stats["domains"] += 1
     queue: list[Domain] = []
-    if not bool(closed[0]):
-        queue.append(Domain(zero, [a[0] for a in al], [x[0] for x in be], lower[0], [sc[0] for sc in scores]))
+    if not bool(r.closed[0]):
+        queue.append(Domain(zero, [a[0] for a in r.alpha], [x[0] for x in r.beta], r.lower[0], [sc[0] for sc in r.scores]))
     while queue:
         if expired():
             stats["global_lower"] = min(float(q.lower.min()) for q in queue)
@@ -326,24 +363,26 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         if not children:
             continue
         st = lambda xs: [torch.stack([x[j] for x in xs]) for j in range(len(search.relu_sites))]  # noqa: E731
-        lower, closed, xstar, scores, al, be = search.bound(st([sp for _, sp in children]), st([p.alpha for p, _ in children]),
-                                                             st([p.beta for p, _ in children]), s.steps, True)
+        r = search.bound(st([sp for _, sp in children]), st([p.alpha for p, _ in children]),
+                         st([p.beta for p, _ in children]), s.steps, True, torch.stack([p.lower for p, _ in children]))
         stats["domains"] += len(children)
         stats["rounds"] += 1
+        stats["rows"] += r.points.shape[0]
         with torch.no_grad():
-            ys = b.net.forward(xstar.reshape(-1, xstar.shape[-1])).numpy()
+            ys = b.net.forward(r.points).numpy()
         for i in unsafe(ys):
-            x = confirm(xstar.reshape(-1, xstar.shape[-1])[i].numpy())
+            x = confirm(r.points[i].numpy())
             if x is not None:
                 return "sat", x, "branch and bound: a domain's bound minimizer is a counterexample", stats
             stats["unconfirmed"] += 1
         for c, (p, _sp) in enumerate(children):
-            if bool(closed[c]):
+            if bool(r.closed[c]):
                 continue
-            queue.append(Domain(_sp, [a[c] for a in al], [x[c] for x in be], lower[c], [sc[c] for sc in scores], p.depth + 1))
+            queue.append(Domain(_sp, [a[c] for a in r.alpha], [x[c] for x in r.beta], r.lower[c], [sc[c] for sc in r.scores],
+                                p.depth + 1))
         stats["max_queue"] = max(stats["max_queue"], len(queue))
         if s.attack_every and stats["rounds"] % s.attack_every == 0 and queue and not expired():
-            x = _attack_from(b, spec, disjuncts, xstar, lower, expired)
+            x = _attack_from(b, spec, disjuncts, r.points, r.lower.view(-1)[r.rows], expired)
             stats["attacks"] += 1
             if x is not None:
                 x = confirm(x)
@@ -357,13 +396,12 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     return "unsat", None, f"branch and bound: {detail}", stats
 
 
-def _attack_from(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], xstar: torch.Tensor, lower: torch.Tensor,
+def _attack_from(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], points: torch.Tensor, lower: torch.Tensor,
                  expired: Callable[[], bool], starts: int = 8) -> np.ndarray | None:
-    """A short attack started at the bound minimizers of the most violated domains of the last round."""
-    worst = torch.argsort(lower.min(1).values)[:starts]
-    points = xstar[worst].reshape(-1, xstar.shape[-1])
+    """A short attack started at the bound minimizers ([M, n_in], their rows' lower bounds [M]) of the most violated
+    rows of the last round."""
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)
-    for p in points[:starts]:
+    for p in points[torch.argsort(lower)[:starts]]:
         x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p.numpy(), step_scale=0.1, expired=expired)
         if x is not None:
             return x
