@@ -52,6 +52,7 @@ def _tasks(needs):
 
 NEEDS = [EASY_S] * 6 + [HARD_S] * 2
 BUDGET_S = 8.0
+POOL_START_S = 12.0  # spawned workers' start (importing torch) under load, counted by the stage budget
 
 
 def test_a_stage_budget_gives_the_time_easy_properties_leave_to_the_hard_ones():
@@ -113,8 +114,10 @@ def test_per_task_limits_and_known_answers():
 
 
 def test_worker_processes_answer_as_one_process_does():
-    """Rounds dealt to two spawned workers (the per-task queue is exercised by `pipeline vnncomp --jobs 2`)."""
-    limits = harness.StageBudget(BUDGET_S, first=FIRST_S)
+    """Rounds dealt to two spawned workers (the per-task queue is exercised by `pipeline vnncomp --jobs 2`). The stage
+    budget's clock starts before the workers import torch, which took most of BUDGET_S on this 2-core machine while
+    another test ran: POOL_START_S more keeps the comparison about the rounds (the tasks end when decided, not later)."""
+    limits = harness.StageBudget(BUDGET_S + POOL_START_S, first=FIRST_S)
     one = harness.run(_tasks(NEEDS[4:]), limits)
     two = harness.run(_tasks(NEEDS[4:]), limits, jobs=2)
     assert [(o.key, o.result.status) for o in two] == [(o.key, o.result.status) for o in one]

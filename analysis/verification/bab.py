@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import attack, milp
-from .bounds import Adam, Bounder
+from .bounds import Adam, Bounder, ReluLines
 from .ops import DTYPE, ReLU
 from .vnnlib import VnnlibSpec
 
@@ -161,6 +161,7 @@ class _Search:
         A0 = self.C.to(dt)[row]
         dd = self.d.to(dt)[row]
         full = torch.full((D, R), -math.inf, dtype=DTYPE) if prior is None else prior.to(DTYPE).clone()
+        lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # fixed over the steps: only α changes
 
         def whole(part: torch.Tensor) -> torch.Tensor:  # the bounded rows' values in place, the prior elsewhere
             out = full.clone()
@@ -178,7 +179,7 @@ class _Search:
             inputs: list[torch.Tensor] = []
             extra = {s: bt[s] * signs[s] for s in bt}
             with torch.set_grad_enabled(not last):
-                lower = self.b.backward(A0, self.b.net.output, a, True, bounds, extra,
+                lower = self.b.backward(A0, self.b.net.output, a, True, lines, extra,
                                         record if last else None, inputs if last else None) + dd
             if best is None:
                 best = lower.detach()
@@ -304,9 +305,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         return status, x, f"no ReLU to split: {msg}", {**stats, "domains": 1, "leaf_lps": 1}
     R = search.R
 
-    def unsafe(ys: np.ndarray) -> list[int]:
-        return [i for i in range(ys.shape[0]) if min(float(np.max(spec.disjuncts[k][0] @ ys[i] - spec.disjuncts[k][1]))
-                                                       for k in disjuncts) <= 0]
+    sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
     zero = [torch.zeros(n, dtype=torch.int8) for n in search.sizes]
@@ -370,7 +369,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         stats["rows"] += r.points.shape[0]
         with torch.no_grad():
             ys = b.net.forward(r.points).numpy()
-        for i in unsafe(ys):
+        for i in np.flatnonzero(sub.violations(ys) <= 0):
             x = confirm(r.points[i].numpy())
             if x is not None:
                 return "sat", x, "branch and bound: a domain's bound minimizer is a counterexample", stats
@@ -382,7 +381,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
                                 p.depth + 1))
         stats["max_queue"] = max(stats["max_queue"], len(queue))
         if s.attack_every and stats["rounds"] % s.attack_every == 0 and queue and not expired():
-            x = _attack_from(b, spec, disjuncts, r.points, r.lower.view(-1)[r.rows], expired)
+            x = _attack_from(b, sub, r.points, r.lower.view(-1)[r.rows], expired)
             stats["attacks"] += 1
             if x is not None:
                 x = confirm(x)
@@ -396,11 +395,10 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     return "unsat", None, f"branch and bound: {detail}", stats
 
 
-def _attack_from(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], points: torch.Tensor, lower: torch.Tensor,
+def _attack_from(b: Bounder, sub: VnnlibSpec, points: torch.Tensor, lower: torch.Tensor,
                  expired: Callable[[], bool], starts: int = 8) -> np.ndarray | None:
-    """A short attack started at the bound minimizers ([M, n_in], their rows' lower bounds [M]) of the most violated
-    rows of the last round."""
-    sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)
+    """A short attack on `sub` (the open disjuncts) started at the bound minimizers ([M, n_in], their rows' lower
+    bounds [M]) of the most violated rows of the last round."""
     for p in points[torch.argsort(lower)[:starts]]:
         x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p.numpy(), step_scale=0.1, expired=expired)
         if x is not None:

@@ -52,6 +52,30 @@ class Spec:
 
 
 @dataclass
+class ReluLines:
+    """A ReLU site's relaxation on fixed intervals l < 0 < u (crossing) or stable, all but the lower slope: computed
+    once for the many passes of an optimization over the same intervals (branch and bound's Adam steps)."""
+
+    cross: torch.Tensor
+    active: torch.Tensor  # 1 where l ≥ 0
+    au: torch.Tensor  # upper line u/(u − l)·(x − l) on crossing units, the identity or 0 elsewhere
+    bu: torch.Tensor
+    al0: torch.Tensor  # CROWN's lower slope (1 where u > −l) when no slopes are given
+
+    @classmethod
+    def of(cls, l: torch.Tensor, u: torch.Tensor) -> "ReluLines":
+        cross = (l < 0) & (u > 0)
+        active = (l >= 0).to(l.dtype)
+        au = torch.where(cross, u / (u - l).clamp(min=torch.finfo(l.dtype).tiny), active)
+        bu = torch.where(cross, -l * au, torch.zeros_like(l))
+        return cls(cross, active, au, bu, torch.where(cross, (u > -l).to(l.dtype), active))
+
+    def lines(self, slopes: torch.Tensor | None = None):
+        """(al, bl, au, bu): bl is None, the lower line passing through 0."""
+        return (self.al0 if slopes is None else torch.where(self.cross, slopes, self.active)), None, self.au, self.bu
+
+
+@dataclass
 class BoxBounds:
     """What is known about one network on one box. `pre[s]` = (l, u) of the input of activation site s
     (the tightest found: IBP ∩ CROWN ∩ α-CROWN)."""
@@ -102,7 +126,8 @@ class Adam:
                 continue
             m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
             v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
-            p.sub_(self.lr * (m / c1) / ((v / c2).sqrt() + self.eps))
+            # p −= lr·(m/c1)/(√(v/c2) + eps), with one temporary (torch.optim.Adam's order of operations)
+            p.addcdiv_(m, v.sqrt().div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
 
 
 class Bounder:
@@ -202,14 +227,7 @@ class Bounder:
         op = self.op(s)
         l, u = bounds
         if isinstance(op, ReLU):
-            cross = (l < 0) & (u > 0)
-            active = (l >= 0).to(l.dtype)
-            au = torch.where(cross, u / (u - l).clamp(min=torch.finfo(l.dtype).tiny), active)
-            bu = torch.where(cross, -l * au, torch.zeros_like(l))
-            if slopes is None:
-                al = torch.where(cross, (u > -l).to(l.dtype), active)
-            else:
-                al = torch.where(cross, slopes, active)
+            al, _, au, bu = ReluLines.of(l, u).lines(slopes)
             return al, torch.zeros_like(al), au, bu
         if not isinstance(op, Gate):
             return op.lines(l, u)
@@ -259,7 +277,8 @@ class Bounder:
         """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size), computed in A's dtype
         (float64 unless branch and bound searches in float32; what float32 closes is re-checked in float64 there).
 
-        For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]); `extra[s]` is added to
+        For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]), or for a ReLU site gives
+        its relaxation on such intervals (`ReluLines`, computed once for many passes); `extra[s]` is added to
         the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
         coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in)."""
         rows, dtype = A.shape[0], A.dtype
@@ -281,12 +300,14 @@ class Bounder:
             if record is not None:
                 record[s] = A.detach()
             sl = None if slopes is None else slopes.get(s)
-            if bounds is not None and s in bounds:
+            if bounds is not None and isinstance(bounds.get(s), ReluLines):
+                al, bl, au, bu = bounds[s].lines(sl)
+            elif bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
             else:
                 al, bl, au, bu = (t.to(dtype) for t in self.relaxation(s, sl, exact))
             Ap, An = A.clamp(min=0), A.clamp(max=0)
-            const = const + (Ap * bl).sum(-1) + (An * bu).sum(-1)
+            const = const + (An * bu).sum(-1) + (0 if bl is None else (Ap * bl).sum(-1))
             A = Ap * al + An * au
             if extra is not None and s in extra:
                 A = A + extra[s]

@@ -70,8 +70,12 @@ class VnnlibSpec:
 
     def violation(self, y: np.ndarray) -> float:
         """``min over disjuncts of max over rows of (A y - b)``: <= 0 means ``y`` is unsafe."""
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        return float(min(np.max(A @ y - b) for A, b in self.disjuncts))
+        return float(self.violations(np.asarray(y).reshape(1, -1))[0])
+
+    def violations(self, ys: np.ndarray) -> np.ndarray:
+        """`violation` of each row of ``ys`` ([N, outputs]) at once."""
+        ys = np.asarray(ys, dtype=np.float64)
+        return np.min(np.stack([np.max(ys @ A.T - b, axis=1) for A, b in self.disjuncts]), axis=0)
 
 
 def robustness_spec(x0: np.ndarray, eps: float, lo: float | np.ndarray, hi: float | np.ndarray,
