@@ -324,3 +324,36 @@ def test_swap_gap_bounds_the_smooth_relu_difference_by_sampling():
         diff = (smooth.forward(xs) - relu.forward(xs)).abs().max(0).values
         assert torch.all(diff <= gap + 1e-12), (diff, gap)
         assert float(gap.max()) < (1.0 if lam > 100 else math.inf)
+
+
+RESUME_TOL = 1e-12  # the same float64 steps in the same order, interrupted between sites or not
+
+
+def test_alpha_intermediate_stopped_between_sites_goes_on_where_it_stopped():
+    """`until` stops the intermediate layers' α-CROWN between sites (what a time share does); a later call optimizes
+    only the sites not done, and the bounds come out as one uninterrupted call's."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(),
+                          nn.Linear(12, 2)).eval()
+    net = from_torch(model, (3,))
+    lb, ub = -np.ones(3), np.ones(3)
+    whole = Bounder(net, lb, ub)
+    whole.crown()
+    assert whole.alpha_intermediate(10)
+    parts = Bounder(net, lb, ub)
+    parts.crown()
+    assert not parts.alpha_intermediate(10, until=lambda: len(parts.alpha_done) >= 2)  # stops before the third site
+    assert parts.alpha_done == {0, 1} and parts.method == "crown"
+    assert parts.alpha_intermediate(10) and parts.alpha_done == {0, 1, 2} and parts.method == "alpha-crown"
+    crown = Bounder(net, lb, ub)
+    crown.crown()
+    assert any(float((l1 - l0).abs().max()) > 1e-3 for (l1, _), (l0, _) in zip(whole.pre, crown.pre))  # α did tighten
+    for (l1, u1), (l2, u2) in zip(whole.pre, parts.pre):
+        assert float((l1 - l2).abs().max()) <= RESUME_TOL and float((u1 - u2).abs().max()) <= RESUME_TOL
+
+
+def test_bab_refuses_an_intermediate_share_outside_0_1():
+    from analysis.verification.registry import get_verifier
+
+    with pytest.raises(ValueError, match="intermediate_share must be in"):
+        get_verifier("bab", intermediate_share=0.0)

@@ -146,6 +146,7 @@ class Bounder:
             raise ValueError("empty box: some lb > ub")
         self.expired = expired or (lambda: False)
         self.sites = self.net.activations  # node id of each activation site
+        self.alpha_done: set[int] = set()  # sites whose bounds α-CROWN has optimized (alpha_intermediate)
         self.site_of = {k: s for s, k in enumerate(self.sites)}
         self.site_input = [self.net.nodes[k].inputs[0] for k in self.sites]
         self._ancestors: dict[int, set[int]] = {}
@@ -392,9 +393,12 @@ class Bounder:
 
     # -- α-CROWN ---------------------------------------------------------------------------------
     def _optimize(self, A: torch.Tensor, node: int, steps: int, lr: float,
-                  objective: Callable[[torch.Tensor], torch.Tensor], done: Callable[[torch.Tensor], bool]) -> torch.Tensor:
-        """Maximize objective(lower bounds of A·h) over the slopes of the sites node `node` depends on; returns
-        the elementwise best lower bounds seen (each iterate is sound, so their max is)."""
+                  objective: Callable[[torch.Tensor], torch.Tensor], done: Callable[[torch.Tensor], bool],
+                  until: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Maximize objective(lower bounds of A·h) over the slopes of the sites node `node` depends on, until the
+        steps are done, the budget ends or `until()`; returns the elementwise best lower bounds seen (each iterate
+        is sound, so their max is)."""
+        stop = self._stop(until)
         sites = [s for s in self.sites_before(node) if self.optimizable(s)]
         rows = A.shape[0]
         slopes = {s: self.initial_slopes(s, rows) for s in sites}
@@ -409,7 +413,7 @@ class Bounder:
             return best
         opt = Adam(params, lr=lr)
         for _ in range(steps):
-            if self.expired():
+            if stop():
                 break
             # every iterate is sound (a coarser bisection only widens the slack), so the running max is too
             bound = self.backward(A, node, slopes, exact=False)
@@ -426,26 +430,39 @@ class Bounder:
             best = torch.maximum(best, self.backward(A, node, {s: _detach(v) for s, v in slopes.items()}, exact=True))
         return best
 
-    def alpha_intermediate(self, steps: int = 20, lr: float = 0.1) -> None:
-        """α-CROWN for the inputs of ReLU sites that depend on an earlier site, one site at a time: the unstable
-        units' bounds both ways, slopes of the sites before optimized for their sum. Gate sites keep CROWN's."""
+    def _stop(self, until: Callable[[], bool] | None) -> Callable[[], bool]:
+        return self.expired if until is None else (lambda: self.expired() or until())
+
+    def alpha_intermediate(self, steps: int = 20, lr: float = 0.1, until: Callable[[], bool] | None = None) -> bool:
+        """α-CROWN for the inputs of ReLU sites that depend on an earlier site, one site at a time in order: the
+        unstable units' bounds both ways, slopes of the sites before optimized for their sum. Gate sites keep CROWN's.
+        Stops at the budget's end or `until()`; a later call goes on from the first site not done. True when every
+        site is done."""
+        stop = self._stop(until)
         for s in range(len(self.sites)):
-            if not isinstance(self.op(s), ReLU) or self.expired():
+            if s in self.alpha_done:
                 continue
-            j = self.site_input[s]
-            if not self.sites_before(j):
-                continue
-            idx = self._query(s)
-            if idx.numel() == 0:
-                continue
-            if 2 * idx.numel() * self.width(j) > CHUNK_ELEMENTS:
-                continue  # too wide to optimize at once: keep CROWN's bounds
-            m = idx.numel()
-            # stop once every unit is stable: sign is what the MILP's binaries and the branching need
-            best = self._optimize(self._query_rows(idx, self.pre[s][0].numel()), j, steps, lr, objective=lambda b: b.sum(),
-                                  done=lambda b: bool(torch.all((b[:m] >= 0) | (b[m:] >= 0))))
-            self._tighten(s, idx, best[:m], -best[m:])
+            if stop():
+                return False
+            self._alpha_site(s, steps, lr, stop)
+            self.alpha_done.add(s)  # also when stopped inside: its best bounds so far are kept
         self.method = "alpha-crown"
+        return True
+
+    def _alpha_site(self, s: int, steps: int, lr: float, stop: Callable[[], bool]) -> None:
+        if not isinstance(self.op(s), ReLU):
+            return
+        j = self.site_input[s]
+        if not self.sites_before(j):
+            return
+        idx = self._query(s)
+        if idx.numel() == 0 or 2 * idx.numel() * self.width(j) > CHUNK_ELEMENTS:
+            return  # nothing unstable, or too wide to optimize at once: CROWN's bounds stay
+        m = idx.numel()
+        # stop once every unit is stable: sign is what the MILP's binaries and the branching need
+        best = self._optimize(self._query_rows(idx, self.pre[s][0].numel()), j, steps, lr, objective=lambda b: b.sum(),
+                              done=lambda b: bool(torch.all((b[:m] >= 0) | (b[m:] >= 0))), until=stop)
+        self._tighten(s, idx, best[:m], -best[m:])
 
     def alpha_spec(self, spec: Spec, owner: Sequence[int], steps: int = 30, lr: float = 0.1) -> torch.Tensor:
         """α-CROWN lower bounds of the spec rows (slopes per row), stopping once every disjunct is excluded."""

@@ -15,6 +15,7 @@ under the CPU clock it gets the CPU seconds left as wall seconds (it stops early
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +64,14 @@ class _BoundsState:
             self.update(self.bounder.spec_bounds(self.spec))
             self.level = "crown"
 
-    def alpha_intermediate(self, steps: int) -> None:
-        """α-CROWN-optimized bounds of the ReLU layers (what a MILP's big-M and a branch need), once."""
+    def alpha_intermediate(self, steps: int, until: Callable[[], bool] | None = None) -> None:
+        """α-CROWN-optimized bounds of the ReLU layers (what a MILP's big-M and a branch need), once: a call stopped
+        by the budget or `until()` leaves the sites not reached to a later call (the next turn of a stage budget)."""
         if self.level != "alpha-milp":
-            self.bounder.alpha_intermediate(steps)
+            done = self.bounder.alpha_intermediate(steps, until=until)
             self.update(self.bounder.spec_bounds(self.spec))
-            self.level = "alpha-milp"
+            if done:
+                self.level = "alpha-milp"
 
     @property
     def open(self) -> list[int]:
@@ -257,19 +260,28 @@ class ViaReluVerifier(Verifier):
         return ("unsat" if all(ex) else "unknown"), None, what
 
 
+# the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: on the 2-block
+# ResNet stand-in it took 15 s of a 30 s limit where branch and bound then needed 0.4 s (benchmarks/VERIFICATION.md)
+INTERMEDIATE_SHARE = 0.25
+
+
 @register_verifier("bab")
 class BabVerifier(Verifier):
     """Branch and bound on unstable ReLUs with β-CROWN bounds (`bab.bab`), one search over every disjunct the bounds
     left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
     for the ReLU layers). Complete for ReLU networks."""
 
-    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None) -> None:
+    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
+                 intermediate_share: float = INTERMEDIATE_SHARE) -> None:
         from .bab import Settings
 
         self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
         self.steps = int(steps)
+        if not 0 < float(intermediate_share) <= 1:
+            raise ValueError(f"intermediate_share must be in (0, 1], got {intermediate_share}")
+        self.intermediate_share = float(intermediate_share)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         from . import bab
@@ -277,7 +289,7 @@ class BabVerifier(Verifier):
         st = _state(problem, k, budget)
         st.crown()
         if st.open:
-            st.alpha_intermediate(self.steps)
+            st.alpha_intermediate(self.steps, Budget(self.intermediate_share * budget.left(), budget.clock).expired)
         if not st.open:
             return st.answer("bounds", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
