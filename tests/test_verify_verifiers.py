@@ -296,6 +296,27 @@ def test_a_domain_closes_only_when_every_row_holds_in_float64_the_priors_too():
     assert not bool(r.closed[0]) and float(r.lower[0, 0]) < 0  # re-bounded in float64: the root's value, not 5
 
 
+def test_branch_and_bound_stops_at_the_step_where_its_budget_ends(monkeypatch):
+    """The budget's end is seen between Adam steps: no further bound pass runs (no last pass for the batch's records,
+    no float64 re-check), so a search overruns its limit by at most one step."""
+    net, spec, *_ = _two_disjunct_case()
+    b = Bounder(net, spec.lb, spec.ub)
+    b.crown()
+    calls = {"n": 0, "after": 0, "ended": False}
+    real = Bounder.backward
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        calls["after"] += calls["ended"]
+        calls["ended"] = calls["ended"] or calls["n"] >= 3  # the budget ends during the third pass
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Bounder, "backward", counting)
+    status, _, msg, _ = bab(b, spec, [0, 1], lambda: calls["ended"], lambda: 0.0, Settings(steps=10))
+    assert status == "timeout" and "inside the root's bound" in msg
+    assert calls["n"] == 3 and calls["after"] == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # re-checks, limits, registry
 

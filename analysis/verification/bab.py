@@ -79,6 +79,11 @@ class Domain:
         return float(self.lower.clamp(max=0).sum())
 
 
+class _Expired(Exception):
+    """The budget ran out inside a batch's bound pass (raised between Adam steps, so a search stops within one step
+    of its limit rather than after the batch's last pass and its float64 re-check)."""
+
+
 class Bounded(NamedTuple):
     """One batched bound pass over D domains."""
 
@@ -174,7 +179,9 @@ class _Search:
         best_a = {s: v.detach().clone() for s, v in a.items()}
         best_b = {s: v.detach().clone() for s, v in bt.items()}
         for i in range(steps + 1):
-            last = i == steps or self.expired()
+            if i > 0 and self.expired():
+                raise _Expired  # a batch cut short is dropped whole: its parents stay open for the timeout's report
+            last = i == steps
             record: dict[int, torch.Tensor] = {}
             inputs: list[torch.Tensor] = []
             extra = {s: bt[s] * signs[s] for s in bt}
@@ -312,22 +319,31 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     init_alpha = [b.relaxation(site)[0].expand(R, -1).to(STORE) for site in search.relu_sites]
     init_beta = [torch.zeros(R, n, dtype=STORE) for n in search.sizes]
     stack1 = lambda xs: [x[None] for x in xs]  # noqa: E731
-    r = search.bound(stack1(zero), stack1(init_alpha), stack1(init_beta), s.steps, True)
+    def timeout(open_: list[Domain]):
+        stats["global_lower"] = min(float(q.lower.min()) for q in open_)
+        return "timeout", None, (f"branch and bound: {len(open_)} domains open after {stats['domains']} "
+                                 f"(global lower bound {stats['global_lower']:.4g})"), stats
+
+    try:
+        r = search.bound(stack1(zero), stack1(init_alpha), stack1(init_beta), s.steps, True)
+    except _Expired:
+        return "timeout", None, "branch and bound: the budget ran out inside the root's bound", stats
     stats["domains"] += 1
     queue: list[Domain] = []
     if not bool(r.closed[0]):
         queue.append(Domain(zero, [a[0] for a in r.alpha], [x[0] for x in r.beta], r.lower[0], [sc[0] for sc in r.scores]))
     while queue:
         if expired():
-            stats["global_lower"] = min(float(q.lower.min()) for q in queue)
-            return "timeout", None, (f"branch and bound: {len(queue)} domains open after {stats['domains']} "
-                                     f"(global lower bound {stats['global_lower']:.4g})"), stats
+            return timeout(queue)
         queue.sort(key=lambda e: e.key)
         take, queue = queue[:s.batch], queue[s.batch:]
         depth = 1
         if len(take) < s.batch and len(queue) == 0:
             depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, s.batch / len(take))))))
-        picks = search.choose(take) if depth == 1 else [None] * len(take)
+        try:
+            picks = search.choose(take) if depth == 1 else [None] * len(take)
+        except _Expired:
+            return timeout(take + queue)
         children: list[tuple[Domain, list[torch.Tensor]]] = []
         for p, unit in zip(take, picks):
             if depth > 1:  # several units at once: the best `depth` by score
@@ -362,8 +378,11 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         if not children:
             continue
         st = lambda xs: [torch.stack([x[j] for x in xs]) for j in range(len(search.relu_sites))]  # noqa: E731
-        r = search.bound(st([sp for _, sp in children]), st([p.alpha for p, _ in children]),
-                         st([p.beta for p, _ in children]), s.steps, True, torch.stack([p.lower for p, _ in children]))
+        try:
+            r = search.bound(st([sp for _, sp in children]), st([p.alpha for p, _ in children]),
+                             st([p.beta for p, _ in children]), s.steps, True, torch.stack([p.lower for p, _ in children]))
+        except _Expired:
+            return timeout(list({id(p): p for p, _ in children}.values()) + queue)
         stats["domains"] += len(children)
         stats["rounds"] += 1
         stats["rows"] += r.points.shape[0]
