@@ -22,8 +22,8 @@ A round takes the `batch` domains with the lowest bounds (best first) and:
    which holds on the child's smaller region);
 3. runs each child's bound minimizer (a corner of the box per row) through the network, and every few rounds a short
    attack from the most violated ones: an unsafe point that survives `confirm` is a counterexample;
-4. closes children whose disjuncts are all excluded (after a float64 re-check of every row); a child with no unstable unit left is decided exactly by an LP (the MILP
-   encoding with every unit stable has no binaries).
+4. closes children whose disjuncts are all excluded (after a float64 re-check of every row); a child with no
+   unstable unit left is decided exactly by an LP (the MILP encoding with every unit stable has no binaries).
 The answer: unsat when no domain is left, sat on a counterexample, timeout when the budget runs out, unknown when
 an unsafe region was found whose points did not survive `confirm`.
 """
@@ -142,7 +142,8 @@ class _Search:
         D, R = splits[0].shape[0], self.R
         dom = torch.arange(D).repeat_interleave(R)
         bounds, signs, _ = self._setup(splits, DTYPE, dom)
-        a = {s: torch.where((bounds[s][0] < 0) & (bounds[s][1] > 0), alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1), torch.zeros(1, dtype=DTYPE))
+        zero = torch.zeros(1, dtype=DTYPE)
+        a = {s: torch.where((bounds[s][0] < 0) & (bounds[s][1] > 0), alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1), zero)
              for j, s in enumerate(self.relu_sites)}
         extra = {s: beta[j].reshape(D * R, -1).to(DTYPE).clamp(min=0) * signs[s] for j, s in enumerate(self.relu_sites)}
         with torch.no_grad():
@@ -159,7 +160,8 @@ class _Search:
         flat = torch.nonzero(active.flatten()).flatten()
         dom, row = flat // R, flat % R
         bounds, signs, cross = self._setup(splits, dt, dom)
-        a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1), torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
+        a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1),
+                            torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
              for j, s in enumerate(self.relu_sites)}
         bt = {s: beta[j].reshape(D * R, -1)[flat].to(dt).clamp(min=0).requires_grad_(steps > 0)
               for j, s in enumerate(self.relu_sites) if bool(signs[s].any())}
