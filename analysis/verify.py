@@ -427,13 +427,13 @@ def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, int8_k
                     bar.step(line=f"    verify: {sum(finished.values())}/{len(tasks)} properties final ("
                                   + ", ".join(f"{k} {n}" for k, n in sorted(finished.items())) + ")")
 
-            for part, budget in (([t for t in tasks if t.key not in int8_keys], vcfg.budget_s),
-                                 ([t for t in tasks if t.key in int8_keys], vcfg.int8_budget_s)):
+            for int8, budget in ((False, vcfg.budget_s), (True, vcfg.int8_budget_s)):
+                part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
                     harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown)
-                if part and part[0].key in int8_keys:
-                    int8_seconds = time.perf_counter() - t0
+                    if int8:
+                        int8_seconds = time.perf_counter() - t0
     save()
     return time.perf_counter() - started, int8_seconds
 

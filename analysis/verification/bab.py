@@ -142,12 +142,11 @@ class _Search:
         D, R = splits[0].shape[0], self.R
         dom = torch.arange(D).repeat_interleave(R)
         bounds, signs, _ = self._setup(splits, DTYPE, dom)
-        zero = torch.zeros(1, dtype=DTYPE)
-        a = {s: torch.where((bounds[s][0] < 0) & (bounds[s][1] > 0), alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1), zero)
-             for j, s in enumerate(self.relu_sites)}
+        lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # α counts only where a unit crosses 0
+        a = {s: alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1) for j, s in enumerate(self.relu_sites)}
         extra = {s: beta[j].reshape(D * R, -1).to(DTYPE).clamp(min=0) * signs[s] for j, s in enumerate(self.relu_sites)}
         with torch.no_grad():
-            return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, bounds, extra) + self.d.repeat(D)).view(D, -1)
+            return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, lines, extra) + self.d.repeat(D)).view(D, -1)
 
     def bound(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor], steps: int,
               need_scores: bool, prior: torch.Tensor | None = None) -> Bounded:
@@ -305,7 +304,7 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     if b.net.smooth:
         raise ValueError("branch and bound here splits ReLUs; the network has smooth gates")
     search = _Search(b, spec, disjuncts, s, expired)
-    stats = {"domains": 0, "rounds": 0, "rows": 0, "leaf_lps": 0, "max_queue": 1, "unconfirmed": 0, "attacks": 0}
+    stats = {"domains": 0, "rounds": 0, "leaf_lps": 0, "max_queue": 1, "unconfirmed": 0, "attacks": 0}
     if not search.relu_sites:  # no ReLU: nothing to branch on, one LP decides
         status, x, msg = milp.solve(b.net, spec, [], disjuncts, left)
         if status == "sat":
@@ -387,7 +386,6 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
             return timeout(list({id(p): p for p, _ in children}.values()) + queue)
         stats["domains"] += len(children)
         stats["rounds"] += 1
-        stats["rows"] += r.points.shape[0]
         with torch.no_grad():
             ys = b.net.forward(r.points).numpy()
         for i in np.flatnonzero(sub.violations(ys) <= 0):

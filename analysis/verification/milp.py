@@ -149,12 +149,11 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
             n = al.size
             a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
             r = np.repeat(np.arange(n), 2)
+            yx = np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)]))  # (y_i, x_i) per row
             for slope, lo_, hi_ in ((al, bl, np.full(n, np.inf)), (au, np.full(n, -np.inf), bu)):
-                add_rows(r, np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)])),
-                         np.ravel(np.column_stack([np.ones(n), -slope])), lo_, hi_)  # y − slope·x vs the intercept
+                add_rows(r, yx, np.ravel(np.column_stack([np.ones(n), -slope])), lo_, hi_)  # y − slope·x vs the intercept
             if isinstance(node.op, Rounding) and node.op.step is not None:  # |y − x| ≤ E whatever the lines chose
-                add_rows(r, np.ravel(np.column_stack([a.start + np.arange(n), h.start + np.arange(n)])),
-                         np.tile([1.0, -1.0], n), -node.op.E.numpy(), node.op.E.numpy())
+                add_rows(r, yx, np.tile([1.0, -1.0], n), -node.op.E.numpy(), node.op.E.numpy())
             grid = node.op.grid() if isinstance(node.op, (Rounding, QuantizedInput)) else None
             if grid is not None:  # y on the grid: |y − s·k| ≤ slack with k an integer (units with one value left are fixed)
                 step, slack = (np.broadcast_to(np.asarray(t, dtype=np.float64), (n,)) for t in grid)
