@@ -97,14 +97,16 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
 
 def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: Any = -math.inf, high: Any = math.inf,
            verifier: str | None = None, timeout_s: float | None = None, samples: int | None = None,
-           input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1) -> dict[str, Any]:
+           input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1,
+           device: str | None = None) -> dict[str, Any]:
     """L∞ robustness of the first `samples` examples of `data` at each radius, with the verify stage's verifiers
     through its property loop (`analysis.verification.harness`; "auto" = the staged chain, attack first, then bounds,
     then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
     (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
     read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
     [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
-    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property;
+    `device` where the bounds compute (auto | cpu | cuda | cuda:N).
 
     Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error,
     "certified": {eps: fraction unsat}}. The verify stage itself (VNN-LIB files, instances.csv, witnesses)
@@ -134,7 +136,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck,
                               specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
              for eps in epsilons for k in range(n)]
-    outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock)
+    outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock, device=device or defaults.device)
     rows = [{"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": o.result.status,
              "stage": o.result.stage, "seconds": o.result.seconds, "message": o.result.message} for o in outcomes]
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}

@@ -147,6 +147,17 @@ def test_unusable_folder_exits_2(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "is not a number" in capsys.readouterr().err
     assert main([str(tmp_path), "--verifier", "nope"]) == 2
+    capsys.readouterr()
+
+
+def test_a_device_that_is_not_there_exits_2_with_the_fix(small, capsys):
+    assert main([str(small), "--device", "gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--device 'gpu' is not a device; use auto, cpu, cuda or cuda:N" in err
+    if not torch.cuda.is_available():
+        assert main([str(small), "--device", "cuda"]) == 2
+        assert "use --device cpu or --device auto" in capsys.readouterr().err
+    assert not (small / "results.csv").exists()  # nothing solved, nothing written
 
 
 def test_timeout_override_and_rerun(small):

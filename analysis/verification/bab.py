@@ -101,9 +101,10 @@ class _Search:
         """The rows C y + d of the disjuncts `disjuncts` of `spec` (a disjunct {A y ≤ b} is excluded when some row of
         A y − b has lower bound > 0), each row's disjunct in `owner`."""
         rows = [(k, r) for k in disjuncts for r in range(spec.disjuncts[k][0].shape[0])]
-        self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE)
-        self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE)
-        self.owner = torch.as_tensor([k for k, _ in rows])
+        dev = self.device = b.device
+        self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE, device=dev)
+        self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE, device=dev)
+        self.owner = torch.as_tensor([k for k, _ in rows], device=dev)
         self.b, self.s, self.expired, self.disjuncts = b, s, expired, disjuncts
         self.R = self.C.shape[0]
         self.relu_sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), ReLU)]
@@ -112,7 +113,7 @@ class _Search:
 
     def excluded(self, lower: torch.Tensor) -> torch.Tensor:
         """Per domain and row ([D, R] lower bounds): is the row's disjunct excluded, i.e. some row of it > 0?"""
-        out = torch.zeros(lower.shape, dtype=torch.bool)
+        out = torch.zeros(lower.shape, dtype=torch.bool, device=lower.device)
         for k in self.disjuncts:
             rows = self.owner == k
             out[:, rows] = (lower[:, rows] > 0).any(1, keepdim=True)
@@ -140,7 +141,7 @@ class _Search:
     def _exact(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor]) -> torch.Tensor:
         """[D, R] lower bounds in float64 for the given α, β ([D, R, n_s] each), every row: what a decision rests on."""
         D, R = splits[0].shape[0], self.R
-        dom = torch.arange(D).repeat_interleave(R)
+        dom = torch.arange(D, device=self.device).repeat_interleave(R)
         bounds, signs, _ = self._setup(splits, DTYPE, dom)
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # α counts only where a unit crosses 0
         a = {s: alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1) for j, s in enumerate(self.relu_sites)}
@@ -155,18 +156,18 @@ class _Search:
         already exclude keep them and are not bounded again, so a round's work goes to the disjuncts still open
         (α,β-CROWN gets the same by running its search per open label)."""
         D, R, dt = splits[0].shape[0], self.R, self.s.dtype
-        active = torch.ones(D, R, dtype=torch.bool) if prior is None else ~self.excluded(prior)
+        active = torch.ones(D, R, dtype=torch.bool, device=self.device) if prior is None else ~self.excluded(prior)
         flat = torch.nonzero(active.flatten()).flatten()
         dom, row = flat // R, flat % R
         bounds, signs, cross = self._setup(splits, dt, dom)
         a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1),
-                            torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
+                            torch.zeros(1, dtype=dt, device=self.device)).requires_grad_(steps > 0)
              for j, s in enumerate(self.relu_sites)}
         bt = {s: beta[j].reshape(D * R, -1)[flat].to(dt).clamp(min=0).requires_grad_(steps > 0)
               for j, s in enumerate(self.relu_sites) if bool(signs[s].any())}
         A0 = self.C.to(dt)[row]
         dd = self.d.to(dt)[row]
-        full = torch.full((D, R), -math.inf, dtype=DTYPE) if prior is None else prior.to(DTYPE).clone()
+        full = torch.full((D, R), -math.inf, dtype=DTYPE, device=self.device) if prior is None else prior.to(DTYPE).clone()
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # fixed over the steps: only α changes
 
         def whole(part: torch.Tensor) -> torch.Tensor:  # the bounded rows' values in place, the prior elsewhere
@@ -246,7 +247,7 @@ class _Search:
             intercept = torch.where(crs, -l * u / (u - l).clamp(min=1e-300), torch.zeros_like(l))
             A = record[s] * open_rows
             sc = A.clamp(max=0).abs() * intercept + 1e-6 * A.abs() * torch.minimum(u, -l).clamp(min=0) * crs
-            sc = torch.zeros(D, sc.shape[1], dtype=sc.dtype).index_add_(0, dom, sc)
+            sc = sc.new_zeros(D, sc.shape[1]).index_add_(0, dom, sc)
             out.append(torch.where(cross[s], sc, torch.full_like(sc, -1.0)))
         return out
 
@@ -316,9 +317,9 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
-    zero = [torch.zeros(n, dtype=torch.int8) for n in search.sizes]
+    zero = [torch.zeros(n, dtype=torch.int8, device=b.device) for n in search.sizes]
     init_alpha = [b.relaxation(site)[0].expand(R, -1).to(STORE) for site in search.relu_sites]
-    init_beta = [torch.zeros(R, n, dtype=STORE) for n in search.sizes]
+    init_beta = [torch.zeros(R, n, dtype=STORE, device=b.device) for n in search.sizes]
     stack1 = lambda xs: [x[None] for x in xs]  # noqa: E731
     def timeout(open_: list[Domain]):
         stats["global_lower"] = min(float(q.lower.min()) for q in open_)
@@ -387,9 +388,9 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         stats["domains"] += len(children)
         stats["rounds"] += 1
         with torch.no_grad():
-            ys = b.net.forward(r.points).numpy()
-        for i in np.flatnonzero(sub.violations(ys) <= 0):
-            x = confirm(r.points[i].numpy())
+            unsafe = torch.nonzero(sub.violations(b.net.forward(r.points)) <= 0).flatten().tolist()  # usually none
+        for i in unsafe:
+            x = confirm(r.points[i].cpu().numpy())
             if x is not None:
                 return "sat", x, "branch and bound: a domain's bound minimizer is a counterexample", stats
             stats["unconfirmed"] += 1
@@ -419,7 +420,7 @@ def _attack_from(b: Bounder, sub: VnnlibSpec, points: torch.Tensor, lower: torch
     """A short attack on `sub` (the open disjuncts) started at the bound minimizers ([M, n_in], their rows' lower
     bounds [M]) of the most violated rows of the last round."""
     for p in points[torch.argsort(lower)[:starts]]:
-        x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p.numpy(), step_scale=0.1, expired=expired)
+        x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p, step_scale=0.1, expired=expired)
         if x is not None:
             return x
         if expired():

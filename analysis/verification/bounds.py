@@ -10,6 +10,11 @@ A⁺·lower line + A⁻·upper line of its relaxation on its input's interval.
 One small engine in torch float64; bounds are computed without directed rounding (as auto_LiRPA does): what
 they miss by float64 rounding is ~1e-12 relative, far below the margins a decision rests on. The gate
 relaxations' own evaluation error is covered (`relaxations.G_REL_ERROR`).
+
+Device-generic: a `Bounder` computes on its graph's device (`Graph.device`, the weights'); the box, the query rows and
+every tensor it makes are created there, so a bound pass never reads a value on the host (the budget checks and the
+per-site loops read Python numbers only). `tests/test_verify_device.py` runs the passes with tensors made anywhere
+else turned into an error.
 """
 
 from __future__ import annotations
@@ -38,17 +43,18 @@ class Spec:
     d: torch.Tensor
 
     def __post_init__(self) -> None:
-        self.C = torch.as_tensor(self.C).to(DTYPE)
-        self.d = torch.as_tensor(self.d).to(DTYPE).reshape(-1)
+        self.C = as_tensor(self.C)
+        self.d = as_tensor(self.d, self.C.device).reshape(-1)
 
     @classmethod
-    def from_disjuncts(cls, disjuncts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple["Spec", list[int]]:
-        """A disjunct {A y ≤ b} is empty when some row has lower bound of A_r y − b_r > 0: all rows stacked,
-        with the disjunct index of each row."""
+    def from_disjuncts(cls, disjuncts: Sequence[tuple[np.ndarray, np.ndarray]],
+                       device: torch.device | str = "cpu") -> tuple["Spec", list[int]]:
+        """A disjunct {A y ≤ b} is empty when some row has lower bound of A_r y − b_r > 0: all rows stacked (on
+        `device`), with the disjunct index of each row."""
         C = np.concatenate([A for A, _ in disjuncts])
         d = -np.concatenate([b for _, b in disjuncts])
         owner = [k for k, (A, _) in enumerate(disjuncts) for _ in range(A.shape[0])]
-        return cls(torch.as_tensor(C, dtype=DTYPE), torch.as_tensor(d, dtype=DTYPE)), owner
+        return cls(as_tensor(C, device), as_tensor(d, device)), owner
 
 
 @dataclass
@@ -131,15 +137,16 @@ class Adam:
 
 
 class Bounder:
-    """Bounds of one graph over one input box [lb, ub] (flat, in the graph's input units)."""
+    """Bounds of one graph over one input box [lb, ub] (flat, in the graph's input units), on the graph's device."""
 
     def __init__(self, net: Graph, lb: Any, ub: Any, expired: Callable[[], bool] | None = None):
         self.net = net.merged()
+        self.device = self.net.device
         for node in self.net.nodes:
             if isinstance(node.op, Gate) and node.op.kind not in SMOOTH_GATES:
                 raise UnsupportedModel(f"gate {node.op.kind!r} has no linear relaxation here; supported: {', '.join(SMOOTH_GATES)}")
-        self.lb = as_tensor(lb).reshape(-1).clone()  # copies: the caller's arrays may be views
-        self.ub = as_tensor(ub).reshape(-1).clone()
+        self.lb = as_tensor(lb, self.device).reshape(-1).clone()  # copies: the caller's arrays may be views
+        self.ub = as_tensor(ub, self.device).reshape(-1).clone()
         if self.lb.numel() != self.net.num_inputs or self.lb.shape != self.ub.shape:
             raise ValueError(f"the box has {self.lb.numel()} inputs, the network {self.net.num_inputs}")
         if bool(torch.any(self.lb > self.ub)):
@@ -285,7 +292,7 @@ class Bounder:
         rows, dtype = A.shape[0], A.dtype
         ops = self._ops(dtype) if dtype != DTYPE else [n.op for n in self.net.nodes]
         acc: dict[int, torch.Tensor] = {node: A}
-        const = torch.zeros(rows, dtype=dtype)
+        const = A.new_zeros(rows)
         for k in range(node, 0, -1):
             A = acc.pop(k, None)
             if A is None:
@@ -316,7 +323,7 @@ class Bounder:
             acc[i] = acc[i] + A if i in acc else A
         A_in = acc.pop(0, None)
         if A_in is None:
-            A_in = torch.zeros(rows, self.net.num_inputs, dtype=dtype)
+            A_in = A.new_zeros(rows, self.net.num_inputs)
         if inputs is not None:
             inputs.append(A_in.detach())
         return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
@@ -331,8 +338,8 @@ class Bounder:
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
         if not self.op(s).needs_bounds:
-            return torch.arange(0)
-        return torch.arange(l.numel())
+            return torch.arange(0, device=l.device)
+        return torch.arange(l.numel(), device=l.device)
 
     def _tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
         l, u = self.pre[s]
@@ -350,8 +357,8 @@ class Bounder:
 
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
-        E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE)
-        r = torch.arange(idx.numel())
+        E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
+        r = torch.arange(idx.numel(), device=idx.device)
         E[r, idx] = 1.0
         E[idx.numel() + r, idx] = -1.0
         return E
@@ -364,7 +371,7 @@ class Bounder:
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
-            self._tighten(s, torch.arange(lo.numel()), lo, hi)
+            self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
             stopped = stopped or self.expired()
             if stopped or self._exact_by_ibp(s):
                 return self.pre[s]
@@ -466,16 +473,15 @@ class Bounder:
 
     def alpha_spec(self, spec: Spec, owner: Sequence[int], steps: int = 30, lr: float = 0.1) -> torch.Tensor:
         """α-CROWN lower bounds of the spec rows (slopes per row), stopping once every disjunct is excluded."""
-        own = torch.as_tensor(list(owner))
-        n_disj = int(own.max()) + 1 if own.numel() else 0
+        own = torch.as_tensor(list(owner), device=self.device)
+        n_disj = max(owner) + 1 if len(owner) else 0
 
         def per_disjunct(b: torch.Tensor) -> torch.Tensor:
-            out = torch.full((n_disj,), -math.inf, dtype=DTYPE)
-            return out.scatter_reduce(0, own, b, reduce="amax")
+            return b.new_full((n_disj,), -math.inf).scatter_reduce(0, own, b, reduce="amax")
 
         def objective(b: torch.Tensor) -> torch.Tensor:
             # each disjunct is excluded by its best row: push that row up, no further than 0 (then it is done)
-            return torch.stack([b[own == j].max() for j in range(n_disj)]).clamp(max=0).sum() + 1e-3 * b.clamp(max=0).sum()
+            return per_disjunct(b).clamp(max=0).sum() + 1e-3 * b.clamp(max=0).sum()
 
         best = self._optimize(spec.C, self.net.output, steps, lr, objective=lambda b: objective(b + spec.d),
                               done=lambda b: bool(torch.all(per_disjunct(b + spec.d) > 0)))
@@ -520,7 +526,7 @@ def swap_gap(smooth: Graph, relu_pre: Sequence[tuple[torch.Tensor, torch.Tensor]
         raise ValueError(f"{len(relu_pre)} pre-activation bounds for {len(sites)} activation sites")
     site_of = {k: s for s, k in enumerate(sites)}
     d: list[torch.Tensor | None] = [None] * len(net.nodes)
-    d[0] = torch.zeros(1, net.num_inputs, dtype=DTYPE)
+    d[0] = torch.zeros(1, net.num_inputs, dtype=DTYPE, device=net.device)
     for k, node in enumerate(net.nodes[1:], start=1):
         if isinstance(node.op, Affine):
             d[k] = node.op.abs_forward(*(d[i] for i in node.inputs))

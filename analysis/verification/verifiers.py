@@ -47,7 +47,7 @@ class _BoundsState:
     def __init__(self, problem: Problem, k: int, budget: Budget):
         spec = problem.specs[k]
         self.bounder = bounds.Bounder(problem.network, spec.lb, spec.ub, budget.expired)
-        self.spec, self.owner = bounds.Spec.from_disjuncts(spec.disjuncts)
+        self.spec, self.owner = bounds.Spec.from_disjuncts(spec.disjuncts, self.bounder.device)
         self.n = len(spec.disjuncts)
         self.lower = self.bounder.ibp_spec(self.spec)
         self.level = "ibp"
@@ -226,7 +226,7 @@ class ViaReluVerifier(Verifier):
         smooth = problem.network
         spec = problem.specs[k]
         b = bounds.Bounder(smooth.relu_version(), spec.lb, spec.ub, budget.expired)
-        rows, owner = bounds.Spec.from_disjuncts(spec.disjuncts)
+        rows, owner = bounds.Spec.from_disjuncts(spec.disjuncts, b.device)
         b.crown()
         lower = b.spec_bounds(rows)
         n = len(spec.disjuncts)

@@ -1,0 +1,148 @@
+"""The verification engine computes on its graph's device and makes nothing elsewhere.
+
+No GPU is needed to test that: the engine runs on the CPU while torch's default device is `meta`, so a tensor made
+without naming a device (the bug that breaks the engine on a GPU) lands on `meta`, and a guard over every torch call
+fails on any tensor that is not on the CPU. The guard also fails on a numpy round trip (`Tensor.numpy`,
+`torch.from_numpy`) inside the bound passes and branch and bound's rounds: on a GPU each is a wait for the device.
+The MILP (the engine's one boundary to the host) and the counterexample re-check run with the guard paused."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from analysis.verification import bab as bab_mod
+from analysis.verification import milp
+from analysis.verification.bab import Settings, bab
+from analysis.verification.bounds import Bounder, Spec
+from analysis.verification.ops import QuantizedInput
+from analysis.verification.readers import from_torch
+from analysis.verification.vnnlib import robustness_spec
+
+HOST_CROSSINGS = {torch.Tensor.numpy, torch.from_numpy}
+
+
+class DeviceGuard(TorchFunctionMode):
+    """Every tensor a torch call returns must be on `device`; numpy round trips fail too (unless paused)."""
+
+    def __init__(self, device: str = "cpu"):
+        super().__init__()
+        self.device = torch.device(device)
+        self.paused = False
+
+    @contextlib.contextmanager
+    def pause(self):
+        self.paused, before = True, self.paused
+        try:
+            yield
+        finally:
+            self.paused = before
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.paused and func in HOST_CROSSINGS:
+            raise AssertionError(f"{getattr(func, '__name__', func)}: a numpy round trip inside the engine's hot path")
+        out = func(*args, **kwargs)
+        if not self.paused:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device != self.device:
+                    raise AssertionError(f"{getattr(func, '__name__', func)} made a tensor on {t.device}, "
+                                         f"not on the engine's device {self.device}")
+        return out
+
+
+@contextlib.contextmanager
+def guarded():
+    """Implicitly placed tensors go to `meta`; the guard requires the CPU (where the test's weights are)."""
+    guard = DeviceGuard("cpu")
+    with torch.device("meta"), guard:
+        yield guard
+
+
+def _case(seed: int = 8, eps: float = 0.3):  # branch and bound needs 4 rounds of batch 4 here
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = nn.Sequential(nn.Linear(4, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 3)).eval()
+    net = from_torch(model, (4,))
+    x0 = rng.uniform(0, 1, 4)
+    c = int(np.argmax(net.forward(x0).numpy()))
+    return net, robustness_spec(x0, eps, -1.0, 2.0, c, 3)
+
+
+def test_the_guard_catches_a_tensor_made_on_the_default_device():
+    with guarded(), pytest.raises(AssertionError, match="meta"):
+        torch.ones(3) + torch.zeros(3, device="cpu")
+    with guarded(), pytest.raises(AssertionError, match="numpy"):
+        torch.zeros(2, device="cpu").numpy()
+
+
+def test_bound_passes_make_every_tensor_on_the_graphs_device():
+    net, spec = _case()
+    rows, owner = Spec.from_disjuncts(spec.disjuncts)
+    b = Bounder(net, spec.lb, spec.ub)  # built outside: readers and the box's numpy arrays are the host's side
+    with guarded():
+        b.crown()
+        b.alpha_intermediate(steps=3)
+        lower = b.alpha_spec(rows, owner, steps=3)
+    assert lower.device.type == "cpu" and b.method == "alpha-crown"
+
+
+def test_branch_and_bound_rounds_make_every_tensor_on_the_graphs_device(monkeypatch):
+    net, spec = _case()
+    b = Bounder(net, spec.lb, spec.ub)
+    b.crown()
+    guard_box = {}
+    real_solve = milp.solve
+
+    def host_solve(*args, **kwargs):  # the leaf LPs: HiGHS on the host, by design
+        with guard_box["guard"].pause():
+            return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(bab_mod.milp, "solve", host_solve)
+
+    def confirm(x):
+        return x
+
+    with guarded() as guard:
+        guard_box["guard"] = guard
+
+        def paused_confirm(x):
+            with guard.pause():
+                return confirm(x)
+
+        status, _, msg, stats = bab(b, spec, list(range(len(spec.disjuncts))), lambda: False, lambda: 30.0,
+                                    Settings(batch=4, steps=3), paused_confirm)
+    assert status in ("unsat", "sat") and stats["rounds"] >= 2, (status, msg, stats)
+
+
+def test_a_graph_moves_whole_and_keeps_its_values():
+    net, spec = _case()
+    moved = net.to("meta")
+    assert moved.device.type == "meta" and moved.to("meta") is moved and net.to("cpu") is net
+    assert all(t.device.type == "meta" for n in moved.nodes[1:] for t in n.op.tensors())
+    x = torch.rand(5, 4, dtype=torch.float64)
+    assert torch.equal(net.to("cpu").forward(x), net.forward(x))
+
+
+def test_the_first_quantization_is_computed_on_its_device_as_the_runtime_does():
+    """QuantizedInput's grid points in torch are the numpy reference's (float32 x/s, half to even, float32 dequantize)."""
+    from analysis.verification.quantized import grid_index
+
+    rng = np.random.default_rng(0)
+    scale = np.full(1000, np.float32(0.0173))
+    zero = np.full(1000, 3.0)
+    q = QuantizedInput(scale.astype(np.float64), zero, 0, 255)
+    x = rng.uniform(-0.2, 4.5, 1000)
+    x[:10] = (np.arange(10) + 0.5) * np.float32(0.0173)  # ties
+    with guarded():
+        got = q.value(torch.tensor(x, dtype=torch.float64, device="cpu"))
+    ref_q = np.clip(np.rint(x.astype(np.float32) / scale).astype(np.float64) + zero, 0, 255)  # numpy, as before
+    assert np.array_equal(grid_index(x, scale, zero, 0, 255), ref_q)
+    ref = ((ref_q - zero).astype(np.float32) * scale.astype(np.float32)).astype(np.float64)
+    assert np.array_equal(got.numpy(), ref)
