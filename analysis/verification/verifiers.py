@@ -271,11 +271,13 @@ class BabVerifier(Verifier):
     left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
     for the ReLU layers). Complete for ReLU networks."""
 
-    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
-                 intermediate_share: float = INTERMEDIATE_SHARE) -> None:
+    def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
+                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: bool | None = None) -> None:
         from .bab import Settings
 
         self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
+        if rebound is not None:  # else the search's own default (bab.Settings)
+            self.settings.rebound = bool(rebound)
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
         self.steps = int(steps)
