@@ -230,7 +230,7 @@ def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and
     every = list(range(len(spec.disjuncts)))
     got = {}
     for name, cfg in (("batched", Settings(batch=batch, steps=5, candidates=3)), ("unbatched", UNBATCHED),
-                      ("rebound", Settings(batch=batch, steps=5, rebound=True))):
+                      ("rebound", Settings(batch=batch, steps=5, rebound=2))):
         b = Bounder(net, spec.lb, spec.ub)
         got[name], x, _, _ = bab(b, spec, every, lambda: False, lambda: 30.0, cfg)
         if got[name] == "sat":
@@ -255,7 +255,7 @@ def test_per_domain_intervals_hold_on_every_point_of_the_domain_and_only_tighten
     spec = robustness_spec(x0, 0.4, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 3)
     b = Bounder(net, spec.lb, spec.ub)
     b.crown()
-    search = _Search(b, spec, list(range(len(spec.disjuncts))), Settings(), lambda: False)
+    search = _Search(b, spec, list(range(len(spec.disjuncts))), Settings(rebound=3), lambda: False)
     cross0 = torch.nonzero((b.pre[search.relu_sites[0]][0] < 0) & (b.pre[search.relu_sites[0]][1] > 0)).flatten()
     assert cross0.numel() >= 2
     U = sum(search.sizes)

@@ -87,9 +87,11 @@ class Settings:
     # the search's arithmetic: float32 doubles the domains per second on a CPU; a domain it closes is closed only after
     # its bound, recomputed in float64 with the same α and β, is still > 0 for every disjunct
     dtype: torch.dtype = torch.float32
-    # per-domain intermediate bounds: each child's intervals of the sites after its split bounded again (`rebound`);
-    # False: the root's intervals clamped by the splits, as α,β-CROWN by default
-    rebound: bool = False
+    # per-domain intermediate bounds: each child's intervals of this many ReLU sites after its split bounded again
+    # (`_Search.rebound`); 0: the root's intervals clamped by the splits, as α,β-CROWN by default. Measured on the CPU
+    # (benchmarks/VERIFICATION.md): every later site costs 6-40x the domains per second and gave a worse global lower
+    # bound on 5 of 6 hard mnist_fc stand-ins at 30 s
+    rebound: int = 0
 
 
 class _Expired(Exception):
@@ -341,14 +343,18 @@ class _Search:
         D = splits[0].shape[0]
         pre = [(torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u)) for (l, u), t in zip(pre, splits)]
         empty = torch.zeros(D, dtype=torch.bool, device=self.device)
+        reach = max(1, self.s.rebound)
         for j in range(1, len(self.relu_sites)):
+            if self.expired():
+                raise _Expired
             site = self.relu_sites[j]
             node = self.b.site_input[site]
             before = [k for k in range(j) if self.relu_sites[k] in self.b.sites_before(node)]
             if not before:
                 continue
             l, u = pre[j]
-            pairs = torch.nonzero((l < 0) & (u > 0) & (first < j)[:, None])  # (domain, unit); one read per site
+            near = (first < j) & (j <= first + reach)  # the sites after the newest split, as far as `rebound` reaches
+            pairs = torch.nonzero((l < 0) & (u > 0) & near[:, None])  # (domain, unit); one read per site
             m_all = pairs.shape[0]
             if m_all == 0:
                 continue
@@ -356,6 +362,8 @@ class _Search:
             step = max(1, CHUNK_ELEMENTS // width // 2)
             los, his = [], []
             for i in range(0, m_all, step):
+                if i and self.expired():
+                    raise _Expired
                 dom, unit = pairs[i:i + step, 0], pairs[i:i + step, 1]
                 m = dom.numel()
                 E = torch.zeros(2 * m, l.shape[1], dtype=DTYPE, device=self.device)
@@ -525,11 +533,10 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         pre, empty = None, None
         if s.rebound:
             first = search.site_of(units).min(1).values[parent]
-            pre, empty = search.rebound(search.per_site(splits), search.per_site_pair(p["pre_l"][parent], p["pre_u"][parent]),
-                                        first)
-            if expired():
-                return timeout(p["lower"])
         try:
+            if s.rebound:
+                pre, empty = search.rebound(search.per_site(splits),
+                                            search.per_site_pair(p["pre_l"][parent], p["pre_u"][parent]), first)
             r = search.bound(search.per_site(splits), search.per_site(p["alpha"][parent]),
                              search.per_site(p["beta"][parent]), s.steps, True, p["lower"][parent], pre)
         except _Expired:

@@ -272,12 +272,12 @@ class BabVerifier(Verifier):
     for the ReLU layers). Complete for ReLU networks."""
 
     def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
-                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: bool | None = None) -> None:
+                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None) -> None:
         from .bab import Settings
 
         self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
         if rebound is not None:  # else the search's own default (bab.Settings)
-            self.settings.rebound = bool(rebound)
+            self.settings.rebound = int(rebound)
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
         self.steps = int(steps)
