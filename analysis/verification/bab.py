@@ -440,12 +440,14 @@ class _Store:
 
 def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
         settings: Settings | None = None,
-        confirm: Callable[[np.ndarray], np.ndarray | None] | None = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
+        confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
+        refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
     """Decide the disjuncts `disjuncts` of `spec` ({A y ≤ b} all empty?) on the merged graph of `b` over its box, by
     splitting its ReLUs (other activations keep their relaxations; a graph of ReLUs only is decided completely).
     `confirm(x)`: the counterexample as it is reported (rounded to float32 and re-checked), or None when the float64
-    point does not survive that; the search then goes on. Returns ("unsat" | "sat" | "timeout" | "unknown",
-    counterexample or None, message, statistics)."""
+    point does not survive that; the search then goes on. `refiner` (`refine.Refiner`, running beside the search):
+    what it has found is applied to `b`'s intervals before each round. Returns ("unsat" | "sat" | "timeout" |
+    "unknown", counterexample or None, message, statistics)."""
     s = settings or Settings()
     confirm = confirm or (lambda x: x)
     if b.net.smooth:
@@ -496,6 +498,8 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
     while len(store):
         if expired():
             return timeout()
+        if refiner is not None:
+            refiner.apply(b)
         depth = 1
         if len(store) < batch:  # few domains: split on several units at once, so the batch is full
             depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, batch / len(store))))))

@@ -341,6 +341,10 @@ class Bounder:
             return torch.arange(0, device=l.device)
         return torch.arange(l.numel(), device=l.device)
 
+    def tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
+        """Intersect the interval of site s's units `idx` with [lo, up] (sound bounds found elsewhere: `refine`)."""
+        self._tighten(s, idx, lo, up)
+
     def _tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
         l, u = self.pre[s]
         l, u = l.clone(), u.clone()
