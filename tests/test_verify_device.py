@@ -146,3 +146,33 @@ def test_the_first_quantization_is_computed_on_its_device_as_the_runtime_does():
     assert np.array_equal(grid_index(x, scale, zero, 0, 255), ref_q)
     ref = ((ref_q - zero).astype(np.float32) * scale.astype(np.float32)).astype(np.float64)
     assert np.array_equal(got.numpy(), ref)
+
+
+def test_the_batch_on_a_gpu_is_planned_from_its_memory_and_shared(monkeypatch):
+    """`bab.default_batch`: 256 on a CPU; on an 80 GB GPU thousands of domains for one process, a share for each of
+    several processes (within GPU_BATCH)."""
+    from types import SimpleNamespace
+
+    from analysis.verification.bab import CPU_BATCH, GPU_BATCH, default_batch
+
+    net, spec = _case()
+    cpu = Bounder(net, spec.lb, spec.ub)
+    assert default_batch(cpu, 9, 1024) == CPU_BATCH
+    gib = 2 ** 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (78 * gib, 80 * gib))
+    fake = SimpleNamespace(device=torch.device("cuda", 0), net=SimpleNamespace(sizes=[784, 256, 256, 256, 256, 10]))
+    one = default_batch(fake, 9, 1024)
+    eight = default_batch(fake, 9, 1024, sharers=8)
+    assert 2000 <= one <= GPU_BATCH[1] and GPU_BATCH[0] <= eight <= one // 4
+
+
+def test_the_harness_tells_verifiers_how_many_processes_share_a_gpu(monkeypatch):
+    from analysis.verification import harness
+
+    seen = {}
+    monkeypatch.setattr(harness, "resolve_device", lambda name: "cuda:0")
+    monkeypatch.setattr(harness, "_run_pool", lambda indexed, limits, jobs, deadline, clock, options, emit, device:
+                        seen.update(options=options, device=device, jobs=jobs))
+    tasks = [harness.Task(key=i) for i in range(5)]
+    harness.run(tasks, harness.PerTask(1.0), jobs=3, device="cuda")
+    assert seen == {"options": {"sharers": 3}, "device": "cuda:0", "jobs": 3}

@@ -44,7 +44,12 @@ from .bounds import CHUNK_ELEMENTS, Adam, Bounder, ReluLines
 from .ops import DTYPE, ReLU
 from .vnnlib import VnnlibSpec
 
-STORE = torch.float32  # α and β between rounds (warm starts: any bound a decision rests on is recomputed in float64)
+# α and β between rounds, per device: warm starts only (any value is sound, and a closing decision's float64 re-check
+# recomputes the bound with the stored values), so a GPU, whose open domains can number millions, keeps them in half
+STORE = {"cpu": torch.float32, "cuda": torch.float16}
+# the open domains may take at most this share of a GPU's memory (divided among the processes sharing it); a search
+# that fills it ends as a timeout that says so (a CPU search holds what its 30 s make: ~1.5 GB for 40k domains of 256x2)
+GPU_STORE_SHARE = 0.4
 # a domain whose re-bounded interval of some unit has l − u above this (relative) is empty: float64 back-substitution
 # misses by ~1e-12 relative, so no input of the domain can lie there
 EMPTY_TOL = 1e-8
@@ -61,20 +66,27 @@ GPU_BATCH = (256, 8192)
 PASS_BYTES_PER_ROW_UNIT = 4 * 24
 
 
-def default_batch(b: Bounder, rows: int, units: int) -> int:
-    """Parent domains per round: `CPU_BATCH` on a CPU; on a GPU as many as `GPU_MEMORY_SHARE` of its free memory holds
-    (each parent's two children bound `rows` rows each over `units` ReLU units and the widest layer)."""
+def device_memory(device: torch.device, sharers: int = 1) -> int:
+    """Bytes of `device` this process may plan with: its free memory, at most its share of the total when `sharers`
+    processes search on it at once."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(min(free, total / max(1, sharers)))
+
+
+def default_batch(b: Bounder, rows: int, units: int, sharers: int = 1) -> int:
+    """Parent domains per round: `CPU_BATCH` on a CPU; on a GPU as many as `GPU_MEMORY_SHARE` of its memory holds
+    (`device_memory`; each parent's two children bound `rows` rows each over `units` ReLU units and the widest layer)."""
     if b.device.type != "cuda":
         return CPU_BATCH
-    free, _total = torch.cuda.mem_get_info(b.device)
     width = max(b.net.sizes)
     per_parent = 2 * rows * (units + width) * PASS_BYTES_PER_ROW_UNIT
-    return int(min(max(GPU_MEMORY_SHARE * free // per_parent, GPU_BATCH[0]), GPU_BATCH[1]))
+    return int(min(max(GPU_MEMORY_SHARE * device_memory(b.device, sharers) // per_parent, GPU_BATCH[0]), GPU_BATCH[1]))
 
 
 @dataclass
 class Settings:
     batch: int = 0  # parent domains per round; 0: `default_batch` (CPU_BATCH on a CPU, from free memory on a GPU)
+    sharers: int = 1  # processes searching on the same GPU at once (their memory plans divide it)
     steps: int = 10  # Adam steps per batch of children
     lr_alpha: float = 0.05
     lr_beta: float = 0.05
@@ -117,6 +129,7 @@ class _Search:
         A y − b has lower bound > 0), each row's disjunct in `owner`."""
         rows = [(k, r) for k in disjuncts for r in range(spec.disjuncts[k][0].shape[0])]
         dev = self.device = b.device
+        self.store = STORE.get(dev.type, torch.float32)
         self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE, device=dev)
         self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE, device=dev)
         self.owner = torch.as_tensor([k for k, _ in rows], device=dev)
@@ -237,12 +250,12 @@ class _Search:
                     v.clamp_(min=0.0)
         new_alpha, new_beta = [], []
         for j, s in enumerate(self.relu_sites):  # the bounded rows' best α and β, the warm starts elsewhere
-            na = alpha[j].reshape(D * R, -1).to(STORE).clone()
-            na[flat] = best_a[s].to(STORE)
+            na = alpha[j].reshape(D * R, -1).to(self.store).clone()
+            na[flat] = best_a[s].to(self.store)
             new_alpha.append(na.view(D, R, -1))
-            nb = beta[j].reshape(D * R, -1).to(STORE).clone()
+            nb = beta[j].reshape(D * R, -1).to(self.store).clone()
             if s in best_b:
-                nb[flat] = best_b[s].to(STORE)
+                nb[flat] = best_b[s].to(self.store)
             new_beta.append(nb.view(D, R, -1))
         lower = whole(best)
         closed = self.closed(lower)
@@ -461,16 +474,18 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
             status = "sat" if x is not None else "unknown"
         return status, x, f"no ReLU to split: {msg}", {**stats, "domains": 1, "leaf_lps": 1}
     R, U, dev = search.R, sum(search.sizes), b.device
-    batch = s.batch or default_batch(b, R, U)
+    batch = s.batch or default_batch(b, R, U, s.sharers)
     stats["batch"] = batch
+    store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
+    STORE_ = search.store
 
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
     zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
-    init_alpha = torch.cat([b.relaxation(site)[0].expand(R, -1).to(STORE) for site in search.relu_sites], -1)[None]
-    init_beta = torch.zeros(1, R, U, dtype=STORE, device=dev)
-    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE), "beta": ((R, U), STORE), "lower": ((R,), DTYPE),
+    init_alpha = torch.cat([b.relaxation(site)[0].expand(R, -1).to(STORE_) for site in search.relu_sites], -1)[None]
+    init_beta = torch.zeros(1, R, U, dtype=STORE_, device=dev)
+    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE_), "beta": ((R, U), STORE_), "lower": ((R,), DTYPE),
               "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
     if s.rebound:  # each domain's own intervals (float64: a closing decision's re-check rests on them)
         fields |= {"pre_l": ((U,), DTYPE), "pre_u": ((U,), DTYPE)}
@@ -561,6 +576,12 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
             kids |= {"pre_l": torch.cat([l for l, _ in pre], -1)[keep], "pre_u": torch.cat([u for _, u in pre], -1)[keep]}
         store.append(kids)
         stats["max_queue"] = max(stats["max_queue"], len(store))
+        if store.nbytes > store_cap:
+            low = store.min_lower()
+            stats["global_lower"] = low
+            return "timeout", None, (f"branch and bound: {len(store)} domains open after {stats['domains']} fill the "
+                                     f"{store.nbytes / 2**30:.1f} GB this process may keep on {dev} (global lower bound "
+                                     f"{low:.4g})"), stats
         if s.attack_every and stats["rounds"] % s.attack_every == 0 and len(store) and not expired():
             x = _attack_from(b, sub, r.points, r.lower.view(-1)[r.rows], expired)
             stats["attacks"] += 1

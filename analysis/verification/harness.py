@@ -298,6 +298,9 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
     `device` is where they compute ("auto" resolved here)."""
     options = dict(options or {})
     device = resolve_device(device)
+    jobs = max(1, min(int(jobs), len(tasks)))
+    if device.startswith("cuda"):  # the workers share the GPU: each plans with its share of the memory
+        options.setdefault("sharers", jobs)
     on_done = on_done or (lambda o: None)
     final: dict[int, Outcome] = {}
 
@@ -308,7 +311,6 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
     indexed = list(enumerate(tasks))
     deadline = Budget.read("wall") + (limits.seconds if isinstance(limits, StageBudget) else math.inf)
-    jobs = max(1, min(int(jobs), len(indexed)))
     if jobs == 1:
         if isinstance(limits, StageBudget):
             _run_rounds(indexed, limits, deadline, clock, options, emit, device)

@@ -273,10 +273,12 @@ class BabVerifier(Verifier):
     for the ReLU layers). Complete for ReLU networks."""
 
     def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
-                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None, refine: bool | None = None) -> None:
+                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None, refine: bool | None = None,
+                 sharers: int = 1) -> None:
         from .bab import Settings
 
-        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
+        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
+                                 sharers=int(sharers))
         if rebound is not None:  # else the search's own default (bab.Settings)
             self.settings.rebound = int(rebound)
         # MILP refinement of a deep net's early sites beside the search (`refine`); None: only when the search runs on
