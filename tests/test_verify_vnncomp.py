@@ -5,6 +5,7 @@ missing file, a missing folder) with a non-zero exit."""
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import stat
 
@@ -290,3 +291,28 @@ def test_input_count_mismatch_names_the_counts_and_files(small, capsys):
         + "\n(assert (<= Y_0 Y_1))\n")
     _fails_one_line(small, capsys, "the network net.onnx takes 16 inputs and gives 3 outputs, but the property "
                                    "prop_0_eps_0.01.vnnlib has 10 inputs (X_i) and 3 outputs (Y_j)")
+
+
+def test_the_gpu_script_runs_its_path_on_the_cpu(folder, tmp_path, capsys):
+    """benchmarks/gpu_verify.py (what benchmarks/gpu_verify.sh runs on a GPU) with device=cpu: the run, the witness
+    re-check in onnxruntime at tolerance 0, at most 8 files, the table last; a verdict against the reference is a wrong
+    answer and fails the run."""
+    from benchmarks import gpu_verify
+
+    root, rows = folder
+    out = tmp_path / "out"
+    code = gpu_verify.main(["--folder", str(root), "--out", str(out), "--device", "cpu", "--timeout", "5", "--jobs", "1",
+                            "--reference", str(tmp_path / "none.csv")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert printed.rstrip().splitlines()[-1].startswith("| wall time |")
+    assert f"| decided | {len(rows)}/{len(rows)}" in printed and "| wrong answers | 0 " in printed
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and {p.name for p in files} >= {"results.csv", "instances.json", "summary.md", "device.txt",
+                                                           "witnesses.tar.gz"}
+    got = json.loads((out / "instances.json").read_text())["instances"]
+    sats = [r for r in got if r["result"] == "sat"]
+    assert sats and all(r["witness"]["valid"] and r["witness"]["unsafe_margin"] < 0 for r in sats)
+    flipped = {(r["onnx"], r["vnnlib"]): ("unsat" if r["result"] == "sat" else "sat") for r in got[:1]}
+    _, summary = gpu_verify.table(got, flipped, 1.0, 5.0, "cpu", 1)
+    assert summary["wrong"] == 1 and summary["contradictions"][0][:2] == (got[0]["onnx"], got[0]["vnnlib"])
