@@ -117,6 +117,7 @@ class Adam:
         self.b1, self.b2 = betas
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
+        self.d = [torch.empty_like(p) for p in self.params]  # the denominator, in place (no allocation per step)
         self.t = 0
 
     def zero_grad(self) -> None:
@@ -127,13 +128,14 @@ class Adam:
     def step(self) -> None:
         self.t += 1
         c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for p, m, v in zip(self.params, self.m, self.v):
+        for p, m, v, d in zip(self.params, self.m, self.v, self.d):
             if p.grad is None:
                 continue
             m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
             v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
-            # p −= lr·(m/c1)/(√(v/c2) + eps), with one temporary (torch.optim.Adam's order of operations)
-            p.addcdiv_(m, v.sqrt().div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
+            # p −= lr·(m/c1)/(√(v/c2) + eps) (torch.optim.Adam's order of operations), the denominator in a kept buffer
+            torch.sqrt(v, out=d)
+            p.addcdiv_(m, d.div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
 
 
 class Bounder:
