@@ -243,18 +243,24 @@ def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and
 SOUND_TOL = 1e-9  # float64 back-substitution misses by ~1e-12 relative
 
 
+def _three_layer_case(seed: int, width: int, eps: float):
+    """A 3-8..-3 ReLU net with three hidden layers, a robustness property at `eps` around a random point, its CROWN bounds."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
+                          nn.ReLU(), nn.Linear(width, 3)).eval()
+    net = from_torch(model, (3,))
+    x0 = np.random.default_rng(seed).uniform(0, 1, 3)
+    spec = robustness_spec(x0, eps, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 3)
+    b = Bounder(net, spec.lb, spec.ub)
+    b.crown()
+    return net, spec, b
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_per_domain_intervals_hold_on_every_point_of_the_domain_and_only_tighten(seed):
     """`rebound`: a child's intervals of the sites after its split, bounded again with its splits, contain every sampled
     point of the child's region (the box with the split units' signs), and never widen the parent's."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
-                          nn.Linear(8, 3)).eval()
-    net = from_torch(model, (3,))
-    x0 = np.random.default_rng(seed).uniform(0, 1, 3)
-    spec = robustness_spec(x0, 0.4, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 3)
-    b = Bounder(net, spec.lb, spec.ub)
-    b.crown()
+    net, spec, b = _three_layer_case(seed, 8, 0.4)
     search = _Search(b, spec, list(range(len(spec.disjuncts))), Settings(rebound=3), lambda: False)
     cross0 = torch.nonzero((b.pre[search.relu_sites[0]][0] < 0) & (b.pre[search.relu_sites[0]][1] > 0)).flatten()
     assert cross0.numel() >= 2
@@ -293,14 +299,7 @@ def test_milp_refinement_of_the_early_sites_is_sound_and_tightens():
 
     gained, checked = 0.0, 0
     for seed in range(6):
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(3, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(),
-                              nn.Linear(10, 3)).eval()
-        net = from_torch(model, (3,))
-        x0 = np.random.default_rng(seed).uniform(0, 1, 3)
-        spec = robustness_spec(x0, 0.5, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 3)
-        b = Bounder(net, spec.lb, spec.ub)
-        b.crown()
+        net, spec, b = _three_layer_case(seed, 10, 0.5)
         b.alpha_intermediate(10)
         assert Refiner.worth_it(b)
         before = [(l.clone(), u.clone()) for l, u in b.pre]

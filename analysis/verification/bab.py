@@ -26,6 +26,15 @@ A round takes the `batch` domains with the lowest bounds (best first) and:
    unstable unit left is decided exactly by an LP (the MILP encoding with every unit stable has no binaries).
 The answer: unsat when no domain is left, sat on a counterexample, timeout when the budget runs out, unknown when
 an unsafe region was found whose points did not survive `confirm`.
+
+Everything runs on the Bounder's device (`Bounder.device`, its graph's): the open domains are rows of tensors there
+(`_Store`: splits, α, β, the rows' lower bounds, BaBSR scores, depth), and selection (a topk over the rows' total
+violation), splitting (children by a scatter of sign patterns), kFSB and pruning (a boolean mask) read no domain on the
+host; a round reads a few numbers (whether a leaf or an unsafe minimizer exists, the largest split count per site). The
+batch is `CPU_BATCH` on a CPU and planned from the device's memory on a GPU (`default_batch`, shared among the worker
+processes on it). Options measured and off by default on the CPU: per-domain intermediate bounds (`Settings.rebound`:
+a child's later sites bounded again with its splits) and the MILP refinement of the early sites beside the search
+(`refine.Refiner`, on by default when the search runs on a GPU).
 """
 
 from __future__ import annotations
