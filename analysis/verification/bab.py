@@ -355,6 +355,19 @@ class _Search:
         out.scatter_(1, units[rows], signs.repeat(P, 1))
         return out, rows
 
+    def initial_alpha(self) -> list[torch.Tensor]:
+        """The root's lower slopes per ReLU site [R, n_s]: for each row the slopes α-CROWN optimized for it
+        (`Bounder.spec_slopes`, matched by the row's coefficients), CROWN's where it has none (α,β-CROWN also starts
+        branch and bound from α-CROWN's slopes)."""
+        crown = [self.b.relaxation(site)[0].expand(self.R, -1) for site in self.relu_sites]
+        if self.b.spec_slopes is None:
+            return crown
+        C0, slopes = self.b.spec_slopes
+        same = (self.C[:, None, :] == C0[None].to(self.C)).all(-1)  # [R, R0]
+        has, j = same.any(1), same.to(torch.int8).argmax(1)
+        return [torch.where(has[:, None], slopes[site][j].to(a.dtype), a) if site in slopes else a
+                for site, a in zip(self.relu_sites, crown)]
+
     def per_site(self, t: torch.Tensor) -> list[torch.Tensor]:
         """A tensor over the concatenated units (last axis) as views per ReLU site."""
         return list(torch.split(t, self.sizes, dim=-1))
@@ -525,7 +538,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
 
     t0 = time.perf_counter()
     zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
-    init_alpha = torch.cat([b.relaxation(site)[0].expand(R, -1).to(STORE_) for site in search.relu_sites], -1)[None]
+    init_alpha = torch.cat(search.initial_alpha(), -1).to(STORE_)[None]
     init_beta = torch.zeros(1, R, U, dtype=STORE_, device=dev)
     fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE_), "beta": ((R, U), STORE_), "lower": ((R,), DTYPE),
               "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
