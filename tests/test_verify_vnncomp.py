@@ -316,3 +316,14 @@ def test_the_gpu_script_runs_its_path_on_the_cpu(folder, tmp_path, capsys):
     flipped = {(r["onnx"], r["vnnlib"]): ("unsat" if r["result"] == "sat" else "sat") for r in got[:1]}
     _, summary = gpu_verify.table(got, flipped, 1.0, 5.0, "cpu", 1)
     assert summary["wrong"] == 1 and summary["contradictions"][0][:2] == (got[0]["onnx"], got[0]["vnnlib"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_benchmark_folder_on_the_gpu_gives_the_cpus_verdicts(folder, tmp_path):
+    """Two worker processes sharing the GPU answer every instance as the CPU does; the witnesses are the model's."""
+    root, rows = folder
+    cpu = run_benchmark(root, tmp_path / "cpu.csv", jobs=1, device="cpu")
+    gpu = run_benchmark(root, tmp_path / "gpu.csv", jobs=2, device="cuda")
+    assert [r["result"] for r in gpu] == [r["result"] for r in cpu]
+    assert all(witness_path(tmp_path / "gpu.csv", r["onnx"], r["vnnlib"]).is_file() == (r["result"] == "sat") for r in gpu)
