@@ -87,3 +87,18 @@ def test_no_test_module_sets_the_interpreter():
     offenders = [p.name for p in Path(__file__).parent.glob("test_*.py")
                  if re.search(r"environ\[\s*[\"']TRITON_INTERPRET[\"']\s*\]\s*=", p.read_text())]
     assert offenders == []
+
+
+def test_the_phi_tail_polynomial_is_what_its_fit_claims():
+    """The kernels' R(a) = t·Q(t) (`triton_gate.PHI_TAIL`) against scipy's erfcx in float32 arithmetic on [0, 40]; and a
+    refit from `phi_fit` lands at the same p with an error as small (the coefficients have a recipe)."""
+    from pipeline.kernels import phi_fit, triton_gate
+
+    p, coeffs = triton_gate.PHI_TAIL
+    assert phi_fit.float32_error(p, coeffs) <= PHI_TAIL_F32_RTOL
+    p2, coeffs2, err2 = phi_fit.best()
+    assert p2 == p and err2 <= PHI_TAIL_F32_RTOL
+    assert max(abs(a - b) for a, b in zip(coeffs, coeffs2)) <= 1e-6
+
+
+PHI_TAIL_F32_RTOL = 5e-7  # measured 4.2e-7: t's rounding and Horner's in float32 over the 8.9e-8 of the fit itself
