@@ -42,7 +42,7 @@ from pipeline import checkpoint, gates, render
 from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
 from pipeline.data import batches, dataset_for
-from pipeline.distributed import resolve_device
+from pipeline.devices import cpu_model
 from pipeline.progress import Progress
 from pipeline.rundir import RunDir, atomic_write_json
 from pipeline.relu_swap import to_relu
@@ -73,12 +73,14 @@ class _LayerStats:
         self.sum_inv_lam_band = 0.0
 
     def update(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        x = x.detach().double().cpu()
+        x = x.detach().double()  # where the model runs: a GPU computes these float64 statistics too
+        if self.lam.device != x.device:
+            self.lam = self.lam.to(x.device)
         lam = gates.per_channel(self.lam, x).expand_as(x)  # the gate's own channel axis (last for [B, T, C] tokens)
         z = lam * x
         gz = self.g(z)
         gap = (torch.relu(x) - x * gz).abs()
-        module_gap = (torch.relu(x) - out.detach().double().cpu()).abs()  # the deployed module's own output
+        module_gap = (torch.relu(x) - out.detach().double()).abs()  # the deployed module's own output
         heav = (x > 0).double() + 0.5 * (x == 0).double()
         in_band = z.abs() < self.band
         self.n += x.numel()
@@ -198,7 +200,7 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 @torch.no_grad()
 def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None,
-                     jacobian_samples: int = 0) -> dict[str, Any]:
+                     jacobian_samples: int = 0, device: torch.device | str = "cpu") -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -207,9 +209,10 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     samples whose top-1 prediction is provably kept (`certified_fraction`), given only when sound and passed.
     `bound_max` (the global bound) is kept at the top level for readers of older bounds.json files.
     `float32_jacobian`, on the first `jacobian_samples` samples of a chain network (`certificate.chain32`): δ plus
-    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes'.
+    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes', its
+    float64 arithmetic on `device` (the statements stay about CPU runs: the walks run on a CPU copy of the model).
     """
-    model = model.cpu().eval()
+    model = cpu_model(model).eval()  # float32 statements about CPU runs; the caller's model stays where it is
     relu = to_relu(copy.deepcopy(model))
     out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
                            "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
@@ -251,7 +254,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         k = max(0, min(len(x), jacobian_samples - (n - len(x))))  # this batch's samples among the first jacobian_samples
         jac = None
         if k and acc["float32_jacobian"]["refused"] is None:
-            jac = ps.per_logit[:k] + chain32.rounding_bound(model, x[:k]) + chain32.rounding_bound(relu, x[:k])
+            jac = (ps.per_logit[:k] + chain32.rounding_bound(model, x[:k], device)
+                   + chain32.rounding_bound(relu, x[:k], device))
         bounds = {"float32": (ps.float32, ps.float32_refused),
                   "float32_global": (None if glob is None or ps.rounding is None else glob.per_logit + ps.rounding,
                                      "the global bound is refused" if glob is None else ps.rounding_refused),
@@ -303,7 +307,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
 
 
 def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
-    device = resolve_device(cfg.device)
+    device = run.compute_device()
     ds = dataset_for(cfg)
     eps = cfg.harden.epsilon
     out: dict[str, Any] = {"symbolic": symbolic.summary(eps), "variants": {}}
@@ -320,7 +324,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
         cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}",
-                                jacobian_samples=cfg.check.float32_jacobian_samples)
+                                jacobian_samples=cfg.check.float32_jacobian_samples, device=device)
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
                                     "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:

@@ -169,7 +169,7 @@ def _epoch_runner(cfg, ds, act: str, frozen: bool, graphs_on: bool, device: str 
     from pipeline.data import on_device
     from pipeline.models import build_model, make_spec
     from pipeline.schedule import param_groups
-    from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch
+    from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer
 
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
@@ -178,7 +178,7 @@ def _epoch_runner(cfg, ds, act: str, frozen: bool, graphs_on: bool, device: str 
         for gate in hardenable_gates(model):
             gate.freeze(torch.tensor(20.0))
     opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult),
-                                          cfg.train, graphs_on)
+                                          cfg.train, graphs_on, fused_optimizer(model, device))
     split = on_device(ds.train, device)
     graphs = step_graph.GraphSteps(split.x, split.y, cfg.data.batch_size, EpochSums(device)) if graphs_on else None
     state = {"epoch": 0}

@@ -160,6 +160,15 @@ class RunDir:
     def __init__(self, path: Path, cfg: Config):
         self.path = Path(path)
         self.cfg = cfg
+        self.device: "torch.device | None" = None  # the run's device, resolved once by the runner (`compute_device`)
+
+    def compute_device(self) -> "torch.device":
+        """The device the runner resolved for this run (`device=`), or resolved now for a stage called directly."""
+        if self.device is None:
+            from .distributed import resolve_device
+
+            self.device = resolve_device(self.cfg.device)
+        return self.device
 
     # -- creation and reopening ---------------------------------------------------------------
     @classmethod

@@ -180,7 +180,9 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
     world = distributed.world()
     mark = run.mark_stage if world.main else (lambda *a, **k: None)
     log = log if world.main else (lambda msg: None)
-    device = str(distributed.resolve_device(cfg.device))
+    resolved = distributed.resolve_device(cfg.device)  # once per run; every stage reads it from run.device
+    run.device = resolved
+    device = str(resolved)
     threads = choose_threads(cfg.threads)
     torch.set_num_threads(threads)
     results: dict[str, Any] = {}
@@ -209,7 +211,7 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.
         before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
-        mark(name, status="running", started=now(), device=device, threads=threads, seed=cfg.seed, before=before)
+        mark(name, status="running", started=now(), device=stage.device(device), threads=threads, seed=cfg.seed, before=before)
         try:
             metrics = stage.fn()(cfg, run)
         except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run

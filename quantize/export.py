@@ -39,6 +39,7 @@ from torch import nn
 from pipeline import checkpoint, render
 from pipeline.config import Config
 from pipeline.data import dataset_for
+from pipeline.devices import cpu_model
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir, atomic_path, atomic_write_json
 
@@ -76,7 +77,7 @@ def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool 
 
     Returns the model and facts about it (node counts before and after onnxsim).
     """
-    model = model.eval().cpu()
+    model = cpu_model(model).eval()  # the caller's model stays where it is
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad(), mha_fastpath(False):
         # Expected and harmless here: the legacy-exporter deprecation notice, and tracer notes about
@@ -132,7 +133,7 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
     PyTorch beyond its bound says the bound missed something in this network (the ops without a rule are listed
     in `unmodelled_ops`): a warning, not an error, since the export is not at fault.
     """
-    model = model.eval().cpu()
+    model = cpu_model(model).eval()  # the caller's model stays where it is
     ref32 = model(x).numpy()  # x may exceed a fixed-batch graph's batch: `infer` feeds it in slices
     got = ort_util.infer(ort_util.session(path, threads), x.numpy())
     b = rounding.forward_bound(model, x)

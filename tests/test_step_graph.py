@@ -15,7 +15,7 @@ from pipeline.data import Split, dataset_for
 from pipeline.hardener import Hardener
 from pipeline.models import build_model, make_spec
 from pipeline.schedule import lr_at, param_groups
-from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, graph_unavailable
+from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer, graph_unavailable
 
 ADAMW_RTOL = 1e-5  # capturable AdamW: step count and bias corrections in float32 on the device, not Python floats
 EPOCHS = 4
@@ -34,7 +34,7 @@ def _train(cfg: Config, graphs_on: bool, device: str = "cuda"):
     model = build_model(make_spec(cfg.model, "lambda_gelu", cfg.gate, ds.info)).to(dev)
     hardener = Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction)
     opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult),
-                                          cfg.train, graphs_on)
+                                          cfg.train, graphs_on, fused_optimizer(model, dev))
     split = Split(ds.train.x.to(dev), ds.train.y.to(dev))
     graphs = step_graph.GraphSteps(split.x, split.y, cfg.data.batch_size, EpochSums(dev)) if graphs_on else None
     stats = []

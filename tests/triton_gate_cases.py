@@ -217,6 +217,7 @@ def test_multi_tile_reduction_loop(monkeypatch, layout):
     """Small tiles and no parallelism target force several tiles per backward program (the `iters` loop)."""
     monkeypatch.setattr(tg, "BLOCK", 4)
     monkeypatch.setattr(tg, "MAX_BN_COL", 2)
+    monkeypatch.setattr(tg, "PART_STEP", 4)
     monkeypatch.setattr(tg, "TARGET_PROGRAMS", 1)
     monkeypatch.setattr(tg, "MAX_ITERS", 3)
     tg.clear_plans()  # plans made with the default tiles must not serve these shapes

@@ -212,7 +212,7 @@ def gate_cuda(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: boo
 def status() -> dict[str, Any]:
     """The kernel choice and what each backend did in this process (record it next to timings)."""
     triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted(),
-               "lean_launch": _triton.available() and _triton._lean_launch_ok()}
+               "launcher": dict(_triton._LAUNCHER)}
               if _triton is not None else {"ready": None, "error": None})
     return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "triton": triton, "inductor": inductor.status.as_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}

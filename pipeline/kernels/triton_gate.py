@@ -72,15 +72,26 @@ PHI_TAIL = (0.36000001430511475,
              -0.00038626097375527024, 0.10736887156963348, -0.22359921038150787, 0.13950815796852112,
              -0.030238205567002296))
 
-# Tiling: BLOCK elements per program (8 KB of fp32 per operand, 16 per thread at 4 warps). The backward keeps
-# about TARGET_PROGRAMS programs (several per SM) and walks at most MAX_ITERS tiles per program.
+# Tiling: at most BLOCK elements per program, ELEMS_PER_THREAD per thread (8 warps at BLOCK: one 16-byte access per
+# thread and operand in 16-bit formats, two in fp32; 16 per thread kept the learned backward at 126 registers and 2
+# programs per SM); tensors smaller than MIN_PROGRAMS·BLOCK get smaller tiles, down to MIN_BLOCK. Col mode tiles are at
+# most MAX_BN_COL channels wide (a 128-byte line of bf16). The backward keeps about TARGET_PROGRAMS programs, walks at
+# most MAX_ITERS tiles per program, and makes at most MAX_CHUNKS partials per channel where it can; the last program
+# sums PART_STEP partials per step. BWD_MAXNREG caps the learned backward's registers (measured 76-87 uncapped at 8
+# warps, 62-64 capped with no spills: 4 programs per SM instead of 3).
 BLOCK = 2048
-MAX_BN_COL = 256
+ELEMS_PER_THREAD = 8
+MIN_BLOCK = 256
+MIN_PROGRAMS = 264
+MAX_BN_COL = 64
 TARGET_PROGRAMS = 1024
 MAX_ITERS = 16
+MAX_CHUNKS = 64
+PART_STEP = 4096
+BWD_MAXNREG = 64
 # Launch options, pinned: the exact residuals use explicit fma, so contraction elsewhere only helps accuracy
-# (Triton 3.9 warns that its default flips in 3.10). The interpreter ignores these.
-LAUNCH = {"num_warps": 4, "enable_fp_fusion": True}
+# (Triton 3.9 warns that its default flips in 3.10). The interpreter ignores these; num_warps is the plan's.
+LAUNCH = {"enable_fp_fusion": True}
 
 try:
     import triton
@@ -243,7 +254,7 @@ if _IMPORT_ERROR is None:
         if COL:  # tiles of the [M, N = C] matrix; pid → (row tile, column tile)
             rows = (pid // TI) * BM + tl.arange(0, BM)
             cols = (pid % TI) * BN + tl.arange(0, BN)
-            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            offs = rows[:, None] * N + cols[None, :]
             return offs, (rows < M)[:, None] & (cols < N)[None, :], cols
         else:  # per channel c, tiles of the [M = outer, N = inner] matrix at stride C·N; pid → (o tile, c, i tile)
             i_t = pid % TI
@@ -251,7 +262,7 @@ if _IMPORT_ERROR is None:
             c = rest % C
             rows = (rest // C) * BM + tl.arange(0, BM)
             cols = i_t * BN + tl.arange(0, BN)
-            offs = (rows.to(tl.int64) * C + c)[:, None] * N + cols[None, :]
+            offs = (rows * C + c)[:, None] * N + cols[None, :]
             return offs, (rows < M)[:, None] & (cols < N)[None, :], c
 
     @triton.jit
@@ -297,12 +308,12 @@ if _IMPORT_ERROR is None:
             j = ch * iters + i
             if COL:
                 rows = j * BM + tl.arange(0, BM)
-                offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+                offs = rows[:, None] * N + cols[None, :]
                 mask = (rows < M)[:, None] & (cols < N)[None, :]
             else:
                 rows = (j // TI) * BM + tl.arange(0, BM)
                 cc = (j % TI) * BN + tl.arange(0, BN)
-                offs = (rows.to(tl.int64) * C + b)[:, None] * N + cc[None, :]
+                offs = (rows * C + b)[:, None] * N + cc[None, :]
                 m_lim = tl.where(j < TT, M, 0)  # tiles past the channel's last one load nothing
                 mask = (rows < m_lim)[:, None] & (cc < N)[None, :]
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -353,44 +364,52 @@ if _IMPORT_ERROR is None:
 class _Plan:
     """What one (shape, strides, dtype, device, channel layout) needs, decided once (see the module docstring)."""
 
-    __slots__ = ("permuted", "col", "M", "N", "C", "TI", "TT", "bm", "bn", "fwd_grid", "bwd_grid", "iters", "CH",
-                 "pr", "part", "counters", "runners")
+    __slots__ = ("permuted", "col", "M", "N", "C", "TI", "TT", "bm", "bn", "warps", "fwd_grid", "bwd_grid", "iters",
+                 "CH", "pr", "part", "counters", "runners", "device_index")
 
     def __init__(self, x: torch.Tensor, C: int, outer: int, inner: int, permuted: bool):
         self.permuted = permuted
         self.C = C
         self.col = permuted or (C > 1 and inner == 1)
+        # A tile of `block` elements, ELEMS_PER_THREAD per thread; small tensors get smaller tiles, so that at least
+        # MIN_PROGRAMS programs share the work (one thread's serial chain of exp, reciprocal and polynomial is long).
+        block = min(BLOCK, max(MIN_BLOCK, triton.next_power_of_2(triton.cdiv(x.numel(), MIN_PROGRAMS))))
+        self.warps = max(1, block // (32 * ELEMS_PER_THREAD))
         if self.col:
             M, N = outer * inner if permuted else outer, C
             bn = min(triton.next_power_of_2(N), MAX_BN_COL)
-            bm = min(triton.next_power_of_2(M), max(1, BLOCK // bn))
+            bm = min(triton.next_power_of_2(M), max(1, block // bn))
             tm, tn = triton.cdiv(M, bm), triton.cdiv(N, bn)
             self.TI, self.TT = tn, tm  # column blocks; row tiles per column block
             self.fwd_grid = (tm * tn, 1, 1)
             lanes = tn  # programs across the reduced axis: one per column block
         else:
             M, N = outer, inner
-            bn = min(triton.next_power_of_2(N), BLOCK)
-            bm = min(triton.next_power_of_2(M), max(1, BLOCK // bn))
+            bn = min(triton.next_power_of_2(N), block)
+            bm = min(triton.next_power_of_2(M), max(1, block // bn))
             ti = triton.cdiv(N, bn)
             self.TI, self.TT = ti, triton.cdiv(M, bm) * ti  # tiles along inner; tiles per channel
             self.fwd_grid = (self.TT * C, 1, 1)
             lanes = C
         self.M, self.N, self.bm, self.bn = M, N, bm, bn
-        self.iters = max(1, min(MAX_ITERS, (self.TT * lanes) // TARGET_PROGRAMS, self.TT))
+        # Tiles per backward program: enough programs to fill the GPU, at most MAX_CHUNKS partials per channel (the
+        # last program sums them in one step) where MAX_ITERS allows.
+        self.iters = max(1, min(MAX_ITERS, max((self.TT * lanes) // TARGET_PROGRAMS, triton.cdiv(self.TT, MAX_CHUNKS)),
+                                self.TT))
         self.CH = triton.cdiv(self.TT, self.iters)
         self.bwd_grid = (self.CH * lanes, 1, 1)
         # partials the last program sums per step: a [pr, bn] tile in col mode, a [pr] vector in row mode
-        self.pr = min(triton.next_power_of_2(self.CH), max(1, BLOCK // bn) if self.col else BLOCK)
+        self.pr = min(triton.next_power_of_2(self.CH), max(1, PART_STEP // bn) if self.col else PART_STEP)
         self.part = torch.empty(self.CH * (N if self.col else C), dtype=torch.float32, device=x.device)
         self.counters = torch.zeros(lanes, dtype=torch.int32, device=x.device)
         self.runners: dict[tuple, object] = {}
+        self.device_index = x.device.index if x.device.type == "cuda" else None
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         return x.permute(0, 2, 3, 1) if self.permuted else x.contiguous()
 
     def restore(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return y.permute(0, 3, 1, 2) if self.permuted else y.view(like.shape)
+        return y.permute(0, 3, 1, 2) if self.permuted else y
 
 
 _PLANS: dict[tuple, _Plan | str] = {}
@@ -480,32 +499,95 @@ def _aligned(*ts: torch.Tensor) -> int:
     return bits
 
 
+_LAUNCHER = {"kind": None, "error": None}  # which launcher the compiled kernels use (reported in kernels.status())
+
+
+def _static_launcher_cls():
+    """torch's C++ launcher for Triton cubins (inductor's: no Python per argument), or None where this torch has none."""
+    try:
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:
+        try:
+            from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        except ImportError:
+            return None
+    return StaticallyLaunchedCudaKernel
+
+
+_CUBIN_DIR: list[str] = []
+
+
+def _runner(fn, kernel, grid: tuple[int, int, int], args: tuple, index: int):
+    """A launch function (args, stream) for a compiled kernel: torch's static launcher where it takes the kernel (the
+    cubin's own parameters only: declared constexprs and the ones Triton specialized away are dropped), else Triton's
+    runner, which takes every declared parameter (Triton ≥ 3.3)."""
+    cls = _static_launcher_cls()
+    if cls is not None:
+        try:
+            import os
+            import tempfile
+
+            if not _CUBIN_DIR:
+                _CUBIN_DIR.append(tempfile.mkdtemp(prefix="lambda_gate_cubin_"))
+            path = os.path.join(_CUBIN_DIR[0], f"{kernel.hash}.cubin")
+            with open(path, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            kernel._cubin_path = path  # what the launcher reads (inductor sets it on its own kernels)
+            st = cls(kernel)
+            st.load_kernel(index)
+            drop = set(st.full_constexprs) | {p.num for p in fn.params if p.is_constexpr}
+            keep = tuple(i for i in range(len(args)) if i not in drop)
+            run, (gx, gy, gz) = st.run, grid
+
+            def static(a, stream):
+                run(gx, gy, gz, stream, *[a[i] for i in keep])
+            # Proven once per kernel variant: the JIT launch just wrote the outputs; the static launch must write the
+            # same bits (an error or a difference leaves Triton's runner in charge).
+            outs = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+            before = [o.clone() for o in outs]
+            static(args, torch._C._cuda_getCurrentRawStream(index))
+            if not all(torch.equal(b, o) for b, o in zip(before, outs)):
+                raise RuntimeError("the static launcher's outputs differ from Triton's")
+            _LAUNCHER["kind"] = "torch static launcher"
+            return static, True
+        except Exception as exc:  # noqa: BLE001 - an internal API of torch: fall back, say why
+            _LAUNCHER["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not _lean_launch_ok():
+        return None, False
+    tr = kernel[grid]
+    _LAUNCHER["kind"] = _LAUNCHER["kind"] or "triton runner"
+    return (lambda a, stream: tr(*a, stream=stream)), False
+
+
 def _launch(fn, plan: _Plan, grid: tuple[int, int, int], variant: tuple, tensors: tuple, args: tuple,
-            device: torch.device) -> None:
-    """Launch `fn` with `args` (every parameter in order, constexprs last) through the plan's cached runner;
-    the first launch of a variant (or of a new pointer alignment) goes through `JITFunction.run`."""
+            device: torch.device, maxnreg: int | None = None) -> None:
+    """Launch `fn` with `args` (every parameter in order, constexprs last) through the plan's cached launch function;
+    the first launch of a variant (or of a new pointer alignment) goes through `JITFunction.run`, which compiles."""
     if device.type == "cpu":  # the interpreter
-        fn[grid](*args, **LAUNCH)
+        fn[grid](*args, num_warps=plan.warps, **LAUNCH)
         return
     key = (variant, _aligned(*tensors))
     runner = plan.runners.get(key)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = plan.device_index if plan.device_index is not None else torch.cuda.current_device()
     if runner is None:
+        opts = {"num_warps": plan.warps, **LAUNCH, **({"maxnreg": maxnreg} if maxnreg else {})}
         with torch.cuda.device(index):
-            kernel = fn[grid](*args, **LAUNCH)
-        if _lean_launch_ok() and kernel is not None:
-            plan.runners[key] = kernel[grid]
+            kernel = fn[grid](*args, **opts)
+            # (the static launcher's first launch repeats this one: the kernels only write their outputs)
+            runner = _runner(fn, kernel, grid, args, index)[0] if kernel is not None else None
+        if runner is not None:
+            plan.runners[key] = runner
         return
-    if index != torch.cuda.current_device():
+    if index != torch._C._cuda_getDevice():
         with torch.cuda.device(index):
-            runner(*args, stream=torch.cuda.current_stream(index).cuda_stream)
+            runner(args, torch._C._cuda_getCurrentRawStream(index))
     else:
-        runner(*args, stream=torch._C._cuda_getCurrentRawStream(index))
+        runner(args, torch._C._cuda_getCurrentRawStream(index))
 
 
 def _forward(x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan, from_s: bool) -> torch.Tensor:
     xv = plan.view(x)
-    y = torch.empty_like(xv, memory_format=torch.contiguous_format)
+    y = torch.empty_like(xv, memory_format=torch.contiguous_format)  # xv's shape: no view back unless permuted
     precise, fast = x.dtype == torch.float32, x.device.type == "cuda"
     _launch(_gate_fwd, plan, plan.fwd_grid, (0, from_s, gate, precise), (xv, p, y),
             (xv, p, y, plan.M, plan.N, plan.C, plan.TI, float(t), plan.col, from_s, gate, precise, fast, plan.bm,
@@ -523,8 +605,10 @@ def _backward(grad: torch.Tensor, x: torch.Tensor, p: torch.Tensor, t: float, ga
     args = (gv, xv, p, gx, gp, plan.part, plan.counters, plan.M, plan.N, plan.C, plan.TI, plan.TT, plan.CH,
             plan.iters, float(t), plan.col, from_s, gate, precise, fast, need_x, need_p, plan.bm, plan.bn, plan.pr)
     _launch(_gate_bwd, plan, plan.bwd_grid, (1, from_s, gate, precise, need_x, need_p), (gv, xv, p, gx, gp),
-            args, x.device)
-    return (plan.restore(gx, x) if need_x else None), (gp.to(p.dtype).view(p.shape) if need_p else None)
+            args, x.device, BWD_MAXNREG if need_p else None)
+    if need_p and (p.dtype != torch.float32 or p.dim() != 1):
+        gp = gp.to(p.dtype).view(p.shape)
+    return (plan.restore(gx, x) if need_x else None), (gp if need_p else None)
 
 
 def _gate_id(gate: str) -> int:
