@@ -647,7 +647,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                  "every requantization (`analysis/verification/readers.py`): clamp(x, lo, hi) = lo + ReLU(x − lo) − "
                  "ReLU(x − hi), two ReLUs per requantized unit (the ReLU the quantizer absorbed is the lower end), the "
                  "logits' too; hence about twice the float network's count (a network of hidden widths h₁…h_k with K "
-                 "outputs: 2·(h₁ + … + h_k + K))." if any(m.get("network") == "int8" for m in s["models"].values()) else "")
+                 "outputs: 2·(h₁ + … + h_k + K))." if any(m.get("network") == "int8" and m.get("onnx") for m in s["models"].values())
+                 else "")
     out.append("How the swapped ReLU networks were decided. Unstable ReLUs: units whose input interval crosses 0 over the "
                "box, by IBP and by the tight CROWN/α-CROWN bounds branch and bound starts from, each the **mean** over the "
                "properties a verifier ran on (one decimal). ReLU units: what branch and bound can split." + int8_note +
