@@ -27,6 +27,7 @@ so it can be neither annealed nor swapped). `hardened()` is then true only when 
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any
 
 import torch
@@ -178,6 +179,10 @@ def _check_hardenable(model: nn.Module, gates: list[HardenableGate], example: An
         what = ", ".join(f"{c.name} in {c.where()}" for c in sorted(found.calls, key=lambda c: (c.fqn, c.name)))
         raise HardenError(f"Hardener: the model calls {what} inside forward(): no module holds it, so it can be neither "
                           "annealed nor swapped. Hold it as a module (self.act = nn.GELU()) and convert with to_gates")
+    if found.calls is None and gates:  # cannot be seen here; the swap of a model with data (swap_report) still looks
+        warnings.warn(f"Hardener: gate functions called inside forward() were not looked for ({found.how}); pass "
+                      "example=<an input batch> so that an F.gelu called there is found before training, not at the swap",
+                      UserWarning, stacklevel=3)
     if not gates:
         seen = ("" if found.calls is not None else
                 f"; gate functions called inside forward() were not looked for ({found.how}): "

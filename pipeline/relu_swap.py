@@ -95,7 +95,9 @@ def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.de
     function inside a forward (found by one forward on the data's first rows) is refused with SwapError."""
     split = as_split(data)
     param = next(model.parameters(), None)
-    swapped = to_relu(copy.deepcopy(model), split.x[:2].to(param.device if param is not None else "cpu"))
+    example = split.x[:2].to(param.device if param is not None else "cpu")
+    check_swappable(model, example, "swap_report")
+    swapped = to_relu(copy.deepcopy(model), example)
     before = predict(model, split, batch_size, device)
     after = predict(swapped, split, batch_size, device)
     b, a = score(before, split.y, metric), score(after, split.y, metric)

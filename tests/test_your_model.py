@@ -129,6 +129,11 @@ def test_where_the_forward_cannot_be_watched_the_report_and_the_hardener_name_ex
         Hardener(model, epochs=4)
     assert "no hardenable gate" in str(e.value) and "example=" in str(e.value) and "\n" not in str(e.value)
     x = torch.rand(2, 1, 8, 8)
+    gated, _ = to_gates(nn.Sequential(ConvInline(), nn.GELU()))  # a gate to anneal, and a call nobody could look for
+    with pytest.warns(UserWarning, match="example="):
+        Hardener(gated, epochs=4)
+    with pytest.raises(HardenError, match="F.gelu in `0` \\(ConvInline\\)"):
+        Hardener(gated, epochs=4, example=x)
     _, with_example = to_gates(ConvInline(), example=x)
     assert [(s.fqn, s.source) for s in with_example.left] == [("", "F.gelu")]
     with pytest.raises(SwapError, match="F.gelu in `\\(root\\)`"):
