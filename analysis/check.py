@@ -214,7 +214,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     """
     model = cpu_model(model).eval()  # float32 statements about CPU runs; the caller's model stays where it is
     relu = to_relu(copy.deepcopy(model))
-    out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
+    about = {k: v.format(samples=jacobian_samples) for k, v in certificate.ABOUT.items()}  # the count, not the key
+    out: dict[str, Any] = {"about": about, "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
                            "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
     try:
         cert = certificate.Certifier(model)

@@ -103,6 +103,10 @@ class GELU(Gate):
         return F.gelu(x)
 
 
+def _sync_frozen_after_load(module: "HardenableGate", _incompatible_keys) -> None:
+    module._sync_frozen()
+
+
 class HardenableGate(Gate):
     """x·g(λx) with learnable λ = 1 + softplus(s/t), and a frozen mode for annealing.
 
@@ -118,7 +122,7 @@ class HardenableGate(Gate):
         self.register_buffer("lam_fixed", torch.ones_like(s.detach()))
         self.register_buffer("frozen", torch.tensor(False))
         self._frozen = False  # the buffer's value on the host: forward must not read a GPU buffer every step
-        self.register_load_state_dict_post_hook(lambda module, _: module._sync_frozen())
+        self.register_load_state_dict_post_hook(_sync_frozen_after_load)  # a module-level function: the model pickles
 
     def _sync_frozen(self) -> None:
         self._frozen = bool(self.frozen)

@@ -387,7 +387,10 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
 
 
 def _hardener(model: nn.Module, cfg: Config) -> Hardener:
-    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult)
+    # allow_no_gates: the baselines and the ReLU network of harden.method=swap train plainly; models built from the
+    # registry hold every gate as a module
+    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult,
+                    allow_no_gates=True)
 
 
 def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,
@@ -523,6 +526,12 @@ def _shipped(run: RunDir) -> tuple[str, dict[str, Any]]:
     return "", {}
 
 
+# what each harden.select rule ships, in the report's words (pipeline/config.py HardenConfig.select)
+SELECT_RULES = {"best_hardened": "the best among the epochs at λ_target (a baseline without λ: its best epoch)",
+                "best_val": "the best validation epoch of the smooth model", "last": "the last epoch",
+                "best_swapped": "the best validation epoch of the swapped ReLU model"}
+
+
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The shipped checkpoint of every variant (the one `harden.select` chose: what swap, export and verify use),
     training curves with the shipped epoch marked, the λ per layer and the learned phase's drift (None before the
@@ -548,8 +557,10 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         if at is not None:
             shipped_epochs[v] = ship
         lam_at = [float(at[k]) for k in lam_cols] if at is not None else []
+        best_epochs = [r["epoch"] for r, x in zip(vr, vals) if x == vals[best_i]]  # every epoch at the best value
         summary.append([v, ship if at is not None else "—", float(at[metric_col]) if at is not None else "—",
-                        f"{vals[best_i]:.4f} (epoch {vr[best_i]['epoch']})", vals[-1],
+                        f"{vals[best_i]:.4f} (epoch{'s' if len(best_epochs) > 1 else ''} {', '.join(map(str, best_epochs))})",
+                        vals[-1],
                         (sum(lam_at) / len(lam_at)) if lam_at else "—", record.lambda_target or "—"])
         if lam_cols:
             table_ = [[float(r[k]) for k in lam_cols] for r in vr]
@@ -568,6 +579,10 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     _plot_curves(rows, cfg.variants, metric_col, shipped_epochs, figs / "validation.png")
     which = (f"the checkpoint `harden.select={cfg.harden.select}` chose ({stage} stage's record in the manifest): what the "
              "swap, export and verify stages use" if stage else "not chosen yet (the train stage has not finished)")
+    rule = SELECT_RULES.get(cfg.harden.select, "")
+    which += (f". `best {metric_col}` is the smooth model's best over all epochs (every epoch that reached it listed); "
+              f"the shipped epoch is {rule}, so it can be another epoch, or a later one of equal value (ties go to the "
+              "later, more hardened epoch)")
     return "\n\n".join(["## Training (Algorithm 1)", f"Shipped: {which}.",
                         table(["variant", "shipped epoch", f"{metric_col} shipped", f"best {metric_col}", f"last {metric_col}",
                                "mean λ shipped", "λ_target"], summary),

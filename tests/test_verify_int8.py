@@ -329,5 +329,11 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
     assert all(c["carries_over"] for c in chain)
     md = report_section(run.cfg, run)
     assert "int8 models:" in md and f"own budget of {INT8_BUDGET_S:g} s" in md
+    # the report says why the int8 rows count more ReLU units than the float rows: the clamps' two per unit
+    assert "two ReLUs per requantized unit" in md and "| 212 |" in md and "| 96 |" in md
+    from PIL import Image
+
+    with Image.open(run.file("report", "verify_fractions.png")) as im:  # the figure: float ReLU and int8 panels
+        assert im.size[0] > 2 * im.size[1]
     with pytest.raises(ConfigError, match="int8_budget_s"):
         validate_config(apply_overrides(run.cfg, ["verify.int8_budget_s=0"]))

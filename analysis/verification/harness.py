@@ -17,6 +17,7 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
 Workers are separate processes (spawned, one torch thread each: the matrices of one property are small, and
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
 this process for every outcome as it arrives (provisional ones too), so callers can write their files as they go.
+`progress="name"` shows the final answers as they come (`pipeline.progress`): a bar on a terminal, else a line each.
 """
 
 from __future__ import annotations
@@ -275,15 +276,23 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
 
 
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
-        on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None) -> list[Outcome]:
-    """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers."""
+        on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
+        progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
+    """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers.
+    `progress`: a name to show each final answer under (`label(key)` names the task in its line)."""
+    from pipeline.progress import Progress
+
     options = dict(options or {})
     on_done = on_done or (lambda o: None)
     final: dict[int, Outcome] = {}
+    bar = Progress(progress, len(tasks), "property") if progress else None
 
     def emit(o: Outcome) -> None:
         if o.final:
             final[o.index] = o
+            if bar is not None:
+                bar.step(line=f"    {progress}: {len(final)}/{len(tasks)} {label(o.key)}: {o.result.status} "
+                              f"({o.result.seconds:.2f} s{', ' + o.result.stage if o.result.stage else ''})")
         on_done(o)
 
     indexed = list(enumerate(tasks))
@@ -296,6 +305,8 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
             _run_per_task(indexed, limits, clock, options, emit)
     else:
         _run_pool(indexed, limits, jobs, deadline, clock, options, emit)
+    if bar is not None:
+        bar.close()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
         if i not in final:
             final[i] = Outcome(i, task.key, Result("error", 0.0, message="its worker process stopped before answering"), 0.0)

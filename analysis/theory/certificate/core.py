@@ -28,14 +28,14 @@ GAMMA_SLACK = 1 + 2.0**-20
 # Below 2⁻¹²⁶ the standard model fl(a ∘ b) = (a ∘ b)(1 + θ) fails: a product or sum that flushes to zero (FTZ) or
 # goes subnormal is off by at most this, absolutely.
 UNDERFLOW = 2.0**-126
-# The statements a certificate can make, for reports.
+# The statements a certificate can make, for reports ({samples}: filled in by the check with the count it was given).
 ABOUT = {
     "global": "any input, real arithmetic",
     "per_sample": "each validation input, real arithmetic",
     "float32": "each validation input, both networks evaluated in float32 by PyTorch on the CPU, rounding included",
     "float32_global": "each validation input, both networks in float32 by PyTorch on the CPU: the global bound plus both "
                       "networks' rounding on it",
-    "float32_jacobian": "each of the first `check.float32_jacobian_samples` validation inputs, both networks in float32 by "
+    "float32_jacobian": "each of the first {samples} validation inputs (`check.float32_jacobian_samples`), both networks in float32 by "
                         "PyTorch on the CPU: the real-arithmetic bound plus each network's rounding carried through its own "
                         "Jacobian at the input (chain networks)",
 }
