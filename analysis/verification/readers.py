@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.numerics import U
+
 from .graph import Graph, Node
 from .ops import (Concat, Conv, Gate, Linear, Op, Permute, QuantizedInput, ReLU, Rounding, Scale, Sum, UnsupportedModel,
                   as_tensor, average_pool, numel)
@@ -196,8 +198,6 @@ class OnnxReader:
         out = self.vals.get(self.graph.output[0].name)
         if isinstance(out, Value) and out.node in self.grids and not isinstance(self.nodes[out.node].op, QuantizedInput):
             # the output's DequantizeLinear runs in float32: one rounding, relative 2⁻²⁴, of a value within the grid's range
-            from .quantized import U
-
             g = self.grids[out.node]
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
