@@ -37,11 +37,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from . import render
+from . import gates, render
 from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of
 from .gates import channel_axis
 from .config import GateConfig
@@ -52,8 +51,6 @@ __all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hard
 
 FilterFn = Callable[[nn.Module, str], bool]
 
-# Functions that are gates when a module holds them as an attribute (F.gelu in its exact form).
-FUNCTIONAL_GATES: dict[Callable, str] = {F.gelu: "phi", F.silu: "sigmoid", F.mish: "mish"}
 # torch modules from nn.modules.activation that are no pointwise activation (attention, normalizations).
 NOT_ACTIVATIONS = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.Identity)
 # A user's leaf module whose class name says "activation": reported when nothing else knows it.
@@ -139,8 +136,9 @@ def _classify(m: nn.Module) -> tuple[str, str]:
 
 
 def _gate_function(fn: Any) -> str | None:
-    """The family of a gate function (by identity: attribute values need not be hashable)."""
-    return next((fam for f, fam in FUNCTIONAL_GATES.items() if fn is f), None)
+    """The family of a gate function (`GateFamily.functions`: F.gelu in its exact form, F.silu, F.mish), by identity:
+    attribute values need not be hashable."""
+    return gates.of_function(fn)
 
 
 def _classify_function(fn: Any) -> tuple[str, str]:

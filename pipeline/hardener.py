@@ -31,6 +31,7 @@ from torch import nn
 from .activations import HardenableGate, hardenable_gates
 from .config import GateConfig, HardenConfig, TrainConfig
 from .gates import lambda_target
+from .records import VariantRecord
 from .schedule import annealed_lambda, param_groups, switch_epoch
 
 HARDENED_RTOL = 1e-6  # λ ≥ λ_target·(1 − this) counts as hardened (float32 storage of λ)
@@ -40,23 +41,35 @@ class Hardener:
     """Algorithm 1's schedule for the hardenable gates of `model` (found by walking it once)."""
 
     def __init__(self, model: nn.Module, harden: HardenConfig | None = None, epochs: int | None = None, *,
-                 switch_fraction: float = TrainConfig.switch_fraction, lr_mult: float = GateConfig.lr_mult):
+                 switch_fraction: float = TrainConfig.switch_fraction, lr_mult: float = GateConfig.lr_mult,
+                 record: VariantRecord | None = None):
         """`harden` is the run's harden section (ε, criterion, a λ_target override, hold; defaults: `HardenConfig()`),
         `epochs` T; `switch_fraction` (train.switch_fraction) sets e_s = ⌊fraction·T⌋, `lr_mult` (gate.lr_mult) the
-        hardness parameters' learning-rate factor c."""
+        hardness parameters' learning-rate factor c. In a pipeline run `record` is the variant's record
+        (`pipeline.records`), which holds e_s and λ_target as the train stage decided them once: they are read
+        from it, not derived again."""
         if epochs is None or epochs < 1:
             raise ValueError(f"Hardener needs epochs >= 1 (the T of Algorithm 1), got {epochs}")
         harden = harden if harden is not None else HardenConfig()
         self.gates: list[HardenableGate] = hardenable_gates(model)
         self.epochs = epochs
-        self.switch = switch_epoch(epochs, switch_fraction)
+        self.switch = record.switch_epoch if record is not None else switch_epoch(epochs, switch_fraction)
         self.hold = max(0, min(int(harden.hold), epochs - self.switch - 1)) if epochs > self.switch else 0
         self.lr_mult = lr_mult
         self.model = model
         # Each gate family has its own λ_target: the smallest λ whose bound is ≤ ε for that g.
-        self.targets = [lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, g.GATE) for g in self.gates]
+        self.targets = [self._target(g.GATE, harden, record) for g in self.gates]
         self.lambda_switch: list[torch.Tensor] | None = None  # λ(e_s) per gate, saved at the switch
         self.epoch = 0
+
+    @staticmethod
+    def _target(gate: str, harden: HardenConfig, record: VariantRecord | None) -> float:
+        if record is None:
+            return lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, gate)
+        if record.gate != gate or record.lambda_target is None:
+            raise ValueError(f"the record of {record.activation!r} holds λ_target for gate {record.gate!r}, not for this "
+                             f"model's {gate!r} gates")
+        return record.lambda_target
 
     # -- optimizer ------------------------------------------------------------------------------
     def param_groups(self, lr: float, weight_decay: float) -> list[dict]:

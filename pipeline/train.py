@@ -44,7 +44,8 @@ from .progress import Progress
 from .records import VariantRecord
 from .relu_swap import relu_spec, to_relu
 from .render import figure, save, table
-from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .rundir import RunDir
 from .schedule import lr_at
 
 OPTIMIZERS = {
@@ -217,7 +218,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
-    hardener = _hardener(model, cfg)
+    hardener = _hardener(model, cfg, record)
     opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
     state: dict[str, Any] = {"epoch": 0, "history": [], "hardener": None, "initial_loss": None, "swapped": False,
                              "best": {"epoch": 0, "value": None, "metric": worst(metric), "hardness": None}}
@@ -246,7 +247,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > record.switch_epoch and not state["swapped"]:
             model, spec = _swap_for_finetune(model, spec, record.swapped_to, opt, device)
-            hardener = _hardener(model, cfg)  # no gates left: plain training
+            hardener = _hardener(model, cfg, record)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
@@ -310,8 +311,9 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
     return torch.compile(model)
 
 
-def _hardener(model: nn.Module, cfg: Config) -> Hardener:
-    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult)
+def _hardener(model: nn.Module, cfg: Config, record: VariantRecord) -> Hardener:
+    """Algorithm 1's schedule for one variant: e_s and λ_target read from its record (decided once per run)."""
+    return Hardener(model, cfg.harden, cfg.train.epochs, lr_mult=cfg.gate.lr_mult, record=record)
 
 
 def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,

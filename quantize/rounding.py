@@ -46,8 +46,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from pipeline.numerics import ULPS, U, dot_error, gamma
-
-from .mha import mha_fastpath
+from pipeline.onnx_io import mha_fastpath
 
 # A first-order bound (O(u) terms) takes no slack for the float64 evaluation of γ_n (`pipeline.numerics`).
 FIRST_ORDER = 1.0

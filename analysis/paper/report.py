@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline import lambda_stats, render
 from pipeline.errors import PipelineError
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from .. import studies
 from ..stats import CONFIDENCE

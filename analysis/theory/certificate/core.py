@@ -79,6 +79,9 @@ def _gate_lipschitz(gate: str) -> float:
     return float(symbolic.lipschitz_constant(gate).value) * (1 + 1e-9)
 
 
+gates.on_change(lambda name, fam: _gate_lipschitz.cache_clear())  # a family registered anew or removed
+
+
 def _per_unit(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Broadcast a [1] (per layer) or [C] (per channel) tensor against `like` along its channel axis, the
     gates' own convention (`pipeline.gates.per_channel`: dim 1, the last dim of [B, T, C] tokens)."""
