@@ -377,6 +377,7 @@ def _family_changed(name: str, fam: gates.GateFamily | None) -> None:
     training (`GateFamily.kernel` says whether a fused kernel serves it). An unregistered family loses them."""
     for act in _from_families.pop(name, []):
         ACTIVATIONS.pop(act, None)
+        globals().pop(f"Lambda_{name}", None)
     if fam is not None and fam.hardenable is not None and fam.hardenable not in ACTIVATIONS:
         cls = type(f"Lambda_{fam.name}", (HardenableGate,), {
             "__module__": __name__, "__doc__": f"x·g(λx) of the gate family {fam.name!r} ({fam.label}).", "GATE": fam.name,

@@ -92,7 +92,9 @@ class GateFamily:
 
     name: str
     label: str
-    g: Callable[[torch.Tensor], torch.Tensor]  # g(y) on tensors, accurate in both tails (the float64 reference)
+    # g(y) on tensors, accurate in both tails (the float64 reference), with finite gradients everywhere (training
+    # differentiates it); traced for ONNX, it writes the ops of `onnx`
+    g: Callable[[torch.Tensor], torch.Tensor]
     sym: Callable[[Any], Any]  # g(y) as a sympy expression (sympy is imported by the caller's first use)
     upper_tail: Callable[[float], float]  # 1 − g(u) for u ≥ 0: the x > 0 side, where f_λ falls short of ReLU
     lower_tail: Callable[[float], float]  # g(−u) for u ≥ 0: the x < 0 side, where f_λ is below 0

@@ -20,10 +20,10 @@ products and `terms` − 1 additions. `slack` (`GAMMA_SLACK` = 1 + 2⁻²⁰ by 
 of the bound itself, relatively 2⁻⁴⁰ or less.
 
 Where the project had three forms of this bound, which is right (issue 32):
-- the certificate's `core.dot_rounding`, GAMMA_SLACK·γ_{n+1}·m + (2n+1)·UNDERFLOW for n products and a bias, is
-  this bound (terms = n + 1) and was right: a proof needs both the underflow term (tests/test_float32_statement.py
+- the certificate's (its `core.dot_rounding`), GAMMA_SLACK·γ_{n+1}·m + (2n+1)·UNDERFLOW for n products and a bias,
+  is this bound (terms = n + 1) and was right: a proof needs both the underflow term (tests/test_float32_statement.py
   builds dot products of subnormal products whose error exceeds γ_n·m by orders of magnitude, in both underflow
-  modes) and the slack;
+  modes) and the slack. The certificate's rules call `dot_error` now;
 - the export check's γ_n·m (`quantize/rounding.py`) lacked the underflow term: wrong for magnitudes below about
   2⁻¹⁰¹, where the absolute term dominates. It now reads `dot_error` with the term and slack = 1: that bound is a
   first-order estimate (O(u) terms only) whose tolerance `export.atol` adds an absolute slack far above both the

@@ -16,8 +16,9 @@ import torch
 
 from pipeline import gates
 from pipeline.gates import channel_axis, per_channel
-# u, γ_n, the library's ulps, SAFETY and the dot product's bound have one home (`pipeline.numerics`); the rules
-# import them from here under the certificate's names.
+# u, γ_n, the library's ulps, SAFETY and the dot product's bound (`dot_error`: GAMMA_SLACK·γ_{n+1}·(|w|·|x| + |b|)
+# + (2n + 1)·UNDERFLOW for n products and a bias; a proof, so not doubled by SAFETY) have one home
+# (`pipeline.numerics`); the rules import them from here under the certificate's names.
 from pipeline.numerics import GAMMA_SLACK, SAFETY, UNDERFLOW, dot_error, gamma  # noqa: F401
 from pipeline.numerics import LIBRARY_ULPS as ULP_ELEMENTWISE
 from pipeline.numerics import U as U32
@@ -61,14 +62,6 @@ def _injected(consts: Mapping[str, float] | None):
     finally:
         _INJECTED.clear()
         _INJECTED.update(saved)
-
-
-def dot_rounding(n: int, magnitude: torch.Tensor) -> torch.Tensor:
-    """A bound on |fl(w·x + b) − (w·x + b)| for float32 dot products of length n plus a bias (n + 1 terms), in any
-    summation order, with or without FMA: `pipeline.numerics.dot_error`, GAMMA_SLACK·γ_{n+1}·(|w|·|x| + |b|)
-    (`magnitude`, computed by the caller) + (2n + 1)·UNDERFLOW. γ_n is a proof (round to nearest;
-    tests/test_float32_statement.py finds it nearly attained), so this term is not doubled by SAFETY."""
-    return dot_error(n + 1, magnitude)
 
 
 @functools.cache
