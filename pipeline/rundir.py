@@ -161,7 +161,7 @@ class RunDir:
     def read_json(self, stage: str, name: str) -> Any | None:
         """A JSON file a stage wrote into its directory, or None when it has not written it (a report section
         of a stage that has not run is left out). A corrupt file is an error naming the `--redo` that rewrites it."""
-        from .stages import STAGES  # the stage registry names each stage's directory (it imports the registries)
+        from .stages import STAGES  # the stage registry names each stage's directory
 
         path = self.file(STAGES[stage].directory, name)
         if not path.is_file():
