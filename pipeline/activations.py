@@ -140,10 +140,15 @@ class HardenableGate(Gate):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Training goes through a fused kernel where one serves this gate: λ from s inside the op while s is
-        # learned, the frozen λ buffer while annealing; otherwise the gate's own expression.
+        # learned, the frozen λ buffer while annealing; otherwise the gate's own expression. On CUDA the
+        # Triton kernel takes s or λ flat ([1] or [C] along `channel_axis`): no view, no broadcast per call.
         if _kernel_path(x):
-            y = (kernels.apply_frozen(x, per_channel(self.lam_fixed, x), self.GATE) if self._frozen
-                 else kernels.apply_s(x, per_channel(self.s, x), self.temperature, self.GATE))
+            if x.is_cuda:
+                y = kernels.gate_cuda(x, self.lam_fixed if self._frozen else self.s, self.temperature, self.GATE,
+                                      self._frozen, channel_axis(x))
+            else:
+                y = (kernels.apply_frozen(x, per_channel(self.lam_fixed, x), self.GATE) if self._frozen
+                     else kernels.apply_s(x, per_channel(self.s, x), self.temperature, self.GATE))
             if y is not None:
                 return y
         return self.expression(x, self._lam_for(x))

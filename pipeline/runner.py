@@ -61,7 +61,8 @@ FIRST_STAGE = first_readers()
 # listed still reads them.
 TUNABLE = {"train.lr": ("train", "harden"), "train.grad_clip": ("train", "harden"),
            "train.divergence_factor": ("train", "harden"), "train.precision": ("train", "harden"),
-           "train.compile": ("train", "harden"), "data.eval_batch_size": tuple(STAGES)}
+           "train.compile": ("train", "harden"), "train.compile_mode": ("train", "harden"),
+           "train.cuda_graph": ("train", "harden"), "data.eval_batch_size": tuple(STAGES)}
 FREE = {"stages", "device", "threads"}  # what to run, and where: never changes a result's meaning
 NEVER = {"name", "out_dir"}
 

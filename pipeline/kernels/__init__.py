@@ -77,16 +77,17 @@ def use_kernel(name: str) -> Iterator[None]:
 
 
 _triton: Any = None  # the module, imported on the first CUDA call: Triton fixes its mode at import
+_triton_ready: bool | None = None
 
 
 def triton_module():
     """pipeline.kernels.triton_gate, or None when Triton cannot be imported (recorded in `status()`)."""
-    global _triton
-    if _triton is None:
+    global _triton, _triton_ready
+    if _triton_ready is None:
         from . import triton_gate
 
-        _triton = triton_gate
-    return _triton if _triton.available() else None
+        _triton, _triton_ready = triton_gate, triton_gate.available()
+    return _triton if _triton_ready else None
 
 
 def channel_dim(x: torch.Tensor, lam: torch.Tensor) -> int:
@@ -198,9 +199,24 @@ def apply_frozen(x: torch.Tensor, lam: torch.Tensor, gate: str) -> torch.Tensor 
     return None
 
 
+def gate_cuda(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: bool, axis: int) -> torch.Tensor | None:
+    """The training path of a gate module on CUDA, kept lean (it runs once per layer and step): the Triton kernel
+    for s (learned) or λ (`frozen`), a flat [1] or [C] tensor varying along x's dim `axis`; None when the kernel
+    choice, Triton or these tensors rule it out (the caller falls back). What the tensors allow is decided once
+    per layout, in the kernel's launch plan."""
+    if _kernel not in ("auto", "triton"):
+        return None
+    tg = _triton if _triton_ready else triton_module()
+    kid = tg.GATES.get(family(gate).kernel) if tg is not None else None  # the family's kernel id (None: none)
+    if kid is None:
+        return None
+    return tg.try_gate_frozen(x, p, kid, axis) if frozen else tg.try_gate_s(x, p, t, kid, axis)
+
+
 def status() -> dict[str, Any]:
     """The kernel choice and what each backend did in this process (record it next to timings)."""
-    triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted()}
+    triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted(),
+               "lean_launch": _triton.available() and _triton._lean_launch_ok()}
               if _triton is not None else {"ready": None, "error": None})
     return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "triton": triton, "inductor": inductor.status.as_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
