@@ -39,7 +39,8 @@ from pipeline.devices import model_on
 from pipeline.errors import PipelineError
 from pipeline.gates import channel_axis
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.atomic_io import atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.rundir import RunDir
 
 PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
 

@@ -46,6 +46,7 @@ rows marked final and solves the rest.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -68,7 +69,8 @@ from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
 from pipeline.progress import Progress
 from pipeline.render import figure, pct, save, table
-from pipeline.rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.rundir import RunDir
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -352,7 +354,7 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
         lam = [float(node.op.lam.mean()) for node in net.nodes if isinstance(node.op, Gate)]
         models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.activation,
                            "mean_lambda_per_layer": [round(v, 4) for v in lam]}
-        recheck = harness.ModuleRecheck(model, info.input_shape, checkpoint=src)
+        recheck = harness.ModuleRecheck(model, info.input_shape, load=functools.partial(checkpoint.load_module, src))
         with torch.no_grad():
             predicted = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(n, *info.input_shape)).argmax(1)]
         models[variant]["clean_correct"] = int(sum(p == c for p, c in zip(predicted, labels)))

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import render
+from . import gates, render
 from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of
 from .gates import channel_axis
 from .config import GateConfig

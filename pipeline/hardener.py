@@ -38,6 +38,7 @@ from .config import GateConfig, HardenConfig, TrainConfig
 from .errors import PipelineError
 from .gates import lambda_target
 from .probe import smooth_calls
+from .records import VariantRecord
 from .schedule import annealed_lambda, param_groups, switch_epoch
 
 HARDENED_RTOL = 1e-6  # λ ≥ λ_target·(1 − this) counts as hardened (float32 storage of λ)
@@ -52,12 +53,14 @@ class Hardener:
 
     def __init__(self, model: nn.Module, harden: HardenConfig | None = None, epochs: int | None = None, *,
                  switch_fraction: float = TrainConfig.switch_fraction, lr_mult: float = GateConfig.lr_mult,
-                 example: Any = None, allow_no_gates: bool = False):
+                 example: Any = None, allow_no_gates: bool = False, record: VariantRecord | None = None):
         """`harden` is the run's harden section (ε, criterion, a λ_target override, hold; defaults: `HardenConfig()`),
         `epochs` T; `switch_fraction` (train.switch_fraction) sets e_s = ⌊fraction·T⌋, `lr_mult` (gate.lr_mult) the
         hardness parameters' learning-rate factor c. `example`: an input batch for the watched forward that finds
         gate functions called inside forward() (default: a zero batch read from the first layer, `pipeline.probe`).
-        `allow_no_gates`: the train stage's plain training (its baselines, the fine-tuned swap): no gate, no check."""
+        `allow_no_gates`: the train stage's plain training (its baselines, the fine-tuned swap): no gate, no check.
+        In a pipeline run `record` is the variant's record (`pipeline.records`), which holds e_s and λ_target as the
+        train stage decided them once: they are read from it, not derived again."""
         if _as_int(epochs) is None or epochs < 1:
             raise HardenError(f"Hardener needs epochs >= 1 (the T of Algorithm 1), got {epochs!r}")
         epochs = _as_int(epochs)
@@ -66,14 +69,23 @@ class Hardener:
         if not allow_no_gates:
             _check_hardenable(model, self.gates, example)
         self.epochs = epochs
-        self.switch = switch_epoch(epochs, switch_fraction)
+        self.switch = record.switch_epoch if record is not None else switch_epoch(epochs, switch_fraction)
         self.hold = max(0, min(int(harden.hold), epochs - self.switch - 1)) if epochs > self.switch else 0
         self.lr_mult = lr_mult
         self.model = model
         # Each gate family has its own λ_target: the smallest λ whose bound is ≤ ε for that g.
-        self.targets = [lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, g.GATE) for g in self.gates]
+        self.targets = [self._target(g.GATE, harden, record) for g in self.gates]
         self.lambda_switch: list[torch.Tensor] | None = None  # λ(e_s) per gate, saved at the switch
         self.epoch = 0
+
+    @staticmethod
+    def _target(gate: str, harden: HardenConfig, record: VariantRecord | None) -> float:
+        if record is None:
+            return lambda_target(harden.epsilon, harden.criterion, harden.lambda_target, gate)
+        if record.gate != gate or record.lambda_target is None:
+            raise ValueError(f"the record of {record.activation!r} holds λ_target for gate {record.gate!r}, not for this "
+                             f"model's {gate!r} gates")
+        return record.lambda_target
 
     # -- optimizer ------------------------------------------------------------------------------
     def param_groups(self, lr: float, weight_decay: float) -> list[dict]:

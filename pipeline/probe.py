@@ -20,16 +20,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-# Functions that are gates (F.gelu in its exact form): converted when a module holds one as an attribute,
-# reported when a forward calls one.
-FUNCTIONAL_GATES: dict[Callable, str] = {F.gelu: "phi", F.silu: "sigmoid", F.mish: "mish"}
+from . import gates
+
 PROBE_BATCH = 2  # rows of the zero input read from the first layer (2: a batch, for BatchNorm-like layers in eval)
 PROBE_TOKENS = 4  # sequence length of the probe for a model whose first layer is an nn.Embedding
 
 
 def gate_function(fn: Any) -> str | None:
-    """The family of a gate function (by identity: attribute values need not be hashable), or None."""
-    return next((fam for f, fam in FUNCTIONAL_GATES.items() if fn is f), None)
+    """The family of a gate function (`GateFamily.functions`, by identity: attribute values need not be hashable):
+    converted when a module holds one as an attribute, reported when a forward calls one; None for others."""
+    return gates.of_function(fn)
 
 
 def function_name(fn: Any) -> str:

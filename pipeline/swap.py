@@ -11,7 +11,8 @@ from .data import dataset_for
 from .errors import TrainingError
 from .relu_swap import relu_spec, swap_report, to_relu
 from .render import table
-from .rundir import RunDir, atomic_write_json
+from .atomic_io import atomic_write_json
+from .rundir import RunDir
 from .train import diverged
 
 

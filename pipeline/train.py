@@ -44,7 +44,8 @@ from .progress import Progress
 from .records import VariantRecord
 from .relu_swap import relu_spec, to_relu
 from .render import figure, save, table
-from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .rundir import RunDir
 from .schedule import lr_at
 
 # (param groups, train config, capturable: its step may be captured in a CUDA graph, fused: one kernel per parameter
@@ -257,7 +258,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
-    hardener = _hardener(model, cfg)
+    hardener = _hardener(model, cfg, record)
     split = on_device(ds.train, device)
     graph_why = graph_unavailable(cfg, device, world, split)
     opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train,
@@ -294,7 +295,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > record.switch_epoch and not state["swapped"]:
             model, spec = _swap_for_finetune(model, spec, record.swapped_to, opt, device)
-            hardener = _hardener(model, cfg)  # no gates left: plain training
+            hardener = _hardener(model, cfg, record)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
@@ -386,11 +387,11 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
     return torch.compile(model, mode=None if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
 
 
-def _hardener(model: nn.Module, cfg: Config) -> Hardener:
-    # allow_no_gates: the baselines and the ReLU network of harden.method=swap train plainly; models built from the
-    # registry hold every gate as a module
-    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult,
-                    allow_no_gates=True)
+def _hardener(model: nn.Module, cfg: Config, record: VariantRecord) -> Hardener:
+    """Algorithm 1's schedule for one variant: e_s and λ_target read from its record (decided once per run).
+    allow_no_gates: the baselines and the ReLU network of harden.method=swap train plainly; models built from the
+    registry hold every gate as a module."""
+    return Hardener(model, cfg.harden, cfg.train.epochs, lr_mult=cfg.gate.lr_mult, record=record, allow_no_gates=True)
 
 
 def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.shards import in_shard, parse_shard
+
 from .graph import Graph
 from .problem import DECISIVE, RESULTS, Budget, Problem, Result
 from .readers import read
@@ -84,9 +86,9 @@ class FileTask(Task):
         problem = Problem(specs, network=cache[key], onnx=Path(self.onnx), vnnlib_path=Path(self.vnnlib))
         skey = ("session", str(self.onnx))
         if skey not in cache:
-            from quantize import ort as ort_util
+            from pipeline import onnx_io  # onnxruntime, imported on first use
 
-            cache[skey] = ort_util.session(self.onnx)
+            cache[skey] = onnx_io.session(self.onnx)
         problem.cache["session"] = cache[skey]
         for k in range(len(specs)):
             problem.check_shapes(k)
@@ -107,20 +109,20 @@ class SpecTask(Task):
 
 
 class ModuleRecheck:
-    """Re-checks a candidate on a torch module in float32. Given a checkpoint (`pipeline.checkpoint`), it travels to
-    worker processes as the path and loads the model there on first use (a module with closures does not pickle)."""
+    """Re-checks a candidate on a torch module in float32. Given `load`, a picklable function that builds the module
+    again (`functools.partial(pipeline.checkpoint.load_module, path)`), it travels to worker processes as that
+    function and loads the model there on first use (a module with closures does not pickle)."""
 
-    def __init__(self, model: torch.nn.Module | None, input_shape: Sequence[int], checkpoint: str | Path | None = None):
-        self.model, self.input_shape, self.checkpoint = model, tuple(input_shape), checkpoint
+    def __init__(self, model: torch.nn.Module | None, input_shape: Sequence[int],
+                 load: Callable[[], torch.nn.Module] | None = None):
+        self.model, self.input_shape, self.load = model, tuple(input_shape), load
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "model": None} if self.checkpoint is not None else self.__dict__
+        return {**self.__dict__, "model": None} if self.load is not None else self.__dict__
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.model is None:
-            from pipeline.checkpoint import load_model
-
-            self.model = load_model(self.checkpoint)[0]
+            self.model = self.load()
         with torch.no_grad():
             x = torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(1, *self.input_shape)
             return self.model.eval()(x).double().numpy().reshape(-1)
@@ -136,11 +138,11 @@ class OnnxRecheck:
         return {"path": self.path, "_session": None}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        from quantize import ort as ort_util
+        from pipeline import onnx_io  # onnxruntime, imported on first use
 
         if self._session is None:
-            self._session = ort_util.session(self.path)
-        return ort_util.forward_flat(self._session, x)
+            self._session = onnx_io.session(self.path)
+        return onnx_io.forward_flat(self._session, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,13 +356,11 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
 
 def shard(items: Sequence[Any], spec: str | None) -> list[int]:
     """Indices of the items in shard "K/N" (those with index ≡ K mod N): N shards are disjoint and cover every item.
-    "K/N" is read as `pipeline sweep --shard` reads it (`pipeline.sweep.parse_shard`)."""
-    from pipeline.sweep import parse_shard
-
+    "K/N" is read as `pipeline sweep --shard` reads it (`pipeline.shards`)."""
     if not spec:
         return list(range(len(items)))
-    k, n = parse_shard(spec)
-    return [i for i in range(len(items)) if i % n == k]
+    part = parse_shard(spec)
+    return [i for i in range(len(items)) if in_shard(i, part)]
 
 
 def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:

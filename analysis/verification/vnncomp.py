@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from . import harness
 from .problem import RESULTS

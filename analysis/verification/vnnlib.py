@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.rundir import atomic_path, atomic_write_text
+from pipeline.atomic_io import atomic_path, atomic_write_text
 
 __all__ = [
     "VnnlibSpec", "robustness_spec", "format_vnnlib", "write_vnnlib", "write_robustness_vnnlib",

@@ -10,9 +10,10 @@ restores it; the LAMBDA_GELU_KERNEL environment variable sets the default):
   eager     native ATen ops (`eager.py`), Φ from erfc
   auto      cpp on CPU, triton on CUDA (inductor without Triton), eager for everything else (default)
 
-Per gate family: λ-GELU (Φ) has every backend; λ-Swish (σ) has triton on CUDA and an autograd expression
-elsewhere (no fused CPU kernel: it is not the paper's gate and the eager form is two ops); λ-SERF keeps its
-autograd expression everywhere (erf∘softplus has no fused kernel here). `pipeline.activations` chooses.
+Per gate family (`GateFamily.kernel` in `pipeline.gates` names the kernels' id for it): λ-GELU (Φ) has every
+backend; λ-Swish (σ) has triton on CUDA and an autograd expression elsewhere (no fused CPU kernel: it is not the
+paper's gate and the eager form is two ops); λ-SERF and any family without a kernel id keep their autograd
+expression everywhere. `pipeline.activations` chooses.
 
 A kernel that cannot be built or compiled is recorded with its reason (`status()`), warned about once, and
 the call falls back to eager: training never fails for want of a compiler. `pipeline.activations` calls
@@ -29,6 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..gates import family
 from . import cpu, eager, inductor
 from .common import ENV_KERNEL, layout
 
@@ -177,21 +179,23 @@ def apply_s(x: torch.Tensor, s: torch.Tensor, t: float, gate: str = "phi") -> to
     """x·g(λx) with λ = 1 + softplus(s/t) computed inside the op (s shaped to broadcast like λ), so the
     gradient flows to s directly; None when no backend for these tensors and this gate does that (the
     caller then computes λ and uses its expression)."""
-    if gate == "phi" and x.device.type == "cpu":  # the CPU kernel takes s in x's dtype
+    kernel = family(gate).kernel  # which fused kernels serve the family (None: none)
+    if kernel == "phi" and x.device.type == "cpu":  # the CPU kernel computes Φ only, and takes s in x's dtype
         name, lay = backend_for(x, s.to(x.dtype))
         return cpu.fused_s(x, s.to(x.dtype), t, lay) if name == "cpp" else None
-    if gate in ("phi", "sigmoid") and backend_for(x, s)[0] == "triton":
-        return _triton.gate_s(x, s.reshape(-1), t, gate, channel_dim(x, s))
+    if kernel is not None and backend_for(x, s)[0] == "triton":
+        return _triton.gate_s(x, s.reshape(-1), t, kernel, channel_dim(x, s))
     return None
 
 
 def apply_frozen(x: torch.Tensor, lam: torch.Tensor, gate: str) -> torch.Tensor | None:
     """x·g(λx) for a frozen λ buffer: Φ through `apply` (every backend), σ through the Triton kernel where it
     runs; None otherwise (the caller uses the gate's expression)."""
-    if gate == "phi":
+    kernel = family(gate).kernel
+    if kernel == "phi":
         return apply(x, lam.to(x.dtype) if x.device.type == "cpu" else lam)
-    if gate == "sigmoid" and backend_for(x, lam)[0] == "triton":
-        return _triton.gate_frozen(x, lam.reshape(-1), gate, channel_dim(x, lam))
+    if kernel is not None and backend_for(x, lam)[0] == "triton":
+        return _triton.gate_frozen(x, lam.reshape(-1), kernel, channel_dim(x, lam))
     return None
 
 
@@ -203,7 +207,7 @@ def gate_cuda(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: boo
     if _kernel not in ("auto", "triton"):
         return None
     tg = _triton if _triton_ready else triton_module()
-    kid = tg.GATES.get(gate) if tg is not None else None
+    kid = tg.GATES.get(family(gate).kernel) if tg is not None else None  # the family's kernel id (None: none)
     if kid is None:
         return None
     return tg.try_gate_frozen(x, p, kid, axis) if frozen else tg.try_gate_s(x, p, t, kid, axis)

@@ -52,8 +52,8 @@ import math
 
 import torch
 
-INV_SQRT2 = 1.0 / math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+from pipeline.gates import INV_SQRT_2PI  # Φ's constants have one home (absolute: the tests load this file by path)
+
 # |z| beyond which z·φ(z) and Φ(z) ∈ {0, 1} are exact in float32: clamping z there only turns ±inf finite.
 PHI_CLAMP = 40.0
 # Same for σ: x·exp(−110) rounds to 0 in float32 for |x| ≤ 110 (smallest subnormal 1.4e-45 = e^−103.3).
