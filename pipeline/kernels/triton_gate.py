@@ -492,7 +492,8 @@ def supports(x: torch.Tensor, s_or_lam: torch.Tensor, channel_dim: int = 1) -> b
 
 
 def _aligned(*ts: torch.Tensor) -> int:
-    """A bit per pointer: 16-byte aligned (Triton specializes compiled kernels on it)."""
+    """A bit per pointer that may be a view into other memory: 16-byte aligned (Triton specializes compiled kernels on
+    it). The outputs, fresh from the caching allocator, always are."""
     bits = 0
     for i, t in enumerate(ts):
         bits |= (t.data_ptr() % 16 == 0) << i
@@ -589,7 +590,7 @@ def _forward(x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
     xv = plan.view(x)
     y = torch.empty_like(xv, memory_format=torch.contiguous_format)  # xv's shape: no view back unless permuted
     precise, fast = x.dtype == torch.float32, x.device.type == "cuda"
-    _launch(_gate_fwd, plan, plan.fwd_grid, (0, from_s, gate, precise), (xv, p, y),
+    _launch(_gate_fwd, plan, plan.fwd_grid, (0, from_s, gate, precise), (xv, p),
             (xv, p, y, plan.M, plan.N, plan.C, plan.TI, float(t), plan.col, from_s, gate, precise, fast, plan.bm,
              plan.bn), x.device)
     return plan.restore(y, x)
@@ -598,13 +599,13 @@ def _forward(x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
 def _backward(grad: torch.Tensor, x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
               from_s: bool, need_x: bool, need_p: bool):
     xv = plan.view(x)
-    gv = (grad.permute(0, 2, 3, 1) if plan.permuted else grad.reshape(xv.shape)).contiguous()
+    gv = (grad.permute(0, 2, 3, 1) if plan.permuted else grad).contiguous()  # ∂y has x's shape
     gx = torch.empty_like(xv, memory_format=torch.contiguous_format) if need_x else xv
     gp = torch.empty(p.numel(), dtype=torch.float32, device=x.device) if need_p else plan.part
     precise, fast = x.dtype == torch.float32, x.device.type == "cuda"
     args = (gv, xv, p, gx, gp, plan.part, plan.counters, plan.M, plan.N, plan.C, plan.TI, plan.TT, plan.CH,
             plan.iters, float(t), plan.col, from_s, gate, precise, fast, need_x, need_p, plan.bm, plan.bn, plan.pr)
-    _launch(_gate_bwd, plan, plan.bwd_grid, (1, from_s, gate, precise, need_x, need_p), (gv, xv, p, gx, gp),
+    _launch(_gate_bwd, plan, plan.bwd_grid, (1, from_s, gate, precise, need_x, need_p), (gv, xv, p),
             args, x.device, BWD_MAXNREG if need_p else None)
     if need_p and (p.dtype != torch.float32 or p.dim() != 1):
         gp = gp.to(p.dtype).view(p.shape)
