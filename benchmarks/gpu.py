@@ -276,8 +276,8 @@ def _compiled_epoch_runner(cfg, ds, act: str):
     torch.manual_seed(cfg.seed)
     model = build_model(make_spec(cfg.model, act, cfg.gate, ds.info)).to(device)
     opt = OPTIMIZERS[cfg.train.optimizer](param_groups(model, cfg.train.lr, cfg.train.weight_decay, cfg.gate.lr_mult),
-                                          cfg.train)
-    net = torch.compile(model, mode="reduce-overhead")
+                                          cfg.train, False, True)
+    net = torch.compile(model, mode="reduce-overhead")  # the gates as torch.ops.lambda_gates (kernels/gate_op.py)
     split = on_device(ds.train, device)
     state = {"epoch": 0}
 

@@ -361,19 +361,18 @@ if _IMPORT_ERROR is None:
 # Host side: plans
 
 
-class _Plan:
-    """What one (shape, strides, dtype, device, channel layout) needs, decided once (see the module docstring)."""
+class Layout:
+    """Tiles, grids and the backward's chunking for one (shape, channel layout, λ size): the numbers a launch needs
+    (see the module docstring); `_Plan` adds the buffers and launchers a layout keeps, the custom op (`gate_op.py`)
+    allocates its own per call."""
 
-    __slots__ = ("permuted", "col", "M", "N", "C", "TI", "TT", "bm", "bn", "warps", "fwd_grid", "bwd_grid", "iters",
-                 "CH", "pr", "part", "counters", "runners", "device_index")
-
-    def __init__(self, x: torch.Tensor, C: int, outer: int, inner: int, permuted: bool):
+    def __init__(self, numel: int, C: int, outer: int, inner: int, permuted: bool):
         self.permuted = permuted
         self.C = C
         self.col = permuted or (C > 1 and inner == 1)
         # A tile of `block` elements, ELEMS_PER_THREAD per thread; small tensors get smaller tiles, so that at least
         # MIN_PROGRAMS programs share the work (one thread's serial chain of exp, reciprocal and polynomial is long).
-        block = min(BLOCK, max(MIN_BLOCK, triton.next_power_of_2(triton.cdiv(x.numel(), MIN_PROGRAMS))))
+        block = min(BLOCK, max(MIN_BLOCK, triton.next_power_of_2(triton.cdiv(numel, MIN_PROGRAMS))))
         self.warps = max(1, block // (32 * ELEMS_PER_THREAD))
         if self.col:
             M, N = outer * inner if permuted else outer, C
@@ -382,7 +381,7 @@ class _Plan:
             tm, tn = triton.cdiv(M, bm), triton.cdiv(N, bn)
             self.TI, self.TT = tn, tm  # column blocks; row tiles per column block
             self.fwd_grid = (tm * tn, 1, 1)
-            lanes = tn  # programs across the reduced axis: one per column block
+            self.lanes = tn  # programs across the reduced axis: one per column block
         else:
             M, N = outer, inner
             bn = min(triton.next_power_of_2(N), block)
@@ -390,26 +389,35 @@ class _Plan:
             ti = triton.cdiv(N, bn)
             self.TI, self.TT = ti, triton.cdiv(M, bm) * ti  # tiles along inner; tiles per channel
             self.fwd_grid = (self.TT * C, 1, 1)
-            lanes = C
+            self.lanes = C
         self.M, self.N, self.bm, self.bn = M, N, bm, bn
         # Tiles per backward program: enough programs to fill the GPU, at most MAX_CHUNKS partials per channel (the
         # last program sums them in one step) where MAX_ITERS allows.
-        self.iters = max(1, min(MAX_ITERS, max((self.TT * lanes) // TARGET_PROGRAMS, triton.cdiv(self.TT, MAX_CHUNKS)),
+        self.iters = max(1, min(MAX_ITERS, max((self.TT * self.lanes) // TARGET_PROGRAMS, triton.cdiv(self.TT, MAX_CHUNKS)),
                                 self.TT))
         self.CH = triton.cdiv(self.TT, self.iters)
-        self.bwd_grid = (self.CH * lanes, 1, 1)
+        self.bwd_grid = (self.CH * self.lanes, 1, 1)
         # partials the last program sums per step: a [pr, bn] tile in col mode, a [pr] vector in row mode
         self.pr = min(triton.next_power_of_2(self.CH), max(1, PART_STEP // bn) if self.col else PART_STEP)
-        self.part = torch.empty(self.CH * (N if self.col else C), dtype=torch.float32, device=x.device)
-        self.counters = torch.zeros(lanes, dtype=torch.int32, device=x.device)
-        self.runners: dict[tuple, object] = {}
-        self.device_index = x.device.index if x.device.type == "cuda" else None
+        self.parts = self.CH * (N if self.col else C)  # partials: one per chunk and channel (or column)
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         return x.permute(0, 2, 3, 1) if self.permuted else x.contiguous()
 
     def restore(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return y.permute(0, 3, 1, 2) if self.permuted else y
+
+
+class _Plan(Layout):
+    """A layout with what its launches keep: the partials and self-resetting counters of the backward, and per kernel
+    variant the compiled kernel's launch function."""
+
+    def __init__(self, x: torch.Tensor, C: int, outer: int, inner: int, permuted: bool):
+        super().__init__(x.numel(), C, outer, inner, permuted)
+        self.part = torch.empty(self.parts, dtype=torch.float32, device=x.device)
+        self.counters = torch.zeros(self.lanes, dtype=torch.int32, device=x.device)
+        self.runners: dict[tuple, object] = {}
+        self.device_index = x.device.index if x.device.type == "cuda" else None
 
 
 _PLANS: dict[tuple, _Plan | str] = {}
