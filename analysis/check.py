@@ -1,11 +1,12 @@
 """The `check` stage: per gate layer, measured quantities against their closed-form predictions, and
-the swap certificate (`analysis/theory/certificate.py`) against the measured logit change. Every
+the swap certificate (`analysis/theory/certificate/`) against the measured logit change. Every
 verdict compares two named quantities with a stated tolerance, and every one can fail.
 
 Per gate layer ℓ with hardness λ (per unit for per-channel gates), on the validation pre-activations x
 (streamed: running sums, never all activations at once):
 
-- `sup`: the deployed gate module's own output f̂(x) stays within c/λ of ReLU,
+- `sup`: the deployed gate module's own output f̂(x) stays within c/λ of ReLU (c of the gate's family,
+  `pipeline.gates.sup_constant`, as the certificate has it),
       max λ·(|ReLU(x) − f̂(x)| − rounding(x)) ≤ c·(1 + check.sup_rtol),
   rounding(x) = SAFETY·K_GATE·u·|x| the float32 evaluation allowance of the certificate. This is the
   premise of the global certificate (c/λ per unit), measured on the module that ships rather than on
@@ -42,9 +43,10 @@ from pipeline import checkpoint, gates, render
 from pipeline.activations import gate_of, gate_sites
 from pipeline.config import Config
 from pipeline.data import batches, dataset_for
-from pipeline.distributed import resolve_device
+from pipeline.devices import cpu_model
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir, atomic_write_json
+from pipeline.atomic_io import atomic_write_json
+from pipeline.rundir import RunDir
 from pipeline.relu_swap import to_relu
 
 from .theory import certificate, symbolic
@@ -64,6 +66,7 @@ class _LayerStats:
     """Running sums for one gate layer (float64)."""
 
     def __init__(self, gate: str, lam: torch.Tensor, delta: float, band: float):
+        self.gate = gate
         self.g = gates.family(gate).g
         self.lam, self.delta, self.band = lam, delta, band
         self.n = 0
@@ -73,12 +76,14 @@ class _LayerStats:
         self.sum_inv_lam_band = 0.0
 
     def update(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        x = x.detach().double().cpu()
+        x = x.detach().double()  # where the model runs: a GPU computes these float64 statistics too
+        if self.lam.device != x.device:
+            self.lam = self.lam.to(x.device)
         lam = gates.per_channel(self.lam, x).expand_as(x)  # the gate's own channel axis (last for [B, T, C] tokens)
         z = lam * x
         gz = self.g(z)
         gap = (torch.relu(x) - x * gz).abs()
-        module_gap = (torch.relu(x) - out.detach().double().cpu()).abs()  # the deployed module's own output
+        module_gap = (torch.relu(x) - out.detach().double()).abs()  # the deployed module's own output
         heav = (x > 0).double() + 0.5 * (x == 0).double()
         in_band = z.abs() < self.band
         self.n += x.numel()
@@ -103,9 +108,12 @@ def _prediction(measured: float, predicted: float, n_band: int, what: str) -> di
 
 
 def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> dict[str, Any]:
+    """The layer's statistics against the predictions (a, b from the sympy derivations in `summary`) and the `sup`
+    check against the family's c (`gates.sup_constant`: the constant the certificate and the relaxations use, nudged
+    up to a sound bound), not against sympy's own c."""
     a = summary["gate_l1"]["coeff"]  # E∞(λ) = a/λ
     b = summary["act_l1"]["coeff"]  # ∫|ReLU − f_λ| = b/λ²
-    c = summary["sup"]["c"]
+    c = gates.sup_constant(st.gate)
     n = max(st.n, 1)
     # p̂(0)·a/λ per element = 1{|λx| < B}·(λ/2B)·(a/λ) = 1{…}·a/(2B); likewise b/λ² → 1{…}·b/(2Bλ).
     pred_gate = st.n_band / n * a / (2 * st.band)
@@ -198,7 +206,7 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 @torch.no_grad()
 def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None,
-                     jacobian_samples: int = 0) -> dict[str, Any]:
+                     jacobian_samples: int = 0, device: torch.device | str = "cpu") -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -207,11 +215,13 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     samples whose top-1 prediction is provably kept (`certified_fraction`), given only when sound and passed.
     `bound_max` (the global bound) is kept at the top level for readers of older bounds.json files.
     `float32_jacobian`, on the first `jacobian_samples` samples of a chain network (`certificate.chain32`): δ plus
-    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes'.
+    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes', its
+    float64 arithmetic on `device` (the statements stay about CPU runs: the walks run on a CPU copy of the model).
     """
-    model = model.cpu().eval()
+    model = cpu_model(model).eval()  # float32 statements about CPU runs; the caller's model stays where it is
     relu = to_relu(copy.deepcopy(model))
-    out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
+    about = {k: v.format(samples=jacobian_samples) for k, v in certificate.ABOUT.items()}  # the count, not the key
+    out: dict[str, Any] = {"about": about, "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
                            "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
     try:
         cert = certificate.Certifier(model)
@@ -251,7 +261,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         k = max(0, min(len(x), jacobian_samples - (n - len(x))))  # this batch's samples among the first jacobian_samples
         jac = None
         if k and acc["float32_jacobian"]["refused"] is None:
-            jac = ps.per_logit[:k] + chain32.rounding_bound(model, x[:k]) + chain32.rounding_bound(relu, x[:k])
+            jac = (ps.per_logit[:k] + chain32.rounding_bound(model, x[:k], device)
+                   + chain32.rounding_bound(relu, x[:k], device))
         bounds = {"float32": (ps.float32, ps.float32_refused),
                   "float32_global": (None if glob is None or ps.rounding is None else glob.per_logit + ps.rounding,
                                      "the global bound is refused" if glob is None else ps.rounding_refused),
@@ -303,7 +314,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
 
 
 def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
-    device = resolve_device(cfg.device)
+    device = run.compute_device()
     ds = dataset_for(cfg)
     eps = cfg.harden.epsilon
     out: dict[str, Any] = {"symbolic": symbolic.summary(eps), "variants": {}}
@@ -320,7 +331,7 @@ def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
             layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
         per_layer[variant] = layers
         cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}",
-                                jacobian_samples=cfg.check.float32_jacobian_samples)
+                                jacobian_samples=cfg.check.float32_jacobian_samples, device=device)
         out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
                                     "verdict": verdict(layers, cert), "predictions": predictions(layers)}
     if per_layer:
@@ -432,8 +443,9 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     out = ["## Bounds (check stage)"]
     for gate, s in b["symbolic"]["gates"].items():
         out.append(f"- gate `{gate}` ({s['label']}): E∞(λ) = `{s['gate_l1']['expr']}`, ∫|ReLU − f_λ| = `{s['act_l1']['expr']}`, "
-                   f"sup|ReLU − f_λ| = {s['sup']['c']:.6f}/λ at x = ±{s['sup']['u']:.6f}/λ, Lipschitz {s['lipschitz']['value']:.6f}; "
-                   f"λ_target at ε = {b['symbolic']['eps']:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in s["lambda_target"].items()))
+                   f"sup|ReLU − f_λ| = {s['sup']['c']:.6f}/λ at x = ±{s['sup']['u']:.6f}/λ, Lipschitz {s['lipschitz']['value']:.6f}")
+    out.append("λ_target: the value each variant's record holds (decided once by the train stage from the `harden` section), "
+               "in the tables' λ_target column.")
     out.append("Per layer: `sup` compares the gate module's own output with the bound c/λ (float32 allowance included); "
                "`gate_l1` and `act_l1` compare the measured means with their closed-form predictions p̂(0)·E∞(λ) and "
                "p̂(0)/(2λ²)-type terms, which assume a pre-activation density flat over |x| < band/λ (tolerance "

@@ -9,7 +9,8 @@ from typing import Any
 
 from pipeline.config import Config
 from pipeline.render import table
-from pipeline.rundir import RunDir, atomic_write_text
+from pipeline.atomic_io import atomic_write_text
+from pipeline.rundir import RunDir
 
 
 def section_overview(cfg: Config, run: RunDir) -> str:

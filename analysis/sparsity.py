@@ -35,11 +35,12 @@ from pipeline.activations import Linked, activation_sites
 from pipeline.affine import AFFINE, set_inputs, set_outputs
 from pipeline.config import Config
 from pipeline.data import Split, batches, dataset_for
-from pipeline.distributed import resolve_device
+from pipeline.devices import model_on
 from pipeline.errors import PipelineError
 from pipeline.gates import channel_axis
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.atomic_io import atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.rundir import RunDir
 
 PRUNE_ATOL = 1e-6  # pruned vs original logits on the validation set, float64 (the default of sparsity.atol)
 
@@ -54,7 +55,7 @@ def unit_stats(model: nn.Module, split: Split, batch_size: int, device: torch.de
 
     A unit is a feature of a [N, F] activation or a channel of a [N, C, H, W] one (counted over N·H·W).
     """
-    model = model.eval().to(device)
+    model = model_on(model, device).eval()  # the caller's model stays where it is
     stats: dict[str, dict[str, torch.Tensor]] = {}
 
     def hook(name: str):
@@ -211,7 +212,7 @@ def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:
     scfg = cfg.sparsity
     ds = dataset_for(cfg)
     split = getattr(ds, scfg.split)
-    device = resolve_device(cfg.device)
+    device = run.compute_device()
     bs = cfg.data.eval_batch_size
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}

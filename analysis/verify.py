@@ -46,6 +46,7 @@ rows marked final and solves the rest.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -67,8 +68,9 @@ from pipeline import checkpoint
 from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
 from pipeline.progress import Progress
-from pipeline.render import pct, table
-from pipeline.rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.render import figure, pct, save, table
+from pipeline.atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.rundir import RunDir
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -357,7 +359,7 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
         lam = [float(node.op.lam.mean()) for node in net.nodes if isinstance(node.op, Gate)]
         models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.activation,
                            "mean_lambda_per_layer": [round(v, 4) for v in lam]}
-        recheck = harness.ModuleRecheck(model, info.input_shape, checkpoint=src)
+        recheck = harness.ModuleRecheck(model, info.input_shape, load=functools.partial(checkpoint.load_module, src))
         with torch.no_grad():
             predicted = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(n, *info.input_shape)).argmax(1)]
         models[variant]["clean_correct"] = int(sum(p == c for p, c in zip(predicted, labels)))
@@ -532,6 +534,61 @@ def conflicts(rows: list[dict[str, Any]]) -> list[str]:
 # report
 
 
+FRACTIONS_PNG = "verify_fractions.png"
+KINDS = (("relu", "float ReLU"), ("smooth", "smooth"), ("int8", "int8"))
+OUTCOME_COLORS = {"certified": "#2a9d4b", "falsified": "#d1495b", "open": "#b8b8b8"}
+
+
+def fractions(chain: Sequence[dict[str, Any]]) -> dict[tuple[str, str, float], dict[str, float]]:
+    """(network kind, variant, ε) -> the fraction of its properties certified, falsified and open, from the chain rows
+    (one per property; "—" where a network has no answer: left out). The smooth network: certified when either route
+    proved the property, falsified when one found a counterexample (no route proves what another falsified)."""
+    counts: dict[tuple[str, str, float], dict[str, int]] = {}
+    for c in chain:
+        smooth = [c["smooth_direct"], c["smooth_via_relu"]]
+        answers = {"relu": c["relu"], "int8": c["int8"],
+                   "smooth": "unsat" if "unsat" in smooth else "sat" if "sat" in smooth else
+                             ("—" if all(v == "—" for v in smooth) else "open")}
+        for kind, res in answers.items():
+            if res in ("—", "", None):
+                continue
+            n = counts.setdefault((kind, c["variant"], float(c["eps"])), {"certified": 0, "falsified": 0, "open": 0})
+            n["certified" if res == "unsat" else "falsified" if res == "sat" else "open"] += 1
+    return {k: {o: v / sum(n.values()) for o, v in n.items()} for k, n in counts.items()}
+
+
+def fractions_figure(chain: Sequence[dict[str, Any]], variants: Sequence[str]):
+    """One panel per network kind that has answers: at each ε a stacked bar per variant, certified / falsified /
+    open fractions of its properties."""
+    fr = fractions(chain)
+    kinds = [(k, name) for k, name in KINDS if any(key[0] == k for key in fr)]
+    eps = sorted({key[2] for key in fr})
+    fig = figure(4.2 * max(1, len(kinds)), 3.9)
+    for i, (kind, name) in enumerate(kinds):
+        ax = fig.add_subplot(1, len(kinds), i + 1)
+        vs = [v for v in variants if any(key[:2] == (kind, v) for key in fr)]
+        width = 0.8 / max(1, len(vs))
+        for j, v in enumerate(vs):
+            xs = [e_i + (j - (len(vs) - 1) / 2) * width for e_i in range(len(eps))]
+            bottom = [0.0] * len(eps)
+            for outcome, color in OUTCOME_COLORS.items():
+                h = [fr.get((kind, v, e), {}).get(outcome, 0.0) for e in eps]
+                ax.bar(xs, h, width * 0.92, bottom=bottom, color=color, edgecolor="k", linewidth=0.4,
+                       label=outcome if j == 0 else None)
+                bottom = [b + x for b, x in zip(bottom, h)]
+            for x in xs:
+                ax.text(x, 1.01, v, rotation=90, ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(range(len(eps)), [f"{e:g}" for e in eps])
+        ax.set(xlabel="ε", ylim=(0, 1.3), title=f"{name} network")
+        ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+        if i == 0:
+            ax.set_ylabel("fraction of properties")
+    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the panels
+    return fig
+
+
 def _sec(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -591,13 +648,30 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                "interval stays away from 0).")
     detail = [[r["variant"], f"{r['eps']:g}", r["verifier"], r["properties"], r["unsat"], r["sat"], r["timeout"],
                r["unknown"] + r["error"], pct(r["decided_fraction"]), _sec(r["median_seconds"]), _sec(r["max_seconds"]),
-               "—" if r["mean_unstable_ibp"] is None else f"{r['mean_unstable_ibp']:.0f}",
-               "—" if r["mean_unstable_tight"] is None else f"{r['mean_unstable_tight']:.0f}", r["relus"]]
+               "—" if r["mean_unstable_ibp"] is None else f"{r['mean_unstable_ibp']:.1f}",
+               "—" if r["mean_unstable_tight"] is None else f"{r['mean_unstable_tight']:.1f}", r["relus"]]
               for r in s["table"]]
-    out.append("How the swapped ReLU networks were decided (unstable ReLUs: the input interval crosses 0 over the box; "
-               "IBP vs the tight CROWN/α-CROWN bounds branch and bound starts from):\n\n" + table(
+    int8_note = (" For an int8 model (its `-int8` rows) the ReLU units are those of the clamps the reader puts after "
+                 "every requantization (`analysis/verification/readers.py`): clamp(x, lo, hi) = lo + ReLU(x − lo) − "
+                 "ReLU(x − hi), two ReLUs per requantized unit (the ReLU the quantizer absorbed is the lower end), the "
+                 "logits' too; hence about twice the float network's count (a network of hidden widths h₁…h_k with K "
+                 "outputs: 2·(h₁ + … + h_k + K))." if any(m.get("network") == "int8" and m.get("onnx") for m in s["models"].values())
+                 else "")
+    out.append("How the swapped ReLU networks were decided. Unstable ReLUs: units whose input interval crosses 0 over the "
+               "box, by IBP and by the tight CROWN/α-CROWN bounds branch and bound starts from, each the **mean** over the "
+               "properties a verifier ran on (one decimal). ReLU units: what branch and bound can split." + int8_note +
+               "\n\n" + table(
                    ["model", "ε", "verifier", "properties", "unsat", "sat", "timeout", "unknown/error", "decided",
-                    f"median {s['clock']} s", f"max {s['clock']} s", "unstable (IBP)", "unstable (tight)", "ReLUs"], detail))
+                    f"median {s['clock']} s", f"max {s['clock']} s", "mean unstable (IBP)", "mean unstable (tight)",
+                    "ReLU units"], detail))
+    if s.get("chain"):
+        save(fractions_figure(s["chain"], [m for m in s["models"] if not m.endswith(INT8)]), run.dir("report") / FRACTIONS_PNG,
+             layout=False)
+        out.append(f"![certified, falsified and open fraction against ε per network]({FRACTIONS_PNG})\n\n"
+                   "Per network kind (the float ReLU network after the swap, the smooth network the user trained, the int8 "
+                   "model that ships) and variant: the fraction of properties certified (unsat), falsified (sat) and left "
+                   "open (timeout, unknown, error) at each ε, with the first verifier. The smooth network counts as "
+                   "certified when either route proved it.")
     if "int8" in s["decided"] and s["decided"]["int8"]["properties"]:
         d8 = s["decided"]["int8"]
         took = (f"in {s['int8_solve_seconds']:.1f} s (their own budget of {s['int8_budget_s']:g} s, after the float "

@@ -1,33 +1,67 @@
 #!/usr/bin/env bash
-# Everything the GPU issue asks to check and time on a lent GPU machine, in one call (the device tool's
-# README: few, full calls). Run from the repository root on the GPU machine:
+# Every GPU goal of the training issue (and the verifier's GPU run when its script is there), in one call of at most
+# 8 minutes on a lent H100/H200 (the device tool's README: few, full calls). From the repository root:
 #   bash benchmarks/gpu.sh            # writes into $OUT (the device tool's folder) or ./gpu-out
-# Needs: torch with CUDA, triton (both on the lent machines); onnxsim and the Fashion-MNIST IDX files
-# carried along (put the cp312 onnxsim wheel in .whl/ and the four *-ubyte.gz files in data/fashion_mnist/).
+# Needs torch with CUDA and triton (both on the lent machines); carried along: the cp312 onnxsim wheel in .whl/ and
+# the four Fashion-MNIST *-ubyte.gz files in data/fashion_mnist/ (both git-ignored). SKIP="tests suite ..." leaves
+# steps out (tests, suite, bench, run, verify, compile).
 set -uo pipefail
 OUT="${OUT:-gpu-out}"
+SKIP="${SKIP:-compile}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+start=$(date +%s)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PWD"
 else
   export PYTHONPATH="$PWD"
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
-# 1. the cuda-marked tests (Triton kernels compiled, not interpreted), then the whole fast suite
-python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda-tests.log"
-python3 -m pytest -m "not slow" -q -p no:cacheprovider -x --ignore=tests/test_triton_kernel.py tests 2>&1 | tail -30 | tee "$OUT/fast-suite.log"
-# 2. op and epoch ratios against GELU, side by side in one process (results-gpu.json / RESULTS-gpu.md)
-python3 -m benchmarks.run --only gpu --out-dir "$OUT" 2>&1 | tail -40 | tee "$OUT/bench.log"
-# 3. the default run's train + harden on the GPU, and its swap result next to the CPU run's
-/usr/bin/time -v python3 -m pipeline.cli run device=cuda data.root=data out_dir=/tmp/gpu-runs name=default \
-  stages=train,harden,swap 2>&1 | tail -60 | tee "$OUT/default-run.log"
-cp /tmp/gpu-runs/default/swap/swap.json "$OUT/swap.json" 2>/dev/null
-python3 - "$OUT" <<'PY'
+skip() { [[ " $SKIP " == *" $1 "* ]]; }
+stamp() { echo "[gpu.sh] $1 at $(( $(date +%s) - start )) s"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton, numpy, onnxruntime; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'onnxruntime', onnxruntime.__version__)"
+  nproc; } 2>&1 | tee "$OUT/device.txt"
+
+# 1. the cuda-marked tests (compiled Triton kernels, whole-step graphs), then the whole fast suite
+if ! skip tests; then
+  stamp "cuda tests"
+  timeout 240 python3 -m pytest -m cuda -q -p no:cacheprovider -x tests 2>&1 | tail -40 | tee "$OUT/cuda-tests.log"
+fi
+if ! skip suite; then
+  stamp "fast suite"
+  timeout 300 python3 -m pytest -m "not slow" -q -p no:cacheprovider -n 8 --dist loadfile tests 2>&1 | tail -40 | tee "$OUT/fast-suite.log"
+fi
+# 2. op and epoch ratios against GELU, kernel bandwidth, host time (benchmarks/gpu.py -> gpu.json)
+if ! skip bench; then
+  stamp "benchmarks"
+  timeout 300 python3 -m benchmarks.gpu "$OUT" --sections op,epochs 2>&1 | tail -40 | tee "$OUT/bench.log"
+fi
+if ! skip compile; then
+  stamp "compile"
+  mkdir -p "$OUT/compile"
+  timeout 300 python3 -m benchmarks.gpu "$OUT/compile" --sections compile 2>&1 | tail -20 | tee "$OUT/compile.log"
+fi
+# 3. the default run on the GPU machine, every stage, with the stage times and the swap result
+if ! skip run; then
+  stamp "default run"
+  rm -rf /tmp/gpu-runs
+  /usr/bin/time -v python3 -m pipeline.cli run data.root=data out_dir=/tmp/gpu-runs name=default 2>&1 | tail -80 > "$OUT/default-run.log"
+  cp /tmp/gpu-runs/default/swap/swap.json "$OUT/swap.json" 2>/dev/null
+  python3 - "$OUT" <<'PY'
 import json, sys
 m = json.load(open("/tmp/gpu-runs/default/manifest.json"))
 st = m["stages"]
-print(json.dumps({s: st[s]["seconds"] for s in ("train", "harden", "swap") if s in st}, indent=1))
-json.dump({s: st[s].get("seconds") for s in st}, open(f"{sys.argv[1]}/stage-seconds.json", "w"))
+rows = {s: {"seconds": st[s].get("seconds"), "device": st[s].get("device"), "status": st[s].get("status")} for s in st}
+paths = {s: {v: r.get("training_path") for v, r in (st[s].get("metrics") or {}).items() if isinstance(r, dict) and "training_path" in r}
+         for s in ("train", "harden") if s in st}
+json.dump({"stages": rows, "training_path": paths, "total_s": sum(r["seconds"] or 0 for r in rows.values())},
+          open(f"{sys.argv[1]}/stage-seconds.json", "w"), indent=1)
+print(json.dumps(rows), json.dumps(paths))
 PY
+fi
+# 4. the verifier on the GPU (its own script, when the verifier issue's work is in the tree)
+if ! skip verify && [ -f benchmarks/gpu_verify.sh ]; then
+  stamp "verifier"
+  bash benchmarks/gpu_verify.sh 2>&1 | tail -30
+fi
+stamp "done"

@@ -221,7 +221,7 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     from analysis.verify import INT8, run_verify
     from pipeline.config import VerifyConfig
     from pipeline.rundir import RunDir
-    from pipeline.runner import choose_threads
+    from pipeline.cores import choose_threads
 
     dst = tmp / "stage-run"
     if dst.exists():

@@ -144,7 +144,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import distributed
-    from .sweep import Sweep, parse_axis, parse_shard, read_sweep, run_sweep
+    from .shards import parse_shard
+    from .sweep import Sweep, parse_axis, read_sweep, run_sweep
 
     if args.spec and "=" in args.spec and not Path(args.spec).exists():  # `pipeline sweep key=value ...` without a file
         args.overrides.insert(0, args.spec)

@@ -86,6 +86,11 @@ class TrainConfig:
     # reference runs: two runs that differ only in summation order then agree to ~1e-12, not to float32 noise)
     precision: Literal["fp32", "bf16", "fp64"] = "fp32"
     compile: bool = False  # torch.compile the model (inductor; falls back with a warning where it cannot)
+    # torch.compile's mode: reduce-overhead captures the compiled forward and backward as CUDA graphs
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    # Whole training steps as CUDA graphs (pipeline/step_graph.py): auto = on CUDA whenever the step allows it
+    # (one process, the split on the GPU, no augmentation, no torch.compile), off = eager launches
+    cuda_graph: Literal["auto", "off"] = "auto"
 
 
 @dataclass

@@ -30,9 +30,20 @@ class Stage:
     reads: tuple[str, ...]  # the config sections it reads: a --resume override of one takes effect from the first reader
     report: str | None = None  # "module:function" -> this stage's section of report.md (None: no section of its own)
     validate: str | None = None  # "module:function" -> raises ConfigError for a bad setting of its own section
+    # Where its work runs, recorded in the manifest: (device, what) pairs; "run" is the run's device (`device=`, resolved
+    # once by the runner and handed on as RunDir.device), "cpu" work that is about the CPU or runs in onnxruntime there.
+    where: tuple[tuple[str, str], ...] = (("run", ""),)
 
     def fn(self) -> Callable[[Config, Any], dict[str, Any]]:
         return resolve(self.run)
+
+    def device(self, run_device: str) -> str:
+        """The device(s) the stage really uses on a run whose device is `run_device`, e.g. "cuda (per-layer statistics),
+        cpu (swap certificate)"; one name when every part runs on one device."""
+        parts = [(run_device if dev == "run" else dev, what) for dev, what in self.where]
+        if len({d for d, _ in parts}) == 1:
+            return parts[0][0]
+        return ", ".join(f"{d} ({what})" if what else d for d, what in parts)
 
     def describe(self, cfg: Config | None = None) -> str:
         """`help` with the config's values (the defaults without one)."""
@@ -49,18 +60,24 @@ STAGES: dict[str, Stage] = {
                     "epochs e_s+1..T by harden.method={cfg.harden.method} (anneal: λ linearly to λ_target; swap: ReLU, "
                     "fine-tuned); keep the checkpoint harden.select={cfg.harden.select} picks", (*_MODEL, "harden")),
     "check": Stage("analysis.check:run_check", "check", "bounds: sympy closed forms, per-layer check on validation pre-activations, swap certificate",
-                   ("variants", "data", "harden", "check"), report="analysis.check:report_section"),
+                   ("variants", "data", "harden", "check"), report="analysis.check:report_section",
+                   where=(("run", "per-layer statistics, the float32 Jacobian bound's arithmetic"),
+                          ("cpu", "the certificate's walks: statements about CPU runs"))),
     "swap": Stage("pipeline.swap:run_swap", "swap", "replace every gate of the selected checkpoint by ReLU and re-evaluate, no weight update",
                   ("variants", "data", "train"), report="pipeline.swap:report_section"),
     "export": Stage("quantize.export:run_export", "export", "fp32 ONNX (opset {cfg.export.opset}, onnxsim, dynamic batch) of the smooth and "
-                    "the swapped models, checked against PyTorch", ("variants", "data", "export"), report="quantize.export:report_section"),
+                    "the swapped models, checked against PyTorch", ("variants", "data", "export"), report="quantize.export:report_section",
+                    where=(("cpu", ""),)),
     "int8": Stage("quantize.int8:run_int8", "quantize", "onnxruntime static int8 (QDQ, per-channel): accuracy, size, latency, op counts, SQNR",
-                  ("variants", "data", "export", "quantize"), report="quantize.int8:report_section"),
+                  ("variants", "data", "export", "quantize"), report="quantize.int8:report_section", where=(("cpu", "onnxruntime"),)),
     "sparsity": Stage("analysis.sparsity:run_sparsity", "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported",
-                      ("variants", "data", "export", "quantize", "sparsity"), report="analysis.sparsity:report_section"),
+                      ("variants", "data", "export", "quantize", "sparsity"), report="analysis.sparsity:report_section",
+                      where=(("run", "APoZ pass"), ("cpu", "pruning, its check and export"))),
     "verify": Stage("analysis.verify:run_verify", "verify", "L∞ robustness of the swapped ReLU, int8 and smooth models (VNN-COMP layout, staged verifier, tight bounds)",
-                    ("variants", "data", "export", "quantize", "verify"), report="analysis.verify:report_section", validate="analysis.verify:validate_config"),
-    "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above", _MODEL),
+                    ("variants", "data", "export", "quantize", "verify"), report="analysis.verify:report_section", validate="analysis.verify:validate_config",
+                    where=(("cpu", ""),)),
+    "report": Stage("analysis.report:run_report", "report", "report.md with tables and figures from every stage above", _MODEL,
+                    where=(("cpu", ""),)),
 }
 
 

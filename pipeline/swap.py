@@ -8,11 +8,11 @@ from typing import Any
 from . import checkpoint
 from .config import Config
 from .data import dataset_for
-from .distributed import resolve_device
 from .errors import TrainingError
 from .relu_swap import relu_spec, swap_report, to_relu
 from .render import table
-from .rundir import RunDir, atomic_write_json
+from .atomic_io import atomic_write_json
+from .rundir import RunDir
 from .train import diverged
 
 
@@ -34,7 +34,7 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     largest |Δlogit| on val (the split the checkpoint was chosen on), and the test loss before and after. A
     variant with nothing to swap (a ReLU baseline, a non-gate like Tanh) is recorded too, before = after: its
     numbers are what the swapped networks are compared with."""
-    device = resolve_device(cfg.device)
+    device = run.compute_device()
     ds = dataset_for(cfg)
     bs = cfg.data.eval_batch_size
     m = ds.info.metric  # accuracy, or perplexity for language models

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, distributed, lambda_stats, records
+from . import checkpoint, distributed, lambda_stats, records, step_graph
 from .config import Config
 from .data import Dataset, Split, augment, batches, dataset_for, on_device
 from .errors import CheckpointError, TrainingError
@@ -44,12 +44,17 @@ from .progress import Progress
 from .records import VariantRecord
 from .relu_swap import relu_spec, to_relu
 from .render import figure, save, table
-from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .rundir import RunDir
 from .schedule import lr_at
 
+# (param groups, train config, capturable: its step may be captured in a CUDA graph, fused: one kernel per parameter
+# group and step on CUDA instead of one per foreach operation: the hardness parameters' group costs one launch, not four)
 OPTIMIZERS = {
-    "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
-    "adamw": lambda groups, cfg: torch.optim.AdamW(groups, lr=cfg.lr),
+    "sgd": lambda groups, cfg, capturable=False, fused=False: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
+                                                                              fused=fused or None),
+    "adamw": lambda groups, cfg, capturable=False, fused=False: torch.optim.AdamW(groups, lr=cfg.lr, capturable=capturable,
+                                                                                  fused=fused or None),
 }
 NO_BATCH = 2**62  # "no non-finite batch yet" in the device-side first-bad-batch index
 
@@ -63,54 +68,90 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 100_003 + epoch)
 
 
+class EpochSums:
+    """The epoch's running sums on the device, read once at its end: loss·examples, correct predictions, the first
+    non-finite batch, and the first batch's loss·examples (the untrained model's loss, before any update)."""
+
+    def __init__(self, device):
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad = torch.full((), NO_BATCH, dtype=torch.int64, device=device)
+        self.first = torch.zeros((), dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.correct.zero_()
+        self.first_bad.fill_(NO_BATCH)
+        self.first.zero_()
+
+
+def _step(model, opt, x: torch.Tensor, y: torch.Tensor, b, sums: EpochSums, cfg: Config, device,
+          world: distributed.World, dtype, autocast) -> None:
+    """One optimizer step on a (global) batch; adds it to `sums`. `b` is the batch index: an int, or a device
+    tensor inside a CUDA graph (`pipeline.step_graph`). Nothing here reads the device on the host."""
+    with autocast or contextlib.nullcontext():
+        if world.distributed:
+            loss, stats = _ddp_step(model, x, y, world, device, dtype)
+            batch_sum, batch_correct = stats[0], stats[1].long()
+        else:
+            x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
+            logits = model(x)
+            loss = cross_entropy(logits, y)
+            batch_sum = loss.detach().double() * len(y)
+            batch_correct = (logits.argmax(-1) == y).sum()
+    sums.first += torch.where(b == 0, batch_sum, 0.0) if isinstance(b, torch.Tensor) else (batch_sum if b == 0 else 0.0)
+    sums.first_bad.copy_(torch.minimum(sums.first_bad, torch.where(torch.isfinite(batch_sum), NO_BATCH, b)))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.train.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    opt.step()
+    sums.loss += batch_sum
+    sums.correct += batch_correct
+
+
 def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
                  world: distributed.World = distributed.World(), hardener: Hardener | None = None,
-                 autocast: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
+                 autocast: contextlib.AbstractContextManager | None = None,
+                 graphs: step_graph.GraphSteps | None = None) -> dict[str, float]:
     """One pass over `split`. Sums stay on the device (read once at the end); returns the mean loss, the
-    top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None)."""
+    top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None).
+    With `graphs`, every full batch is a replay of a captured step (the same kernels; `pipeline.step_graph`)."""
     model.train()
     dtype = torch.float64 if cfg.train.precision == "fp64" else None
     g = epoch_generator(cfg.seed, epoch)
     aug = torch.Generator().manual_seed(2**40 + cfg.seed * 100_003 + epoch) if cfg.data.augment != "none" else None
-    steps = -(-len(split) // cfg.data.batch_size)
+    n_batches = -(-len(split) // cfg.data.batch_size)
     step_schedule = hardener is not None and cfg.harden.schedule == "step"
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    first_bad = torch.full((), NO_BATCH, dtype=torch.int64, device=device)
-    first_loss = None
-    n = per_example = 0
-    for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
+    sums = graphs.sums if graphs is not None else EpochSums(device)
+    sums.reset()
+    per_example = split.y[0].numel() if len(split) else 1
+
+    def before(b: int) -> None:
+        if step_schedule:
+            hardener.start_step(epoch, b, n_batches)
+
+    def step(x, y, b) -> None:
+        _step(model, opt, x, y, b, sums, cfg, device, world, dtype, autocast)
+
+    if graphs is not None:
+        order = torch.randperm(len(split), generator=g)  # the order `batches` draws: the same for any device
+        graphs.run_epoch(order, step_graph.capture_key(model, opt), step, before, lambda: opt.zero_grad(set_to_none=True))
+        rest = order[graphs.full * graphs.B:]
+        tail = [(split.x[rest.to(split.x.device)], split.y[rest.to(split.x.device)])] if len(rest) else []
+        start = graphs.full
+    else:
+        tail, start = batches(split, cfg.data.batch_size, g), 0
+    for b, (x, y) in enumerate(tail, start):
         if aug is not None:
             x = augment(x, cfg.data.augment, aug)  # the global batch: the same images for any number of ranks
-        if step_schedule:
-            hardener.start_step(epoch, b, steps)
-        with autocast or contextlib.nullcontext():
-            if world.distributed:
-                loss, stats = _ddp_step(model, x, y, world, device, dtype)
-                batch_loss, batch_correct, batch_n = stats[0], stats[1].long(), int(len(y))
-                batch_sum = batch_loss
-            else:
-                x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
-                logits = model(x)
-                loss = cross_entropy(logits, y)
-                batch_n = len(y)
-                batch_sum = loss.detach().double() * batch_n
-                batch_correct = (logits.argmax(-1) == y).sum()
-        per_example = y[0].numel() if len(y) else 1
-        if first_loss is None:
-            first_loss = batch_sum / batch_n  # before any update: the untrained model's loss on this epoch
-        first_bad = torch.minimum(first_bad, torch.where(torch.isfinite(batch_sum), NO_BATCH, b))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.train.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        loss_sum += batch_sum
-        correct += batch_correct
-        n += batch_n
-    bad = int(first_bad)  # the one host read of the epoch (with the two below)
-    return {"train_loss": float(loss_sum) / n, "train_top1": int(correct) / (n * per_example),
-            "first_loss": float(first_loss), "nonfinite_batch": None if bad == NO_BATCH else bad}
+        before(b)
+        step(x, y, b)
+    bad = int(sums.first_bad)  # the one host read of the epoch (with the three below)
+    n = len(split)
+    first_n = min(cfg.data.batch_size, n)
+    return {"train_loss": float(sums.loss) / n, "train_top1": int(sums.correct) / (n * per_example),
+            "first_loss": float(sums.first) / first_n, "nonfinite_batch": None if bad == NO_BATCH else bad}
 
 
 def _to(x: torch.Tensor, device, dtype: torch.dtype | None) -> torch.Tensor:
@@ -217,8 +258,11 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
-    hardener = _hardener(model, cfg)
-    opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
+    hardener = _hardener(model, cfg, record)
+    split = on_device(ds.train, device)
+    graph_why = graph_unavailable(cfg, device, world, split)
+    opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train,
+                                          graph_why is None, fused_optimizer(model, device))
     state: dict[str, Any] = {"epoch": 0, "history": [], "hardener": None, "initial_loss": None, "swapped": False,
                              "best": {"epoch": 0, "value": None, "metric": worst(metric), "hardness": None}}
     if payload is not None:
@@ -230,14 +274,19 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
             raise CheckpointError(f"{vdir / 'last.pt'} does not fit this run's config ({str(exc).splitlines()[0]}); "
                                   f"rerun the variant with `pipeline run --resume {run.path} --redo train`") from None
         state = payload["state"]
+        if graph_why is None:
+            _capturable(opt)
     histories[variant] = state["history"]
     timing = json.loads(_timing_path(run, variant).read_text()) if world.main and _timing_path(run, variant).is_file() else {}
 
     compiled = _maybe_compile(model, cfg, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.train.precision == "bf16" else None
+    # a captured step must not cache casts across replays (torch.cuda.graphs: autocast with cache_enabled=False)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=graph_why is not None)
+                if cfg.train.precision == "bf16" else None)
     # s leaves the graph once annealing freezes λ: DDP must not wait for its gradient then.
     net = distributed.wrap(compiled, device, find_unused=bool(hardener.gates) and harden_phase)
-    split = on_device(ds.train, device)
+    graphs = (step_graph.GraphSteps(split.x, split.y, cfg.data.batch_size, EpochSums(device))
+              if graph_why is None else None)
 
     epochs = range(state["epoch"] + 1, last + 1)
     progress = Progress(f"{variant:>12}", len(epochs), "ep", log, active=world.main)
@@ -246,13 +295,13 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > record.switch_epoch and not state["swapped"]:
             model, spec = _swap_for_finetune(model, spec, record.swapped_to, opt, device)
-            hardener = _hardener(model, cfg)  # no gates left: plain training
+            hardener = _hardener(model, cfg, record)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
         phase = "finetune" if swap_method and epoch > record.switch_epoch else hardener.start_epoch(epoch)
-        stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast)
+        stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast, graphs)
         if state["initial_loss"] is None:
             state["initial_loss"] = stats["first_loss"]
         _stop_if_diverged(cfg, run, variant, epoch, stats, state)
@@ -292,9 +341,37 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
                       loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
     progress.close()
     summary = _variant_summary(state, hardener, record, cfg, variant, log if world.main else None)
+    summary["training_path"] = (f"cuda_graph ({graphs.captures} captures)" if graphs is not None and graphs.captures
+                                else f"eager ({graph_why})" if graph_why else "eager")
     hard = {id(g.s) for g in hardener.gates}
     summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
     return summary
+
+
+def fused_optimizer(model: nn.Module, device: torch.device) -> bool:
+    """The fused optimizer step on CUDA, for float32/bf16/fp16 parameters (torch fuses those only)."""
+    return device.type == "cuda" and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in model.parameters())
+
+
+def graph_unavailable(cfg: Config, device: torch.device, world: distributed.World, split: Split) -> str | None:
+    """Why the train loop runs eagerly rather than replaying captured steps (None: it replays them)."""
+    if cfg.train.cuda_graph == "off":
+        return "train.cuda_graph=off"
+    return step_graph.unavailable(device, world.distributed, split.x.device.type == device.type, cfg.data.augment,
+                                  cfg.train.compile)
+
+
+def _capturable(opt: torch.optim.Optimizer) -> None:
+    """A resumed optimizer's state as a captured step needs it: Adam's step counts on the device, `capturable` set
+    (a checkpoint written by an eager run has neither)."""
+    if not isinstance(opt, torch.optim.AdamW):
+        return
+    for group in opt.param_groups:
+        group["capturable"] = True
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            if "step" in st:
+                st["step"] = torch.as_tensor(st["step"], dtype=torch.float32).to(p.device)
 
 
 def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Module:
@@ -307,11 +384,14 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
     if reason is not None:
         warnings.warn(f"train.compile: torch.compile does not work here, training eagerly ({reason})", RuntimeWarning, stacklevel=2)
         return model
-    return torch.compile(model)
+    return torch.compile(model, mode=None if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
 
 
-def _hardener(model: nn.Module, cfg: Config) -> Hardener:
-    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult)
+def _hardener(model: nn.Module, cfg: Config, record: VariantRecord) -> Hardener:
+    """Algorithm 1's schedule for one variant: e_s and λ_target read from its record (decided once per run).
+    allow_no_gates: the baselines and the ReLU network of harden.method=swap train plainly; models built from the
+    registry hold every gate as a module."""
+    return Hardener(model, cfg.harden, cfg.train.epochs, lr_mult=cfg.gate.lr_mult, record=record, allow_no_gates=True)
 
 
 def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,
@@ -386,7 +466,7 @@ def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
 
 
 def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[str, Any]:
-    device = distributed.resolve_device(cfg.device)
+    device = run.compute_device()
     ds = dataset_for(cfg)
     world = distributed.world()
     if world.main:  # decided once per phase (harden.* may change on --resume from the harden stage), read back
@@ -447,6 +527,12 @@ def _shipped(run: RunDir) -> tuple[str, dict[str, Any]]:
     return "", {}
 
 
+# what each harden.select rule ships, in the report's words (pipeline/config.py HardenConfig.select)
+SELECT_RULES = {"best_hardened": "the best among the epochs at λ_target (a baseline without λ: its best epoch)",
+                "best_val": "the best validation epoch of the smooth model", "last": "the last epoch",
+                "best_swapped": "the best validation epoch of the swapped ReLU model"}
+
+
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """The shipped checkpoint of every variant (the one `harden.select` chose: what swap, export and verify use),
     training curves with the shipped epoch marked, the λ per layer and the learned phase's drift (None before the
@@ -472,8 +558,10 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         if at is not None:
             shipped_epochs[v] = ship
         lam_at = [float(at[k]) for k in lam_cols] if at is not None else []
+        best_epochs = [r["epoch"] for r, x in zip(vr, vals) if x == vals[best_i]]  # every epoch at the best value
         summary.append([v, ship if at is not None else "—", float(at[metric_col]) if at is not None else "—",
-                        f"{vals[best_i]:.4f} (epoch {vr[best_i]['epoch']})", vals[-1],
+                        f"{vals[best_i]:.4f} (epoch{'s' if len(best_epochs) > 1 else ''} {', '.join(map(str, best_epochs))})",
+                        vals[-1],
                         (sum(lam_at) / len(lam_at)) if lam_at else "—", record.lambda_target or "—"])
         if lam_cols:
             table_ = [[float(r[k]) for k in lam_cols] for r in vr]
@@ -492,6 +580,10 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     _plot_curves(rows, cfg.variants, metric_col, shipped_epochs, figs / "validation.png")
     which = (f"the checkpoint `harden.select={cfg.harden.select}` chose ({stage} stage's record in the manifest): what the "
              "swap, export and verify stages use" if stage else "not chosen yet (the train stage has not finished)")
+    rule = SELECT_RULES.get(cfg.harden.select, "")
+    which += (f". `best {metric_col}` is the smooth model's best over all epochs (every epoch that reached it listed); "
+              f"the shipped epoch is {rule}, so it can be another epoch, or a later one of equal value (ties go to the "
+              "later, more hardened epoch)")
     return "\n\n".join(["## Training (Algorithm 1)", f"Shipped: {which}.",
                         table(["variant", "shipped epoch", f"{metric_col} shipped", f"best {metric_col}", f"last {metric_col}",
                                "mean λ shipped", "λ_target"], summary),

@@ -49,7 +49,8 @@ from pipeline import checkpoint, render
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.evaluate import score
-from pipeline.rundir import RunDir, atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.atomic_io import atomic_path, atomic_write_csv, atomic_write_json
+from pipeline.rundir import RunDir
 
 from . import export as export_mod
 from . import ort as ort_util

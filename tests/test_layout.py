@@ -209,3 +209,149 @@ def test_no_fact_is_derived_twice():
     bad = [f for m, path in MODULES.items()
            for f in rederived_facts(path.read_text(), m)]
     assert bad == []
+
+
+# --------------------------------------------------------------------------------------------------
+# One home for each number a proof depends on: float32 rounding (u, γ_n, the library's ulps, the dot product's bound)
+# in pipeline/numerics.py, and what a gate is (Φ, its constants, its family's numbers) in pipeline/gates.py. Elsewhere
+# they are imported, never defined again, as a name or as a literal.
+
+NUMERICS_HOME, GATES_HOME = "pipeline.numerics", "pipeline.gates"
+# Names only the home may define (a module-level constant or a function of that name).
+NUMERIC_NAMES = {"U", "U32", "UNDERFLOW", "GAMMA_SLACK", "SAFETY", "ULPS", "LIBRARY_ULPS", "ULP_ELEMENTWISE",
+                 "gamma", "dot_error", "dot_rounding"}
+GATE_NAMES = {"INV_SQRT2", "INV_SQRT_2PI", "TWO_OVER_SQRT_PI", "Phi", "SMOOTH_GATE_CONSTANTS"}
+# Values only the home may write (a literal, or an expression of literals and math.sqrt/exp/log/pi/e), compared to
+# VALUE_RTOL: float32's u and its underflow threshold; Φ's constants; the gate families' b, c and argmax of c. (Φ's
+# a = 2/√(2π) = √(2/π) is left out: it is also the tanh-GELU's coefficient, and the claims quote the papers' formulas.)
+VALUE_RTOL = 1e-9
+NUMERIC_VALUES = {"u = 2⁻²⁴": 2.0**-24, "2⁻¹²⁶": 2.0**-126}
+GATE_VALUES = {"1/√2": 2**-0.5, "1/√(2π)": (2 * 3.141592653589793) ** -0.5, "c of Φ": 0.169971207480,
+               "argmax of c for Φ": 0.751791535175, "a of σ, 2 ln 2": 1.3862943611198906, "b of σ, π²/6": 1.6449340668482264,
+               "c of σ, W(1/e)": 0.27846454276}
+MATH = {"sqrt", "exp", "log", "pi", "e"}
+
+
+def _const(node: ast.AST) -> float | None:
+    """The value of an expression of number literals and math.sqrt/exp/log/pi/e (torch.pi, np.sqrt, sp.sqrt alike),
+    or None when it holds anything else."""
+    import math
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.Attribute) and node.attr in ("pi", "e"):
+        return getattr(math, node.attr)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _const(node.operand)
+        return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.BinOp):
+        a, b = _const(node.left), _const(node.right)
+        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b, ast.Div: lambda: a / b,
+               ast.Pow: lambda: a ** b}
+        if a is None or b is None or type(node.op) not in ops:
+            return None
+        try:
+            v = ops[type(node.op)]()
+        except (ZeroDivisionError, OverflowError):
+            return None
+        return v if isinstance(v, float) else float(v)
+    if (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")) in MATH):
+        v = _const(node.args[0])
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        try:
+            return None if v is None else float(getattr(math, name)(v))
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+def _mentions_sqrt2(node: ast.AST) -> bool:
+    """Does the expression divide or multiply by √2 (a name for it, or a value ±√2, ±1/√2)?"""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and "SQRT2" in n.id.upper():
+            return True
+        v = _const(n) if isinstance(n, (ast.Call, ast.BinOp, ast.Constant)) else None
+        if v is not None and any(abs(abs(v) - t) <= VALUE_RTOL * t for t in (2**0.5, 2**-0.5)):
+            return True
+    return False
+
+
+def defined_outside_home(source: str, module: str) -> list[str]:
+    """Where `module` defines a number of float32 rounding or of a gate again instead of importing it from its home."""
+    tree = ast.parse(source)
+    bad = []
+    homes = ((NUMERICS_HOME, NUMERIC_NAMES, NUMERIC_VALUES), (GATES_HOME, GATE_NAMES, GATE_VALUES))
+    for home, names, values in homes:
+        if module == home:
+            continue
+        for node in tree.body:  # module-level constants
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            value = getattr(node, "value", None)
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id in names and value is not None and _const(value) is not None:
+                        bad.append(f"{module}:{node.lineno} defines {n.id} (its home is {home})")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+                bad.append(f"{module}:{node.lineno} defines {node.name}() (its home is {home})")
+            if isinstance(node, (ast.BinOp, ast.Call, ast.Constant, ast.UnaryOp)):
+                v = _const(node)
+                for what, target in values.items():
+                    if v is not None and abs(v - target) <= VALUE_RTOL * abs(target):
+                        bad.append(f"{module}:{node.lineno} writes {what} (its home is {home})")
+    if module != NUMERICS_HOME:  # the dot product's bound written inline: γ(...) and the underflow term in one sum
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                parts = list(ast.walk(node))
+                if (any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "gamma" for n in parts)
+                        and any(isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", "")) == "UNDERFLOW"
+                                for n in parts)):
+                    bad.append(f"{module}:{node.lineno} writes the dot product's bound (its home is {NUMERICS_HOME}.dot_error)")
+    if module != GATES_HOME:  # Φ: erf or erfc of a multiple of 1/√2 (torch, scipy, sympy, an in-place .erfc_())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                receiver = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+                if name.rstrip("_") in ("erf", "erfc") and any(_mentions_sqrt2(a) for a in [*node.args, *receiver]):
+                    bad.append(f"{module}:{node.lineno} computes Φ from {name} (its home is {GATES_HOME}.Phi)")
+    return sorted(set(bad))
+
+
+def test_the_home_rule_sees_a_number_defined_again():
+    # a guard on the checker itself: each way of writing a home's number again is found
+    src = ("import math\nimport torch\nimport sympy as sp\nU32 = 2.0**-24\nINV_SQRT2 = 1.0 / math.sqrt(2.0)\n"
+           "def gamma(n):\n    return n * 5.960464477539063e-08\n"
+           "def f(x, lam):\n    return 0.5 * torch.erfc(-lam * x / math.sqrt(2.0))\n"
+           "def g(x):\n    return torch.mul(x, -INV2).erfc_()\n"
+           "def h(y):\n    return (1 + sp.erf(y / sp.sqrt(2))) / 2\n"
+           "C = 0.169971207480\nTINY = 2.0 ** -126\nX = torch.erf(torch.nn.functional.softplus(1.0))\n"
+           "def r(n, m):\n    return 1.000001 * numerics.gamma(n + 1) * m + (2 * n + 1) * numerics.UNDERFLOW\n")
+    found = defined_outside_home(src, "pipeline.somewhere")
+    kinds = [f.split(" ", 1)[1] for f in found]
+    assert "defines U32 (its home is pipeline.numerics)" in kinds and "defines INV_SQRT2 (its home is pipeline.gates)" in kinds
+    assert "defines gamma() (its home is pipeline.numerics)" in kinds
+    assert "writes u = 2⁻²⁴ (its home is pipeline.numerics)" in kinds and "writes 2⁻¹²⁶ (its home is pipeline.numerics)" in kinds
+    assert "writes 1/√2 (its home is pipeline.gates)" in kinds and "writes c of Φ (its home is pipeline.gates)" in kinds
+    assert "writes the dot product's bound (its home is pipeline.numerics.dot_error)" in kinds
+    assert sum(k.startswith("computes Φ from erf") for k in kinds) == 2, kinds  # torch.erfc(... / sqrt 2), sp.erf(y / √2)
+    assert not any(f.startswith(("pipeline.somewhere:11 ", "pipeline.somewhere:16 ")) for f in found), found  # g: INV2 names no √2; SERF's erf is no Φ
+    assert defined_outside_home(src.replace("U32 = 2.0**-24\n", ""), "pipeline.numerics") != []  # the gates' still count
+    assert defined_outside_home("from pipeline.numerics import U as U32\nfrom pipeline.gates import Phi\n", "x") == []
+
+
+def test_every_number_of_float32_rounding_and_of_a_gate_has_one_home():
+    bad = [f for m, path in MODULES.items() for f in defined_outside_home(path.read_text(), m)]
+    assert bad == []
+
+
+def test_the_engine_depends_only_on_itself_and_its_leaves():
+    """analysis/verification/ reads the numbers of float32 rounding, the gate families and the few leaf modules of IO
+    it shares with the stages; nothing of the stages, the registries or quantize."""
+    leaves = {"pipeline.numerics", "pipeline.gates", "pipeline.errors", "pipeline.atomic_io", "pipeline.onnx_io",
+              "pipeline.shards", "pipeline.devices", "pipeline.progress"}
+    engine = {m for m in MODULES if m == "analysis.verification" or m.startswith("analysis.verification.")}
+    bad = sorted((m, t) for m in engine for t in GRAPH[m] if t not in engine and t not in leaves)
+    assert bad == []
+    for leaf in leaves:  # and the leaves import nothing of the project but each other and the errors
+        assert GRAPH[leaf] <= leaves, (leaf, GRAPH[leaf])

@@ -211,6 +211,19 @@ def test_report_section_has_one_table_with_every_network(done):
     assert "| lambda_gelu swapped to ReLU |" in md and "| gelu swapped to ReLU |" in md and "| relu (ReLU from the start) |" in md
     assert "| lambda_gelu smooth |" in md and "| gelu smooth |" in md and "via the swap: ReLU margin minus" in md
     assert "| 100% (0% sat) |" in md  # eps 0.01 is certified for every network
+    # the unstable columns say they are means and show them to one decimal, as details.csv gives them
+    assert "| mean unstable (IBP) | mean unstable (tight) |" in md and "**mean**" in md
+    rows = [r for r in _rows(run) if r["stage"] != "clean"]
+    for variant in ("lambda_gelu", "relu"):
+        for eps in EPSILONS:
+            sel = [r for r in rows if r["variant"] == variant and float(r["eps"]) == eps and r["verifier"] == "auto"
+                   and r["unstable_ibp"] != ""]
+            if sel:
+                ibp = sum(int(r["unstable_ibp"]) for r in sel) / len(sel)
+                tight = sum(int(r["unstable_tight"]) for r in sel) / len(sel)
+                assert f"| {ibp:.1f} | {tight:.1f} | 96 |" in md, (variant, eps, ibp, tight)
+    assert "two ReLUs per requantized unit" not in md  # no int8 model here
+    assert (run.file("report") / "verify_fractions.png").is_file() and "verify_fractions.png" in md
 
 
 def test_rerun_keeps_finished_properties(done):

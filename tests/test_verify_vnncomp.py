@@ -21,6 +21,7 @@ from analysis.verification.vnncomp import FIELDS, format_results, main, read_res
 from analysis.verification.vnnlib import (parse_witness, read_vnnlib, write_instances_csv, write_robustness_benchmark)
 from quantize.export import export_for_verifiers
 from quantize.ort import forward_flat
+from _onnx import make_model
 
 TIMEOUT_S = 20
 
@@ -128,7 +129,7 @@ def test_unsupported_onnx_op_is_one_line(small, capsys):
     graph = helper.make_graph([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Erf", ["f"], ["y"], name="erf1")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), small / "onnx" / "net.onnx")
+    onnx.save(make_model(graph, 17), small / "onnx" / "net.onnx")
     with pytest.raises(NotImplementedError):
         from_onnx(small / "onnx" / "net.onnx")
     _fails_one_line(small, capsys, "unsupported ONNX op Erf (node 'erf1')")

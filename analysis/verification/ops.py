@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.numerics import U
+
 DTYPE = torch.float64
 
 
@@ -595,7 +597,7 @@ class QuantizedInput(Activation):
     def grid(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(step, slack): a value is fl32(s·k), k = q − z an integer: within 2⁻²⁴·|y| of s·k."""
         top = self.scale * torch.maximum((self.qmin - self.zero).abs(), (self.qmax - self.zero).abs())
-        return self.scale, top * 2.0 ** -24
+        return self.scale, top * U
 
     def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.value(l[None], "low")[0], self.value(u[None], "high")[0]

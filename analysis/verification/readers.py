@@ -20,6 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import gates
+from pipeline.gates import GateFamily
+from pipeline.numerics import U
+
 from .graph import Graph, Node
 from .ops import (Concat, Conv, Gate, Linear, Op, Permute, QuantizedInput, ReLU, Rounding, Scale, Sum, UnsupportedModel,
                   as_tensor, average_pool, numel)
@@ -68,7 +72,7 @@ class Grid:
 class Pending:
     """The inner part of a gate x·g(λx) (σ(λx), softplus(λx), erf(softplus(λx))): read only as part of the gate."""
 
-    kind: str
+    ops: tuple[str, ...]  # the ops read so far of a gate family's chain (`gate_patterns`)
     arg: Value
     onnx_node: Any
 
@@ -173,7 +177,7 @@ class OnnxReader:
     def unsupported(self, why: str = "", where: Any = None) -> UnsupportedModel:
         node = where if where is not None else self.node
         e = UnsupportedModel(f"unsupported ONNX op {node.op_type} ({_where(node)}){': ' + why if why else ''}; "
-                             f"the verifier reads {', '.join(sorted(HANDLERS))}")
+                             f"the verifier reads {', '.join(readable_ops())}")
         e.onnx_node, e.why = node, why  # type: ignore[attr-defined]
         return e
 
@@ -188,7 +192,7 @@ class OnnxReader:
                 for k, v in enumerate(CONSTANT_OPS[node.op_type](self, [self.consts.get(i) for i in node.input])):
                     self.consts[node.output[k]] = v
                 continue
-            handler = HANDLERS.get(node.op_type)
+            handler = HANDLERS.get(node.op_type) or _gate_handler(node.op_type)
             if handler is None:
                 raise self.unsupported()
             handler(self)
@@ -196,8 +200,6 @@ class OnnxReader:
         out = self.vals.get(self.graph.output[0].name)
         if isinstance(out, Value) and out.node in self.grids and not isinstance(self.nodes[out.node].op, QuantizedInput):
             # the output's DequantizeLinear runs in float32: one rounding, relative 2⁻²⁴, of a value within the grid's range
-            from .quantized import U
-
             g = self.grids[out.node]
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
@@ -386,10 +388,11 @@ def _two_variables(r: OnnxReader, op: str, a: str, b: str) -> None:
     if op == "Mul":
         va, vb = r.vals.get(a), r.vals.get(b)
         pend, other = (va, vb) if isinstance(va, Pending) else (vb, va)
-        if isinstance(pend, Pending) and isinstance(other, Value) and pend.kind in ("sigmoid", "serf"):
+        fam = gate_patterns().get(pend.ops) if isinstance(pend, Pending) else None
+        if fam is not None and not fam.onnx.whole and isinstance(other, Value):
             lam = _lambda_of(r, pend.arg, other)
             if lam is not None:
-                r.set(r.add(Gate(pend.kind, lam, source=r.node.name), [other], other.shape))
+                r.set(r.add(Gate(fam.name, lam, source=r.node.name), [other], other.shape))
                 return
         raise r.unsupported("a product of two variables that is not a gate x·g(λx)")
     raise r.unsupported("a quotient of two variables")
@@ -532,22 +535,40 @@ def _dequantize_var(r: OnnxReader) -> None:
     r.set(out)
 
 
-@handles("Gelu")
-def _gelu(r: OnnxReader) -> None:
-    if r.attr("approximate", "none") not in ("none", b"none"):
-        raise r.unsupported("the tanh approximation of GELU")
-    x = r.var(r.node.input[0])
-    r.set(r.add(Gate("phi", np.ones(numel(x.shape)), source=r.node.name), [x], x.shape))
+# -- gates: the ONNX patterns of the gate families (`pipeline.gates.GateFamily.onnx`) -------------------------
+
+def gate_patterns() -> dict[tuple[str, ...], GateFamily]:
+    """The op chains read as gates, of every family the verifier can bound (it has an ONNX pattern and relaxation
+    data), registered now: a chain computes g(λx) (then x·g(λx) is its Mul by x) or, `whole`, F(λx) itself."""
+    return {fam.onnx.ops: fam for fam in gates.GATES.values() if fam.onnx is not None and fam.relaxation is not None}
 
 
-@handles("Sigmoid", "Softplus", "Erf")
-def _gate_part(r: OnnxReader) -> None:
+def readable_ops() -> list[str]:
+    """Every op type the reader reads (the handlers' and the gate patterns')."""
+    return sorted({*HANDLERS, *(op for ops in gate_patterns() for op in ops)})
+
+
+def _gate_handler(op: str) -> Callable[[OnnxReader], None] | None:
+    return _gate_op if any(op in ops for ops in gate_patterns()) else None
+
+
+def _gate_op(r: OnnxReader) -> None:
+    """One op of a gate's chain: a whole chain of a `whole` pattern (Gelu) is the gate at λ = 1, which `_fold_gate`
+    turns into x·g(λx) when it sits between Mul(λ) and Div(λ); any other part is Pending until its Mul by x."""
     op, src = r.node.op_type, r.vals.get(r.node.input[0])
-    if op == "Erf":
-        if not (isinstance(src, Pending) and src.kind == "softplus"):
-            raise r.unsupported("Erf is read only in SERF's erf(softplus(λx))")
-        return r.set(Pending("serf", src.arg, r.node))
-    r.set(Pending(op.lower(), r.var(r.node.input[0]), r.node))
+    ops, arg = ((*src.ops, op), src.arg) if isinstance(src, Pending) else ((op,), r.var(r.node.input[0]))
+    patterns = gate_patterns()
+    if not any(p[:len(ops)] == ops for p in patterns):
+        known = "; ".join(" → ".join(p) for p in patterns)
+        raise r.unsupported(f"{op} is read only as a part of a gate x·g(λx) ({known})")
+    fam = patterns.get(ops)
+    if fam is not None and fam.onnx.whole:
+        approximate = r.attr("approximate", "none")
+        if approximate not in ("none", b"none"):
+            form = approximate.decode() if isinstance(approximate, bytes) else approximate
+            raise r.unsupported(f"the {form} approximation of {op.upper()}")
+        return r.set(r.add(Gate(fam.name, np.ones(numel(arg.shape)), source=r.node.name), [arg], arg.shape))
+    r.set(Pending(ops, arg, r.node))
 
 
 @handles("Conv")
@@ -652,7 +673,6 @@ def _concat(r: OnnxReader) -> None:
     r.set(r.add(op, xs, op.out_shape))
 
 
-ONNX_OPS = ", ".join(sorted(HANDLERS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,10 +701,10 @@ def module_path(onnx_node_name: str) -> str:
 
 
 def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
-    """A Graph from a torch module (eval semantics) through its ONNX export (`quantize.export.to_onnx`, fixed batch
+    """A Graph from a torch module (eval semantics) through its ONNX export (`pipeline.onnx_io.to_onnx`, fixed batch
     1, opset 20). `input_shape` excludes the batch axis. A module the exporter cannot write, or that exports to an op
     no handler reads, raises UnsupportedModel naming the op and the module path."""
-    from quantize.export import to_onnx
+    from pipeline.onnx_io import to_onnx  # the exporter (torch.onnx, onnxsim), imported on first use
 
     shape = tuple(int(d) for d in input_shape)
     m = copy.deepcopy(model).float().cpu().eval()
@@ -701,7 +721,7 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
             raise
         why = getattr(e, "why", "")
         raise UnsupportedModel(f"{type(model).__name__}: unsupported op {node.op_type} in module '{module_path(node.name)}'"
-                               f"{': ' + why if why else ''}; the verifier reads {ONNX_OPS}") from None
+                               f"{': ' + why if why else ''}; the verifier reads {', '.join(readable_ops())}") from None
 
 
 def read(model: Any, input_shape: Sequence[int] | None = None) -> Graph:
