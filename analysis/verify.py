@@ -271,7 +271,7 @@ def _relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, la
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
         entries.append((variant, variant, "relu", None))
-    quantized = (run.read_json("int8", "quantize.json") or {}) if vcfg.int8 else {}
+    quantized = (run.read_json("quantize", "quantize.json") or {}) if vcfg.int8 else {}
     if vcfg.int8:
         for variant in cfg.variants:
             entry = (quantized.get("models", {}).get(variant) or {}).get("relu")

@@ -169,7 +169,7 @@ def _epoch_runner(cfg, ds, act: str, frozen: bool, graphs_on: bool, device: str 
     from pipeline.data import on_device
     from pipeline.models import build_model, make_spec
     from pipeline.schedule import param_groups
-    from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer
+    from pipeline.train_loop import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer
 
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
@@ -270,7 +270,7 @@ def _compiled_epoch_runner(cfg, ds, act: str):
     from pipeline.data import on_device
     from pipeline.models import build_model, make_spec
     from pipeline.schedule import param_groups
-    from pipeline.train import OPTIMIZERS, _train_epoch
+    from pipeline.train_loop import OPTIMIZERS, _train_epoch
 
     device = torch.device("cuda")
     torch.manual_seed(cfg.seed)

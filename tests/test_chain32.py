@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.check import swap_certificate
+from analysis.bounds_check import swap_certificate
 from analysis.theory.certificate import chain32
 from pipeline.activations import LambdaGELU
 from pipeline.data import Split

@@ -49,7 +49,7 @@ def test_a_cpu_run_records_cpu_for_every_stage(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stage_functions_leave_a_cuda_model_on_cuda(tmp_path):
-    from analysis.check import empirical_check, swap_certificate
+    from analysis.bounds_check import empirical_check, swap_certificate
     from analysis.sparsity import unit_stats
     from pipeline.activations import ACTIVATIONS, GateContext
     from pipeline.config import GateConfig

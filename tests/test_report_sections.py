@@ -9,7 +9,8 @@ import csv
 
 import pytest
 
-from pipeline import lambda_stats, records, render, train
+from pipeline import lambda_stats, records, render
+from pipeline.stages import train
 from pipeline.config import Config
 from pipeline.rundir import RunDir
 
@@ -75,7 +76,7 @@ def test_layers_that_anneal_to_one_lambda_stay_distinguishable():
 
 
 def test_the_gate_error_legend_covers_no_bar():
-    from analysis.check import layers_figure
+    from analysis.bounds_check import layers_figure
 
     layer = {"layer": 0, "gate_error": 1e-3, "gate_error_predicted": 1.1e-3, "max_gap_module": 1e-3, "sup_bound": 1.1e-3}
     fig = layers_figure({"lambda_gelu": [layer, {**layer, "layer": 1}], "gelu": [layer, {**layer, "layer": 1}]})
@@ -86,7 +87,7 @@ def test_the_gate_error_legend_covers_no_bar():
 
 
 def test_the_sparsity_section_links_the_apoz_histograms(tmp_path):
-    from analysis import sparsity
+    from pipeline.stages import sparsity
 
     run = _run(tmp_path)
     summary = {"split": "val", "samples": 10, "variants": {"lambda_gelu": {
