@@ -16,8 +16,8 @@ from typing import Any
 from .atomic_io import atomic_write_json
 from .config import Config, from_dict, validate
 from .errors import RunDirError
-from .records import VariantRecord
-from .records import from_dict as record_from_dict
+from .variant_record import VariantRecord
+from .variant_record import from_dict as record_from_dict
 
 VERSIONED = ["torch", "numpy", "scipy", "sympy", "onnx", "onnxruntime", "onnxsim", "maraboupy"]
 
@@ -150,7 +150,7 @@ class RunDir:
         self._write_manifest(m)
 
     def record_variants(self, records: dict[str, VariantRecord]) -> None:
-        """Each variant's record (`pipeline.records`), written once by the train stage."""
+        """Each variant's record (`pipeline.variant_record`), written once by the train stage."""
         self.update_manifest(variants={v: r.as_dict() for v, r in records.items()})
 
     def variant(self, name: str) -> VariantRecord:

@@ -2,7 +2,7 @@
 (`pipeline/stages/train.py`) call: the train stage for epochs 1..e_s (λ learned), the harden stage for e_s+1..T (s
 frozen, λ annealed to λ_target, `harden.method=anneal`; or every gate swapped to ReLU and fine-tuned, `swap`). The
 schedule itself is `pipeline.hardener.Hardener`; this module is the loop around it: data order, the optimizer,
-checkpoints, selection and its checks. It reads each variant's facts from its record (`pipeline.records`),
+checkpoints, selection and its checks. It reads each variant's facts from its record (`pipeline.variant_record`),
 which the train stage decides: nothing here derives them again.
 
 Every epoch ends with `last.pt` (weights, optimizer, hardener and selection state, history) written
@@ -40,7 +40,7 @@ from .evaluate import loss as cross_entropy
 from .hardener import HARDENED_RTOL, Hardener
 from .models import build_model, make_spec
 from .progress import Progress
-from .records import VariantRecord
+from .variant_record import VariantRecord
 from .relu_swap import relu_spec, to_relu
 from .atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json
 from .rundir import RunDir

@@ -231,18 +231,18 @@ def test_every_stage_is_a_module_of_the_package_registered_by_import():
 
 
 # --------------------------------------------------------------------------------------------------
-# One home for each fact: a variant's facts are decided once (pipeline/records.py, from the config) and read
+# One home for each fact: a variant's facts are decided once (pipeline/variant_record.py, from the config) and read
 # from its record (`RunDir.variant`); nothing else derives them again.
 
 # The deciding functions, by qualified name -> the modules that may call them (besides the one defining them).
 DECIDERS = {
-    "pipeline.gates.lambda_target": {"pipeline.records", "pipeline.hardener"},  # the record; the library schedule
-    "pipeline.schedule.switch_epoch": {"pipeline.records", "pipeline.hardener"},
-    "pipeline.activations.swapped_activation": {"pipeline.records"},
-    "pipeline.records.decide": {"pipeline.stages.train"},  # the one writer of the records
+    "pipeline.gates.lambda_target": {"pipeline.variant_record", "pipeline.hardener"},  # the record; the library schedule
+    "pipeline.schedule.switch_epoch": {"pipeline.variant_record", "pipeline.hardener"},
+    "pipeline.activations.swapped_activation": {"pipeline.variant_record"},
+    "pipeline.variant_record.decide": {"pipeline.stages.train"},  # the one writer of the records
 }
 RELU_FORMS = "pipeline.activations.RELU_FORMS"  # `x in RELU_FORMS` decides "is it ReLU": the record's is_relu
-RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.records"}
+RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.variant_record"}
 
 
 def _aliases(tree: ast.AST, module: str) -> dict[str, str]:
@@ -296,7 +296,7 @@ def test_the_fact_rule_sees_a_rederived_fact():
     assert [f.split(" ", 1)[1] for f in found] == [
         "calls pipeline.gates.lambda_target", "calls pipeline.schedule.switch_epoch", "tests `in RELU_FORMS`",
         "calls pipeline.activations.swapped_activation", "tests `in RELU_FORMS`"], found
-    assert rederived_facts(src, "pipeline.records") == []  # the record writer may
+    assert rederived_facts(src, "pipeline.variant_record") == []  # the record writer may
 
 
 def test_no_fact_is_derived_twice():

@@ -9,7 +9,8 @@ import csv
 
 import pytest
 
-from pipeline import lambda_stats, records, render
+from pipeline import lambda_stats, render
+from pipeline import variant_record as records
 from pipeline.stages import train
 from pipeline.config import Config
 from pipeline.rundir import RunDir

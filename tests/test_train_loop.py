@@ -117,7 +117,7 @@ def test_selection_ties_go_to_the_later_epoch_and_hardened_epochs_win():
 
 def test_a_variant_ends_at_its_records_lambda_target(tmp_path):
     """train_variant over both phases: the last epoch's λ is the record's λ_target, the history covers every epoch."""
-    from pipeline import records
+    from pipeline import variant_record as records
     from pipeline.rundir import RunDir
     from tests._digits import digits
 

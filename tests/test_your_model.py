@@ -382,7 +382,7 @@ def test_vnncomp_out_to_an_unwritable_place_fails_before_the_first_instance(benc
 
 
 def test_the_training_table_lists_every_epoch_at_the_best_value(tmp_path):
-    from pipeline import records
+    from pipeline import variant_record as records
     from pipeline.config import Config
     from pipeline.stages import train
     from pipeline.rundir import RunDir

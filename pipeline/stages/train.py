@@ -1,6 +1,6 @@
 """The `train` and `harden` stages: Algorithm 1 over every variant of a run. `train` runs epochs 1..e_s (λ learned),
 `harden` e_s+1..T (s frozen, λ annealed to λ_target, or every gate swapped to ReLU and fine-tuned:
-`harden.method`). Each phase decides every variant's record (`pipeline.records.decide`, the one writer) and hands it
+`harden.method`). Each phase decides every variant's record (`pipeline.variant_record.decide`, the one writer) and hands it
 to the loop (`pipeline.train_loop.train_variant`), which reads e_s and λ_target from it.
 
 Reads: the config and the data. Writes: `train/<variant>/{best,last,switch,switch_best}.pt`, `timing.json`,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 from typing import Any
 
-from pipeline import checkpoint, distributed, lambda_stats, records
+from pipeline import checkpoint, distributed, lambda_stats, variant_record
 from pipeline.atomic_io import atomic_write_bytes
 from pipeline.config import Config
 from pipeline.data import dataset_for
@@ -28,7 +28,7 @@ def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[
     ds = dataset_for(cfg)
     world = distributed.world()
     if world.main:  # decided once per phase (harden.* may change on --resume from the harden stage), read back
-        run.record_variants({v: records.decide(v, cfg.harden, cfg.train) for v in cfg.variants})
+        run.record_variants({v: variant_record.decide(v, cfg.harden, cfg.train) for v in cfg.variants})
     recs = distributed.broadcast({v: run.variant(v) for v in cfg.variants} if world.main else None)
     T = cfg.train.epochs
     e_s = recs[cfg.variants[0]].switch_epoch  # one schedule for every variant of a run
