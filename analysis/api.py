@@ -178,14 +178,15 @@ def _inputs(data: Any) -> torch.Tensor:
 def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: Any = -math.inf, high: Any = math.inf,
            verifier: str | None = None, timeout_s: float | None = None, samples: int | None = None,
            input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1,
-           progress: bool = True) -> dict[str, Any]:
+           progress: bool = True, device: str | None = None) -> dict[str, Any]:
     """L∞ robustness of the first `samples` examples of `data` at each radius, with the verify stage's verifiers
     through its property loop (`analysis.verification.harness`; "auto" = the staged chain, attack first, then bounds,
     then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
     (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
     read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
     [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
-    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property;
+    `device` where the bounds compute (auto | cpu | cuda | cuda:N).
     `progress`: each answer as it comes (a bar on a terminal, else a line per property).
 
     A counterexample counts as the verify stage counts it (`Problem.confirm`): a float32 point inside the box whose
@@ -234,7 +235,8 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
                                   specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
                  for eps in epsilons for k in range(n)]
         outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock,
-                               progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}")
+                               progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}",
+                               device=device or defaults.device)
     rows = []
     for o in outcomes:
         res = o.result

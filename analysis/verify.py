@@ -124,6 +124,10 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
     if v.jobs < 0:
         raise ConfigError(f"verify.jobs must be >= 0 (0 = the run's thread count), got {v.jobs}")
+    try:
+        harness.resolve_device(v.device)
+    except ValueError as e:
+        raise ConfigError(f"verify.{e}".replace(" device=", " verify.device=")) from None
     if not v.epsilons or not all(e > 0 for e in v.epsilons):
         raise ConfigError(f"verify.epsilons must be a non-empty list of radii > 0, got {v.epsilons}")
     if not v.verifiers:
@@ -178,6 +182,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     clock = "cpu" if vcfg.cpu_time else "wall"
     names = list(dict.fromkeys(vcfg.verifiers))
     jobs = vcfg.jobs or torch.get_num_threads()
+    device = harness.resolve_device(vcfg.device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
     try:
@@ -190,7 +195,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
                  True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
         write_instances_csv(out / "instances.csv", [(o, v, round(share[Path(o).stem.endswith(INT8)], 3))
                                                      for o, v in relu.instances])
-        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs)
+        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
     finally:
         torch.set_num_threads(threads)
     probe = _probe(cfg, run) if vcfg.probe_smooth else {}
@@ -210,7 +215,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
         "eps_units": _eps_units(info),
         "budget_s": vcfg.budget_s, "int8_budget_s": vcfg.int8_budget_s if vcfg.int8 else 0.0, "timeout_s": vcfg.timeout_s,
-        "jobs": jobs, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
+        "jobs": jobs, "device": device, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
         "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
         "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
         "decided": {"relu": _decided([r for r in relu_rows if not r["variant"].endswith(INT8)]),
@@ -379,7 +384,7 @@ def _smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray
 
 
 def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, int8_keys: set[Any], clock: str,
-           jobs: int) -> tuple[float, float]:
+           jobs: int, device: str = "cpu") -> tuple[float, float]:
     """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
     models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
     the int8 part."""
@@ -433,7 +438,8 @@ def _solve(vcfg, out: Path, names: list[str], relu: _Kind, smooth: _Kind, int8_k
                 part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
-                    harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown)
+                    harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
+                                device=device)
                     if int8:
                         int8_seconds = time.perf_counter() - t0
     save()

@@ -205,6 +205,9 @@ class VerifyConfig:
     # time decides little there: the open int8 properties are bound by the rounding (docs/architecture.md)
     int8_budget_s: float = 28.0
     probe_smooth: bool = False  # also try Marabou's ONNX reader on the smooth ONNX files of the export stage
+    # where the verifiers compute: auto (a GPU when there is one, else the CPU) | cpu | cuda | cuda:N. On a GPU the
+    # worker processes share it for their bound passes and searches; the MILP and the re-checks stay on the CPU
+    device: str = "auto"
 
 
 @dataclass

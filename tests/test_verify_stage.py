@@ -78,10 +78,13 @@ def test_stage_is_registered_before_report_and_config_is_checked():
     validate_config(cfg)
     apply_overrides(cfg, ["verify.verifiers=pgd+crown+milp,marabou", "verify.epsilons=[0.005,0.01]"])
     validate_config(cfg)
-    for override, match in [("verify.verifiers=pgd+crow", "unknown verifier 'crow'"), ("verify.epsilons=[0.0]", "epsilons"),
+    for override, match in ([("verify.verifiers=pgd+crow", "unknown verifier 'crow'"), ("verify.epsilons=[0.0]", "epsilons"),
                             ("verify.samples=0", "samples"), ("verify.budget_s=0", "budget_s"),
                             ("verify.timeout_s=-1", "timeout_s"), ("verify.jobs=-1", "jobs"),
-                            ("verify.int8_budget_s=0", "int8_budget_s")]:
+                            ("verify.int8_budget_s=0", "int8_budget_s"),
+                            ("verify.device=gpu", "verify.device='gpu' is not a device; use auto, cpu, cuda or cuda:N")]
+                           + ([("verify.device=cuda", "use verify.device=cpu or verify.device=auto")]
+                              if not torch.cuda.is_available() else [])):
         with pytest.raises(ConfigError, match=match) as e:
             validate_config(apply_overrides(Config(), [override]))
         assert "\n" not in str(e.value)

@@ -229,7 +229,8 @@ def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and
     truth = "unsat" if min(mins) > 0 else "sat"
     every = list(range(len(spec.disjuncts)))
     got = {}
-    for name, cfg in (("batched", Settings(batch=batch, steps=5, candidates=3)), ("unbatched", UNBATCHED)):
+    for name, cfg in (("batched", Settings(batch=batch, steps=5, candidates=3)), ("unbatched", UNBATCHED),
+                      ("rebound", Settings(batch=batch, steps=5, rebound=2))):
         b = Bounder(net, spec.lb, spec.ub)
         got[name], x, _, _ = bab(b, spec, every, lambda: False, lambda: 30.0, cfg)
         if got[name] == "sat":
@@ -237,6 +238,94 @@ def test_batched_branch_and_bound_gives_the_verdicts_of_the_unbatched_search_and
     b = Bounder(net, spec.lb, spec.ub)
     got["milp"], _, _ = milp.solve(b.net, spec, b.pre, every, lambda: 30.0, lp_first=False)
     assert set(got.values()) == {truth}, (got, truth)
+
+
+SOUND_TOL = 1e-9  # float64 back-substitution misses by ~1e-12 relative
+
+
+def _three_layer_case(seed: int, width: int, eps: float):
+    """A 3-8..-3 ReLU net with three hidden layers, a robustness property at `eps` around a random point, its CROWN bounds."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
+                          nn.ReLU(), nn.Linear(width, 3)).eval()
+    net = from_torch(model, (3,))
+    x0 = np.random.default_rng(seed).uniform(0, 1, 3)
+    spec = robustness_spec(x0, eps, -1.0, 2.0, int(np.argmax(net.forward(x0).numpy())), 3)
+    b = Bounder(net, spec.lb, spec.ub)
+    b.crown()
+    return net, spec, b
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_domain_intervals_hold_on_every_point_of_the_domain_and_only_tighten(seed):
+    """`rebound`: a child's intervals of the sites after its split, bounded again with its splits, contain every sampled
+    point of the child's region (the box with the split units' signs), and never widen the parent's."""
+    net, spec, b = _three_layer_case(seed, 8, 0.4)
+    search = _Search(b, spec, list(range(len(spec.disjuncts))), Settings(rebound=3), lambda: False)
+    cross0 = torch.nonzero((b.pre[search.relu_sites[0]][0] < 0) & (b.pre[search.relu_sites[0]][1] > 0)).flatten()
+    assert cross0.numel() >= 2
+    U = sum(search.sizes)
+    parent = torch.zeros(1, U, dtype=torch.int8)
+    splits, _ = search.children(parent, cross0[:2][None])  # 4 children: both signs of two units of the first site
+    root = [b.pre[site] for site in search.relu_sites]
+    pre = [(l.expand(4, -1), u.expand(4, -1)) for l, u in root]
+    new, empty = search.rebound(search.per_site(splits), pre, torch.zeros(4, dtype=torch.long))
+    xs = torch.as_tensor(np.random.default_rng(1).uniform(spec.lb, spec.ub, (SAMPLES, 3)))
+    vals = b.net.values(xs)
+    z = [vals[b.net.nodes[b.sites[site]].inputs[0]] for site in search.relu_sites]
+    gained, seen = 0.0, 0
+    for c in range(4):
+        t = search.per_site(splits[c])[0]
+        inside = torch.all(torch.where(t > 0, z[0] >= 0, torch.where(t < 0, z[0] <= 0, True)), 1)
+        if not bool(inside.any()):
+            continue  # these two signs together hold nowhere in the box (the child may be found empty)
+        seen += 1
+        assert not bool(empty[c])
+        for j in range(1, len(search.relu_sites)):
+            l, u = new[j][0][c], new[j][1][c]
+            assert bool(torch.all(l >= root[j][0] - SOUND_TOL)) and bool(torch.all(u <= root[j][1] + SOUND_TOL))
+            zj = z[j][inside]
+            assert bool(torch.all(zj >= l - SOUND_TOL)) and bool(torch.all(zj <= u + SOUND_TOL)), (c, j)
+            gained += float((l - root[j][0]).sum() + (root[j][1] - u).sum())
+    assert seen >= 2 and gained > 0  # the splits do tighten the later sites
+
+
+def test_milp_refinement_of_the_early_sites_is_sound_and_tightens():
+    """`refine.Refiner`: the MILP bounds of the early sites' inputs contain every sampled value, never widen the
+    α-CROWN intervals, and do tighten some; the later sites bounded again from them stay sound; branch and bound with
+    the refiner beside it gives the enumerated verdicts."""
+    from analysis.verification.bounds import Spec
+    from analysis.verification.refine import Refiner
+
+    gained, checked = 0.0, 0
+    for seed in range(6):
+        net, spec, b = _three_layer_case(seed, 10, 0.5)
+        b.alpha_intermediate(10)
+        assert Refiner.worth_it(b)
+        before = [(l.clone(), u.clone()) for l, u in b.pre]
+        rows, _ = Spec.from_disjuncts(spec.disjuncts)
+        r = Refiner(b, rows.C, lambda: 60.0, unit_s=5.0)
+        r._run()  # in this thread: the same work, deterministic
+        r.apply(b)
+        xs = torch.as_tensor(np.random.default_rng(1).uniform(spec.lb, spec.ub, (SAMPLES, 3)))
+        vals = b.net.values(xs)
+        for s, k in enumerate(b.sites):
+            z = vals[b.net.nodes[k].inputs[0]]
+            l, u = b.pre[s]
+            assert bool(torch.all(l >= before[s][0] - SOUND_TOL)) and bool(torch.all(u <= before[s][1] + SOUND_TOL))
+            assert bool(torch.all(z >= l - SOUND_TOL)) and bool(torch.all(z <= u + SOUND_TOL)), (seed, s)
+            gained += float((l - before[s][0]).sum() + (before[s][1] - u).sum())
+        checked += r.stats["units"]
+        every = list(range(len(spec.disjuncts)))
+        b2 = Bounder(net, spec.lb, spec.ub)
+        b2.crown()
+        thread = Refiner(b2, rows.C, lambda: 60.0).start()
+        got, x, _, _ = bab(b2, spec, every, lambda: False, lambda: 30.0, Settings(batch=4, steps=3), refiner=thread)
+        thread.stop()
+        ref, _, _ = milp.solve(Bounder(net, spec.lb, spec.ub).net, spec, Bounder(net, spec.lb, spec.ub).pre, every,
+                               lambda: 30.0, lp_first=False)
+        assert got == ref, (seed, got, ref)
+    assert checked > 0 and gained > 1e-3
 
 
 PRIOR_TOL = 1e-9  # a row bounded with or without the other rows beside it: the same arithmetic up to BLAS order

@@ -5,6 +5,7 @@ missing file, a missing folder) with a non-zero exit."""
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import stat
 
@@ -148,6 +149,17 @@ def test_unusable_folder_exits_2(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "is not a number" in capsys.readouterr().err
     assert main([str(tmp_path), "--verifier", "nope"]) == 2
+    capsys.readouterr()
+
+
+def test_a_device_that_is_not_there_exits_2_with_the_fix(small, capsys):
+    assert main([str(small), "--device", "gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--device 'gpu' is not a device; use auto, cpu, cuda or cuda:N" in err
+    if not torch.cuda.is_available():
+        assert main([str(small), "--device", "cuda"]) == 2
+        assert "use --device cpu or --device auto" in capsys.readouterr().err
+    assert not (small / "results.csv").exists()  # nothing solved, nothing written
 
 
 def test_timeout_override_and_rerun(small):
@@ -280,3 +292,39 @@ def test_input_count_mismatch_names_the_counts_and_files(small, capsys):
         + "\n(assert (<= Y_0 Y_1))\n")
     _fails_one_line(small, capsys, "the network net.onnx takes 16 inputs and gives 3 outputs, but the property "
                                    "prop_0_eps_0.01.vnnlib has 10 inputs (X_i) and 3 outputs (Y_j)")
+
+
+def test_the_gpu_script_runs_its_path_on_the_cpu(folder, tmp_path, capsys):
+    """benchmarks/gpu_verify.py (what benchmarks/gpu_verify.sh runs on a GPU) with device=cpu: the run, the witness
+    re-check in onnxruntime at tolerance 0, at most 8 files, the table last; a verdict against the reference is a wrong
+    answer and fails the run."""
+    from benchmarks import gpu_verify
+
+    root, rows = folder
+    out = tmp_path / "out"
+    code = gpu_verify.main(["--folder", str(root), "--out", str(out), "--device", "cpu", "--timeout", "5", "--jobs", "1",
+                            "--reference", str(tmp_path / "none.csv")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert printed.rstrip().splitlines()[-1].startswith("| wall time |")
+    assert f"| decided | {len(rows)}/{len(rows)}" in printed and "| wrong answers | 0 " in printed
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and {p.name for p in files} >= {"results.csv", "instances.json", "summary.md", "device.txt",
+                                                           "witnesses.tar.gz"}
+    got = json.loads((out / "instances.json").read_text())["instances"]
+    sats = [r for r in got if r["result"] == "sat"]
+    assert sats and all(r["witness"]["valid"] and r["witness"]["unsafe_margin"] < 0 for r in sats)
+    flipped = {(r["onnx"], r["vnnlib"]): ("unsat" if r["result"] == "sat" else "sat") for r in got[:1]}
+    _, summary = gpu_verify.table(got, flipped, 1.0, 5.0, "cpu", 1)
+    assert summary["wrong"] == 1 and summary["contradictions"][0][:2] == (got[0]["onnx"], got[0]["vnnlib"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_benchmark_folder_on_the_gpu_gives_the_cpus_verdicts(folder, tmp_path):
+    """Two worker processes sharing the GPU answer every instance as the CPU does; the witnesses are the model's."""
+    root, rows = folder
+    cpu = run_benchmark(root, tmp_path / "cpu.csv", jobs=1, device="cpu")
+    gpu = run_benchmark(root, tmp_path / "gpu.csv", jobs=2, device="cuda")
+    assert [r["result"] for r in gpu] == [r["result"] for r in cpu]
+    assert all(witness_path(tmp_path / "gpu.csv", r["onnx"], r["vnnlib"]).is_file() == (r["result"] == "sat") for r in gpu)

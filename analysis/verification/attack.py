@@ -8,7 +8,9 @@ projected onto the box, the step size decaying from a quarter of each input's wi
 schedule, so the late steps refine. The search stops once a point is unsafe by `margin` (room for the
 float32 re-evaluation a counterexample gets afterwards).
 
-It runs on `graph.Graph` in float64 with autograd, so it attacks ReLU and smooth networks alike.
+It runs on `graph.Graph` in float64 with autograd, so it attacks ReLU and smooth networks alike, on the graph's
+device (the random starts are drawn on the CPU, so a seed gives the same starts on every device); the point it
+returns crosses to the host once.
 """
 
 from __future__ import annotations
@@ -20,31 +22,33 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import DTYPE
+from .ops import DTYPE, as_tensor
 from .vnnlib import VnnlibSpec
 
 
 def pgd(net: Graph, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, margin: float = 1e-4, seed: int = 0,
-        expired: Callable[[], bool] | None = None, start: np.ndarray | None = None,
+        expired: Callable[[], bool] | None = None, start: np.ndarray | torch.Tensor | None = None,
         step_scale: float = 0.25) -> tuple[np.ndarray | None, float]:
     """(best point, its violation): the point is a counterexample in float64 when the violation is ≤ 0
     (returned only then; else None with the smallest violation found). `start`: begin there instead of the box
     centre (with `restarts` random points beside it); `step_scale`: the first step as a share of each input's width."""
     expired = expired or (lambda: False)
     gen = torch.Generator().manual_seed(seed)
-    lb = torch.as_tensor(spec.lb, dtype=DTYPE)
-    ub = torch.as_tensor(spec.ub, dtype=DTYPE)
+    dev = net.device
+    lb = torch.as_tensor(spec.lb, dtype=DTYPE, device=dev)
+    ub = torch.as_tensor(spec.ub, dtype=DTYPE, device=dev)
     width = ub - lb
     nd = len(spec.disjuncts)
     per = 1 + restarts
-    first = (lb + ub) / 2 if start is None else torch.as_tensor(np.asarray(start, dtype=np.float64).reshape(-1))
-    starts = [first] + [lb + width * torch.rand(lb.shape, generator=gen, dtype=DTYPE) for _ in range(restarts)]
+    first = (lb + ub) / 2 if start is None else as_tensor(start, dev).reshape(-1)
+    starts = [first] + [lb + width * torch.rand(lb.shape, generator=gen, dtype=DTYPE, device="cpu").to(dev)
+                      for _ in range(restarts)]
     x = torch.stack(starts * nd)  # [nd·per, n]: disjunct d owns rows d·per … d·per + per − 1
     rows = max(A.shape[0] for A, _ in spec.disjuncts)
     # pad every disjunct to the same row count with copies of its first row (max is unchanged)
-    A = torch.stack([torch.as_tensor(np.concatenate([A_] + [A_[:1]] * (rows - A_.shape[0])), dtype=DTYPE)
+    A = torch.stack([torch.as_tensor(np.concatenate([A_] + [A_[:1]] * (rows - A_.shape[0])), dtype=DTYPE, device=dev)
                      for A_, _ in spec.disjuncts])  # [nd, rows, m]
-    b = torch.stack([torch.as_tensor(np.concatenate([b_] + [b_[:1]] * (rows - b_.shape[0])), dtype=DTYPE)
+    b = torch.stack([torch.as_tensor(np.concatenate([b_] + [b_[:1]] * (rows - b_.shape[0])), dtype=DTYPE, device=dev)
                      for _, b_ in spec.disjuncts])
     A = A.repeat_interleave(per, 0)
     b = b.repeat_interleave(per, 0)
@@ -65,4 +69,4 @@ def pgd(net: Graph, spec: VnnlibSpec, steps: int = 60, restarts: int = 8, margin
             x = torch.minimum(torch.maximum(x - size * grad.sign(), lb), ub)
     if best_x is None or best_v > 0:
         return None, best_v
-    return best_x.numpy(), best_v
+    return best_x.cpu().numpy(), best_v

@@ -26,10 +26,20 @@ A round takes the `batch` domains with the lowest bounds (best first) and:
    unstable unit left is decided exactly by an LP (the MILP encoding with every unit stable has no binaries).
 The answer: unsat when no domain is left, sat on a counterexample, timeout when the budget runs out, unknown when
 an unsafe region was found whose points did not survive `confirm`.
+
+Everything runs on the Bounder's device (`Bounder.device`, its graph's): the open domains are rows of tensors there
+(`_Store`: splits, α, β, the rows' lower bounds, BaBSR scores, depth), and selection (a topk over the rows' total
+violation), splitting (children by a scatter of sign patterns), kFSB and pruning (a boolean mask) read no domain on the
+host; a round reads a few numbers (whether a leaf or an unsafe minimizer exists, the largest split count per site). The
+batch is `CPU_BATCH` on a CPU and planned from the device's memory on a GPU (`default_batch`, shared among the worker
+processes on it). Options measured and off by default on the CPU: per-domain intermediate bounds (`Settings.rebound`:
+a child's later sites bounded again with its splits) and the MILP refinement of the early sites beside the search
+(`refine.Refiner`, on by default when the search runs on a GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -40,16 +50,53 @@ import numpy as np
 import torch
 
 from . import attack, milp
-from .bounds import Adam, Bounder, ReluLines
+from .bounds import CHUNK_ELEMENTS, Adam, Bounder, ReluLines
 from .ops import DTYPE, ReLU
 from .vnnlib import VnnlibSpec
 
-STORE = torch.float32  # α and β between rounds (warm starts: any bound a decision rests on is recomputed in float64)
+# α and β between rounds, per device: warm starts only (any value is sound, and a closing decision's float64 re-check
+# recomputes the bound with the stored values), so a GPU, whose open domains can number millions, keeps them in half
+STORE = {"cpu": torch.float32, "cuda": torch.float16}
+# the open domains may take at most this share of a GPU's memory (divided among the processes sharing it); a search
+# that fills it ends as a timeout that says so (a CPU search holds what its 30 s make: ~1.5 GB for 40k domains of 256x2)
+GPU_STORE_SHARE = 0.4
+# a domain whose re-bounded interval of some unit has l − u above this (relative) is empty: float64 back-substitution
+# misses by ~1e-12 relative, so no input of the domain can lie there
+EMPTY_TOL = 1e-8
+
+
+# parent domains per round on a CPU (256 gave the best global lower bound on 3 of 4 hard mnist_fc stand-ins at 30 s, against 64)
+CPU_BATCH = 256
+# on a GPU: the batch whose bound pass takes at most this share of the device memory free when the search starts
+# (several worker processes may share the device), within these limits (α,β-CROWN runs mnist_fc at 4096)
+GPU_MEMORY_SHARE = 0.25
+GPU_BATCH = (256, 8192)
+# bytes per bounded row and unit of a batch's pass: per ReLU site and row the coefficients, their clamped parts, the
+# row's intervals and lines, α and β with their gradients and Adam's moments, in float32 (an estimate with room)
+PASS_BYTES_PER_ROW_UNIT = 4 * 24
+
+
+def device_memory(device: torch.device, sharers: int = 1) -> int:
+    """Bytes of `device` this process may plan with: its free memory, at most its share of the total when `sharers`
+    processes search on it at once."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(min(free, total / max(1, sharers)))
+
+
+def default_batch(b: Bounder, rows: int, units: int, sharers: int = 1) -> int:
+    """Parent domains per round: `CPU_BATCH` on a CPU; on a GPU as many as `GPU_MEMORY_SHARE` of its memory holds
+    (`device_memory`; each parent's two children bound `rows` rows each over `units` ReLU units and the widest layer)."""
+    if b.device.type != "cuda":
+        return CPU_BATCH
+    width = max(b.net.sizes)
+    per_parent = 2 * rows * (units + width) * PASS_BYTES_PER_ROW_UNIT
+    return int(min(max(GPU_MEMORY_SHARE * device_memory(b.device, sharers) // per_parent, GPU_BATCH[0]), GPU_BATCH[1]))
 
 
 @dataclass
 class Settings:
-    batch: int = 256  # parent domains per round (256 gave the best global lower bound on 3 of 4 hard mnist_fc stand-ins at 30 s, against 64)
+    batch: int = 0  # parent domains per round; 0: `default_batch` (CPU_BATCH on a CPU, from free memory on a GPU)
+    sharers: int = 1  # processes searching on the same GPU at once (their memory plans divide it)
     steps: int = 10  # Adam steps per batch of children
     lr_alpha: float = 0.05
     lr_beta: float = 0.05
@@ -62,21 +109,24 @@ class Settings:
     # the search's arithmetic: float32 doubles the domains per second on a CPU; a domain it closes is closed only after
     # its bound, recomputed in float64 with the same α and β, is still > 0 for every disjunct
     dtype: torch.dtype = torch.float32
+    # per-domain intermediate bounds: each child's intervals of this many ReLU sites after its split bounded again
+    # (`_Search.rebound`); 0: the root's intervals clamped by the splits, as α,β-CROWN by default. Measured on the CPU
+    # (benchmarks/VERIFICATION.md): every later site costs 6-40x the domains per second and gave a worse global lower
+    # bound on 5 of 6 hard mnist_fc stand-ins at 30 s
+    rebound: int = 0
 
 
-@dataclass
-class Domain:
-    splits: list[torch.Tensor]  # per ReLU site [n_s] int8 in {−1, 0, +1}
-    alpha: list[torch.Tensor]  # per ReLU site [R, n_s]
-    beta: list[torch.Tensor]  # per ReLU site [R, n_s]
-    lower: torch.Tensor  # [R] best lower bounds of C y + d
-    scores: list[torch.Tensor] | None = None  # per ReLU site [n_s] BaBSR scores (−1: not unstable)
-    depth: int = 0
-
-    @property
-    def key(self) -> float:
-        """Best first: the domain farthest from closed (its rows' total violation, most negative first)."""
-        return float(self.lower.clamp(max=0).sum())
+@contextlib.contextmanager
+def _flush_denormals():
+    """Denormal floats flushed to zero while the search runs, then the default (off) again: Adam's second moments of
+    the many tiny α and β gradients decay into float32's denormal range, where a CPU computes their square root 17x
+    slower (measured: 3.6 ms against 0.22 ms for 512k values); what flushing changes, < 1e-38, no bound notices."""
+    flushed = torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if flushed:
+            torch.set_flush_denormal(False)
 
 
 class _Expired(Exception):
@@ -101,47 +151,52 @@ class _Search:
         """The rows C y + d of the disjuncts `disjuncts` of `spec` (a disjunct {A y ≤ b} is excluded when some row of
         A y − b has lower bound > 0), each row's disjunct in `owner`."""
         rows = [(k, r) for k in disjuncts for r in range(spec.disjuncts[k][0].shape[0])]
-        self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE)
-        self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE)
-        self.owner = torch.as_tensor([k for k, _ in rows])
+        dev = self.device = b.device
+        self.store = STORE.get(dev.type, torch.float32)
+        self.C = torch.as_tensor(np.stack([spec.disjuncts[k][0][r] for k, r in rows]), dtype=DTYPE, device=dev)
+        self.d = -torch.as_tensor([spec.disjuncts[k][1][r] for k, r in rows], dtype=DTYPE, device=dev)
+        self.owner = torch.as_tensor([k for k, _ in rows], device=dev)
+        self.slot = torch.as_tensor([disjuncts.index(k) for k, _ in rows], device=dev)  # each row's disjunct, 0..K−1
         self.b, self.s, self.expired, self.disjuncts = b, s, expired, disjuncts
         self.R = self.C.shape[0]
         self.relu_sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), ReLU)]
         self.sizes = [b.pre[i][0].numel() for i in self.relu_sites]
-        self.offsets = np.cumsum([0] + self.sizes)
+        self.ends = torch.as_tensor(self.sizes, device=dev).cumsum(0)  # unit u is on ReLU site bucketize(u, ends, right)
 
     def excluded(self, lower: torch.Tensor) -> torch.Tensor:
         """Per domain and row ([D, R] lower bounds): is the row's disjunct excluded, i.e. some row of it > 0?"""
-        out = torch.zeros(lower.shape, dtype=torch.bool)
-        for k in self.disjuncts:
-            rows = self.owner == k
-            out[:, rows] = (lower[:, rows] > 0).any(1, keepdim=True)
-        return out
+        slot = self.slot.expand_as(lower)
+        per = lower.new_zeros(lower.shape[0], len(self.disjuncts)).scatter_reduce(1, slot, (lower > 0).to(lower.dtype), "amax")
+        return per.gather(1, slot) > 0
 
     def closed(self, lower: torch.Tensor) -> torch.Tensor:
         """Per domain ([D, R] lower bounds): is every disjunct excluded?"""
         return self.excluded(lower).all(1)
 
     # -- one batched bound pass --------------------------------------------------------------------
-    def _setup(self, splits: list[torch.Tensor], dtype: torch.dtype, dom: torch.Tensor):
-        """For D domains' splits (each [D, n_s]): per bounded row (its domain `dom`) the intervals and β signs, and
-        per domain the unstable masks."""
+    def _setup(self, splits: list[torch.Tensor], dtype: torch.dtype, dom: torch.Tensor,
+               pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None, with_signs: bool = True):
+        """For D domains' splits (each [D, n_s]): per bounded row (its domain `dom`) the intervals and β signs (dense;
+        not made unless `with_signs`), and per domain the unstable masks. `pre`: each domain's own intervals per ReLU
+        site ([D, n_s] each; default the root's), clamped by its splits here."""
         bounds, signs, cross = {}, {}, {}
         for j, s in enumerate(self.relu_sites):
             t = splits[j]
-            l, u = (v.to(dtype) for v in self.b.pre[s])
+            l, u = (v.to(dtype) for v in (self.b.pre[s] if pre is None else pre[j]))
             l = torch.where(t > 0, l.clamp(min=0), l.expand_as(t))
             u = torch.where(t < 0, u.clamp(max=0), u.expand_as(t))
             bounds[s] = (l[dom], u[dom])
-            signs[s] = (-t).to(dtype)[dom]
+            if with_signs:
+                signs[s] = (-t).to(dtype)[dom]
             cross[s] = (l < 0) & (u > 0)
         return bounds, signs, cross
 
-    def _exact(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor]) -> torch.Tensor:
+    def _exact(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor],
+               pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """[D, R] lower bounds in float64 for the given α, β ([D, R, n_s] each), every row: what a decision rests on."""
         D, R = splits[0].shape[0], self.R
-        dom = torch.arange(D).repeat_interleave(R)
-        bounds, signs, _ = self._setup(splits, DTYPE, dom)
+        dom = torch.arange(D, device=self.device).repeat_interleave(R)
+        bounds, signs, _ = self._setup(splits, DTYPE, dom, pre)
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # α counts only where a unit crosses 0
         a = {s: alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1) for j, s in enumerate(self.relu_sites)}
         extra = {s: beta[j].reshape(D * R, -1).to(DTYPE).clamp(min=0) * signs[s] for j, s in enumerate(self.relu_sites)}
@@ -149,24 +204,36 @@ class _Search:
             return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, lines, extra) + self.d.repeat(D)).view(D, -1)
 
     def bound(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor], steps: int,
-              need_scores: bool, prior: torch.Tensor | None = None) -> Bounded:
+              need_scores: bool, prior: torch.Tensor | None = None,
+              pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Bounded:
         """Bounds of D domains (splits [D, n_s], α and β [D, R, n_s] as warm starts), `steps` Adam steps in the search's
         dtype. `prior` [D, R]: lower bounds known to hold on each domain (its parent's); the rows of disjuncts they
         already exclude keep them and are not bounded again, so a round's work goes to the disjuncts still open
-        (α,β-CROWN gets the same by running its search per open label)."""
+        (α,β-CROWN gets the same by running its search per open label). `pre`: each domain's own intervals (`rebound`;
+        default the root's for all)."""
         D, R, dt = splits[0].shape[0], self.R, self.s.dtype
-        active = torch.ones(D, R, dtype=torch.bool) if prior is None else ~self.excluded(prior)
+        active = torch.ones(D, R, dtype=torch.bool, device=self.device) if prior is None else ~self.excluded(prior)
         flat = torch.nonzero(active.flatten()).flatten()
         dom, row = flat // R, flat % R
-        bounds, signs, cross = self._setup(splits, dt, dom)
+        bounds, _, cross = self._setup(splits, dt, dom, pre, with_signs=False)
         a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1),
-                            torch.zeros(1, dtype=dt)).requires_grad_(steps > 0)
+                            torch.zeros(1, dtype=dt, device=self.device)).requires_grad_(steps > 0)
              for j, s in enumerate(self.relu_sites)}
-        bt = {s: beta[j].reshape(D * R, -1)[flat].to(dt).clamp(min=0).requires_grad_(steps > 0)
-              for j, s in enumerate(self.relu_sites) if bool(signs[s].any())}
+        # β only where a domain has a split (a few units of hundreds): per site the split units of each domain, padded
+        # to the batch's most ([D, K]; padding has sign 0, so its β gets no gradient), β gathered there per row
+        where_split, sign_at, bt = {}, {}, {}
+        for j, s in enumerate(self.relu_sites):
+            t = splits[j]
+            k = int((t != 0).sum(1).max()) if t.numel() else 0  # one read per site and round
+            if k == 0:
+                continue
+            idx = torch.topk((t != 0).to(torch.int8), k, dim=1).indices  # [D, K] distinct units, the splits first
+            where_split[s] = idx[dom]
+            sign_at[s] = (-t.gather(1, idx)).to(dt)[dom]
+            bt[s] = beta[j].reshape(D * R, -1)[flat].gather(1, where_split[s]).to(dt).clamp(min=0).requires_grad_(steps > 0)
         A0 = self.C.to(dt)[row]
         dd = self.d.to(dt)[row]
-        full = torch.full((D, R), -math.inf, dtype=DTYPE) if prior is None else prior.to(DTYPE).clone()
+        full = torch.full((D, R), -math.inf, dtype=DTYPE, device=self.device) if prior is None else prior.to(DTYPE).clone()
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # fixed over the steps: only α changes
 
         def whole(part: torch.Tensor) -> torch.Tensor:  # the bounded rows' values in place, the prior elsewhere
@@ -185,7 +252,7 @@ class _Search:
             last = i == steps
             record: dict[int, torch.Tensor] = {}
             inputs: list[torch.Tensor] = []
-            extra = {s: bt[s] * signs[s] for s in bt}
+            extra = {s: torch.zeros_like(a[s]).scatter(1, where_split[s], bt[s] * sign_at[s]) for s in bt}
             with torch.set_grad_enabled(not last):
                 lower = self.b.backward(A0, self.b.net.output, a, True, lines, extra,
                                         record if last else None, inputs if last else None) + dd
@@ -217,18 +284,19 @@ class _Search:
                     v.clamp_(min=0.0)
         new_alpha, new_beta = [], []
         for j, s in enumerate(self.relu_sites):  # the bounded rows' best α and β, the warm starts elsewhere
-            na = alpha[j].reshape(D * R, -1).to(STORE).clone()
-            na[flat] = best_a[s].to(STORE)
+            na = alpha[j].reshape(D * R, -1).to(self.store).clone()
+            na[flat] = best_a[s].to(self.store)
             new_alpha.append(na.view(D, R, -1))
-            nb = beta[j].reshape(D * R, -1).to(STORE).clone()
+            nb = beta[j].reshape(D * R, -1).to(self.store).clone()
             if s in best_b:
-                nb[flat] = best_b[s].to(STORE)
+                nb[flat] = nb[flat].scatter(1, where_split[s], best_b[s].to(self.store))
             new_beta.append(nb.view(D, R, -1))
         lower = whole(best)
         closed = self.closed(lower)
         if dt != DTYPE and bool(closed.any()):  # the decision, in float64, every row (the prior's too) with its α and β
             idx = torch.nonzero(closed).flatten()
-            exact = self._exact([t[idx] for t in splits], [v[idx] for v in new_alpha], [v[idx] for v in new_beta])
+            exact = self._exact([t[idx] for t in splits], [v[idx] for v in new_alpha], [v[idx] for v in new_beta],
+                                None if pre is None else [(l[idx], u[idx]) for l, u in pre])
             lower[idx] = exact
             closed[idx] = self.closed(exact)
         points = torch.where(inputs[0] >= 0, self.b.lb, self.b.ub)
@@ -246,59 +314,208 @@ class _Search:
             intercept = torch.where(crs, -l * u / (u - l).clamp(min=1e-300), torch.zeros_like(l))
             A = record[s] * open_rows
             sc = A.clamp(max=0).abs() * intercept + 1e-6 * A.abs() * torch.minimum(u, -l).clamp(min=0) * crs
-            sc = torch.zeros(D, sc.shape[1], dtype=sc.dtype).index_add_(0, dom, sc)
+            sc = sc.new_zeros(D, sc.shape[1]).index_add_(0, dom, sc)
             out.append(torch.where(cross[s], sc, torch.full_like(sc, -1.0)))
         return out
 
-    # -- branching ---------------------------------------------------------------------------------
-    def _flat(self, scores: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(scores, dim=-1)
-
-    def _unit(self, flat_index: int) -> tuple[int, int]:
-        j = int(np.searchsorted(self.offsets, flat_index, side="right") - 1)
-        return j, flat_index - int(self.offsets[j])
-
-    def choose(self, parents: list[Domain]) -> list[int | None]:
-        """Per parent, the flat index of the unit to split (kFSB), None when no unit is unstable."""
-        flat = torch.stack([self._flat(p.scores) for p in parents])  # [P, N]
-        k = max(1, min(self.s.candidates, flat.shape[1]))
-        top = torch.topk(flat, k, dim=1)
-        pick: list[int | None] = [int(top.indices[i, 0]) if float(top.values[i, 0]) >= 0 else None for i in range(len(parents))]
-        if self.s.candidates <= 1 or self.expired():
+    # -- branching (every domain of a batch at once, on the device) --------------------------------------
+    def choose(self, scores: torch.Tensor, splits: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               lower: torch.Tensor, pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Per parent ([P, U] BaBSR scores over the units of every ReLU site, concatenated), the unit to split; −1 where
+        no unit is unstable. With `candidates` > 1 (kFSB) the best few by score are each evaluated by one CROWN pass
+        over both children with the parent's α and β (no optimization): the unit whose worse child is best wins."""
+        P = scores.shape[0]
+        k = max(1, min(self.s.candidates, scores.shape[1]))
+        top = torch.topk(scores, k, dim=1)
+        pick = torch.where(top.values[:, 0] >= 0, top.indices[:, 0], -1)
+        if k <= 1 or self.expired():
             return pick
-        # evaluate every candidate: both children, one CROWN pass with the parent's α and β
-        rows = [(i, int(top.indices[i, c])) for i in range(len(parents)) for c in range(k) if float(top.values[i, c]) >= 0]
-        if not rows:
-            return pick
-        splits, alpha, beta = [], [], []
-        for i, unit in rows:
-            for side in (1, -1):
-                sp = [t.clone() for t in parents[i].splits]
-                j, n = self._unit(unit)
-                sp[j][n] = side
-                splits.append(sp)
-                alpha.append(parents[i].alpha)
-                beta.append(parents[i].beta)
-        stack = lambda xs: [torch.stack([x[j] for x in xs]) for j in range(len(self.relu_sites))]  # noqa: E731
-        prior = torch.stack([parents[i].lower for i, _ in rows for _side in (1, -1)])
+        units = top.indices.reshape(-1)  # [P·k]: parent i's candidates at rows i·k … i·k + k − 1
+        valid = top.values.reshape(-1) >= 0
+        parent = torch.arange(P, device=self.device).repeat_interleave(k)
+        sp, rows = self.children(splits[parent], units[:, None])  # [P·k·2, U], row j's candidate j // 2
         with torch.no_grad():
-            lower = self.bound(stack(splits), stack(alpha), stack(beta), 0, False, prior).lower
-        value = lower.clamp(max=0).sum(1).view(-1, 2).min(1).values  # the worse child's total violation
-        best: dict[int, tuple[float, int]] = {}
-        for (i, unit), v in zip(rows, value.tolist()):
-            if i not in best or v > best[i][0]:
-                best[i] = (v, unit)
-        return [best[i][1] if i in best else pick[i] for i in range(len(parents))]
+            low = self.bound(self.per_site(sp), self.per_site(alpha[parent][rows]), self.per_site(beta[parent][rows]), 0,
+                             False, lower[parent][rows],
+                             None if pre is None else self.per_site_pair(pre[0][parent][rows], pre[1][parent][rows])).lower
+        value = low.clamp(max=0).sum(1).view(-1, 2).min(1).values  # the worse child's total violation
+        value = torch.where(valid, value, torch.full_like(value, -math.inf)).view(P, k)
+        best = top.indices.gather(1, value.argmax(1, keepdim=True))[:, 0]
+        return torch.where(pick >= 0, best, pick)
+
+    def children(self, splits: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each parent's splits ([P, U] in {−1, 0, +1}) with the units `units` ([P, d]) split both ways: [P·2^d, U]
+        (parent i's children at rows i·2^d …, unit b of child c active where bit b of c is set), and each child's parent."""
+        P, d = units.shape
+        n = 2 ** d
+        bits = torch.arange(n, device=self.device)[:, None] >> torch.arange(d, device=self.device)[None]
+        signs = ((bits & 1) * 2 - 1).to(splits.dtype)  # [2^d, d]
+        rows = torch.arange(P, device=self.device).repeat_interleave(n)
+        out = splits[rows]
+        out.scatter_(1, units[rows], signs.repeat(P, 1))
+        return out, rows
+
+    def initial_alpha(self) -> list[torch.Tensor]:
+        """The root's lower slopes per ReLU site [R, n_s]: for each row the slopes α-CROWN optimized for it
+        (`Bounder.spec_slopes`, matched by the row's coefficients), CROWN's where it has none (α,β-CROWN also starts
+        branch and bound from α-CROWN's slopes)."""
+        crown = [self.b.relaxation(site)[0].expand(self.R, -1) for site in self.relu_sites]
+        if self.b.spec_slopes is None:
+            return crown
+        C0, slopes = self.b.spec_slopes
+        same = (self.C[:, None, :] == C0[None].to(self.C)).all(-1)  # [R, R0]
+        has, j = same.any(1), same.to(torch.int8).argmax(1)
+        return [torch.where(has[:, None], slopes[site][j].to(a.dtype), a) if site in slopes else a
+                for site, a in zip(self.relu_sites, crown)]
+
+    def per_site(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """A tensor over the concatenated units (last axis) as views per ReLU site."""
+        return list(torch.split(t, self.sizes, dim=-1))
+
+    def per_site_pair(self, l: torch.Tensor, u: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.per_site(l), self.per_site(u)))
+
+    def site_of(self, units: torch.Tensor) -> torch.Tensor:
+        """The index among the ReLU sites of each (concatenated) unit index."""
+        return torch.bucketize(units, self.ends, right=True)
+
+    def site_intervals(self, splits: torch.Tensor, pre: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One domain's intervals per activation site (its splits [U] clamp the root's, or its own `pre` ([U] each)):
+        what its leaf LP encodes."""
+        out = list(self.b.pre)
+        own = None if pre is None else self.per_site_pair(*pre)
+        for j, (site, t) in enumerate(zip(self.relu_sites, self.per_site(splits))):
+            l, u = self.b.pre[site] if own is None else own[j]
+            out[site] = (torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u))
+        return out
+
+
+    def rebound(self, splits: list[torch.Tensor], pre: list[tuple[torch.Tensor, torch.Tensor]],
+                first: torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Each domain's intervals of the ReLU sites after its newest split, bounded again with its splits: CROWN from
+        each unstable unit back to the input over the domain's own intervals of the sites before it (clamped by its
+        splits, so a split unit's relaxation is exact), site by site in order, in float64 (the intervals are what a
+        closing decision's float64 re-check rests on). `pre`: the domains' intervals ([D, n_s] per ReLU site, float64:
+        the parent's); `first` [D]: the index among the ReLU sites of each domain's newest split (sites up to it cannot
+        change). Returns the tightened intervals and the domains whose intervals became empty (l > u beyond rounding:
+        no input lies in them)."""
+        D = splits[0].shape[0]
+        pre = [(torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u)) for (l, u), t in zip(pre, splits)]
+        empty = torch.zeros(D, dtype=torch.bool, device=self.device)
+        reach = max(1, self.s.rebound)
+        for j in range(1, len(self.relu_sites)):
+            if self.expired():
+                raise _Expired
+            site = self.relu_sites[j]
+            node = self.b.site_input[site]
+            before = [k for k in range(j) if self.relu_sites[k] in self.b.sites_before(node)]
+            if not before:
+                continue
+            l, u = pre[j]
+            near = (first < j) & (j <= first + reach)  # the sites after the newest split, as far as `rebound` reaches
+            pairs = torch.nonzero((l < 0) & (u > 0) & near[:, None])  # (domain, unit); one read per site
+            m_all = pairs.shape[0]
+            if m_all == 0:
+                continue
+            width = max(self.b.width(node), 1) + sum(self.sizes[k] for k in before) * 8  # the rows' own intervals too
+            step = max(1, CHUNK_ELEMENTS // width // 2)
+            los, his = [], []
+            for i in range(0, m_all, step):
+                if i and self.expired():
+                    raise _Expired
+                dom, unit = pairs[i:i + step, 0], pairs[i:i + step, 1]
+                m = dom.numel()
+                E = torch.zeros(2 * m, l.shape[1], dtype=DTYPE, device=self.device)
+                r = torch.arange(m, device=self.device)
+                E[r, unit] = 1.0
+                E[m + r, unit] = -1.0
+                rows = torch.cat([dom, dom])
+                lines = {self.relu_sites[k]: ReluLines.of(pre[k][0][rows], pre[k][1][rows]) for k in before}
+                with torch.no_grad():
+                    b = self.b.backward(E, node, None, True, lines)
+                los.append(b[:m])
+                his.append(-b[m:])
+            dom, unit = pairs[:, 0], pairs[:, 1]
+            l, u = l.clone(), u.clone()
+            l[dom, unit] = torch.maximum(l[dom, unit], torch.cat(los))
+            u[dom, unit] = torch.minimum(u[dom, unit], torch.cat(his))
+            empty |= (l - u > EMPTY_TOL * (1 + l.abs() + u.abs())).any(1)
+            pre[j] = (l, u)
+        return pre, empty
+
+
+class _Store:
+    """The open domains, one row each, as tensors on the search's device (α,β-CROWN keeps its domains as batched
+    tensors too, `TensorStorage`): splits [U] int8, α and β [R, U], the rows' lower bounds [R], BaBSR scores [U],
+    depth. It grows by doubling; `take(k)` removes the k domains farthest from closed (their rows' total violation,
+    most negative first) and moves the last rows into their places, so no per-domain value is read on the host."""
+
+    def __init__(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device):
+        self.fields, self.device, self.n = fields, device, 0
+        self.data = {k: torch.empty((16, *shape), dtype=dt, device=device) for k, (shape, dt) in fields.items()}
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t[: self.n].numel() * t.element_size() for t in self.data.values())
+
+    def append(self, rows: dict[str, torch.Tensor]) -> None:
+        m = next(iter(rows.values())).shape[0]
+        if m == 0:
+            return
+        cap = next(iter(self.data.values())).shape[0]
+        if self.n + m > cap:
+            new = max(2 * cap, self.n + m)
+            for k, t in self.data.items():
+                grown = torch.empty((new, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                grown[: self.n] = t[: self.n]
+                self.data[k] = grown
+        for k, v in rows.items():
+            self.data[k][self.n: self.n + m] = v
+        self.n += m
+
+    def key(self) -> torch.Tensor:
+        return self.data["lower"][: self.n].clamp(max=0).sum(1)
+
+    def take(self, k: int) -> dict[str, torch.Tensor]:
+        k = min(k, self.n)
+        idx = torch.topk(self.key(), k, largest=False).indices if k < self.n else torch.arange(k, device=self.device)
+        out = {name: t[idx] for name, t in self.data.items()}
+        rest = self.n - k
+        if 0 < rest:  # fill the taken rows below `rest` with the rows above it that stay
+            holes = idx[idx < rest]
+            tail = torch.arange(rest, self.n, device=self.device)
+            movers = tail[~torch.isin(tail, idx)]
+            for t in self.data.values():
+                t[holes] = t[movers]
+        self.n = rest
+        return out
+
+    def min_lower(self) -> float:
+        return float(self.data["lower"][: self.n].min()) if self.n else math.inf
 
 
 def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
         settings: Settings | None = None,
-        confirm: Callable[[np.ndarray], np.ndarray | None] | None = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
+        confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
+        refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
+    with _flush_denormals():
+        return _bab(b, spec, disjuncts, expired, left, settings, confirm, refiner)
+
+
+def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
+         settings: Settings | None = None,
+         confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
+         refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
     """Decide the disjuncts `disjuncts` of `spec` ({A y ≤ b} all empty?) on the merged graph of `b` over its box, by
     splitting its ReLUs (other activations keep their relaxations; a graph of ReLUs only is decided completely).
     `confirm(x)`: the counterexample as it is reported (rounded to float32 and re-checked), or None when the float64
-    point does not survive that; the search then goes on. Returns ("unsat" | "sat" | "timeout" | "unknown",
-    counterexample or None, message, statistics)."""
+    point does not survive that; the search then goes on. `refiner` (`refine.Refiner`, running beside the search):
+    what it has found is applied to `b`'s intervals before each round. Returns ("unsat" | "sat" | "timeout" |
+    "unknown", counterexample or None, message, statistics)."""
     s = settings or Settings()
     confirm = confirm or (lambda x: x)
     if b.net.smooth:
@@ -311,56 +528,69 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
             x = confirm(x)
             status = "sat" if x is not None else "unknown"
         return status, x, f"no ReLU to split: {msg}", {**stats, "domains": 1, "leaf_lps": 1}
-    R = search.R
+    R, U, dev = search.R, sum(search.sizes), b.device
+    batch = s.batch or default_batch(b, R, U, s.sharers)
+    stats["batch"] = batch
+    store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
+    STORE_ = search.store
 
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
-    zero = [torch.zeros(n, dtype=torch.int8) for n in search.sizes]
-    init_alpha = [b.relaxation(site)[0].expand(R, -1).to(STORE) for site in search.relu_sites]
-    init_beta = [torch.zeros(R, n, dtype=STORE) for n in search.sizes]
-    stack1 = lambda xs: [x[None] for x in xs]  # noqa: E731
-    def timeout(open_: list[Domain]):
-        stats["global_lower"] = min(float(q.lower.min()) for q in open_)
-        return "timeout", None, (f"branch and bound: {len(open_)} domains open after {stats['domains']} "
-                                 f"(global lower bound {stats['global_lower']:.4g})"), stats
+    zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
+    init_alpha = torch.cat(search.initial_alpha(), -1).to(STORE_)[None]
+    init_beta = torch.zeros(1, R, U, dtype=STORE_, device=dev)
+    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE_), "beta": ((R, U), STORE_), "lower": ((R,), DTYPE),
+              "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
+    if s.rebound:  # each domain's own intervals (float64: a closing decision's re-check rests on them)
+        fields |= {"pre_l": ((U,), DTYPE), "pre_u": ((U,), DTYPE)}
+    store = _Store(fields, dev)
+    root_pre = [b.pre[site] for site in search.relu_sites]
+
+    def timeout(*in_flight: torch.Tensor):
+        low = min([store.min_lower()] + [float(t.min()) for t in in_flight if t.numel()])
+        stats["global_lower"] = low
+        return "timeout", None, (f"branch and bound: {len(store) + sum(t.shape[0] for t in in_flight)} domains open "
+                                 f"after {stats['domains']} (global lower bound {low:.4g})"), stats
 
     try:
-        r = search.bound(stack1(zero), stack1(init_alpha), stack1(init_beta), s.steps, True)
+        r = search.bound(search.per_site(zero), search.per_site(init_alpha), search.per_site(init_beta), s.steps, True)
     except _Expired:
         return "timeout", None, "branch and bound: the budget ran out inside the root's bound", stats
     stats["domains"] += 1
-    queue: list[Domain] = []
-    if not bool(r.closed[0]):
-        queue.append(Domain(zero, [a[0] for a in r.alpha], [x[0] for x in r.beta], r.lower[0], [sc[0] for sc in r.scores]))
-    while queue:
+    keep = ~r.closed
+    root = {"splits": zero[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
+            "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep],
+            "depth": torch.zeros(1, dtype=torch.int32, device=dev)[keep]}
+    if s.rebound:
+        root |= {"pre_l": torch.cat([l for l, _ in root_pre])[None][keep], "pre_u": torch.cat([u for _, u in root_pre])[None][keep]}
+    store.append(root)
+    while len(store):
         if expired():
-            return timeout(queue)
-        queue.sort(key=lambda e: e.key)
-        take, queue = queue[:s.batch], queue[s.batch:]
+            return timeout()
+        if refiner is not None:
+            refiner.apply(b)
         depth = 1
-        if len(take) < s.batch and len(queue) == 0:
-            depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, s.batch / len(take))))))
-        try:
-            picks = search.choose(take) if depth == 1 else [None] * len(take)
-        except _Expired:
-            return timeout(take + queue)
-        children: list[tuple[Domain, list[torch.Tensor]]] = []
-        for p, unit in zip(take, picks):
-            if depth > 1:  # several units at once: the best `depth` by score
-                flat = search._flat(p.scores)
-                vals, idx = torch.topk(flat, min(depth, flat.numel()))
-                units = [int(i) for v, i in zip(vals, idx) if float(v) >= 0]
-            else:
-                units = [] if unit is None else [unit]
-            if not units:  # no unstable unit left: the LP over this activation pattern decides
+        if len(store) < batch:  # few domains: split on several units at once, so the batch is full
+            depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, batch / len(store))))))
+        p = store.take(batch)
+        if depth > 1:
+            top = torch.topk(p["scores"], min(depth, U), dim=1)
+            depth = max(1, min(depth, int((top.values >= 0).sum(1).min())))  # one read per round
+            units = top.indices[:, :depth]
+            leaf = top.values[:, 0] < 0
+        else:
+            try:
+                pick = search.choose(p["scores"], p["splits"], p["alpha"], p["beta"], p["lower"],
+                                     (p["pre_l"], p["pre_u"]) if s.rebound else None)
+            except _Expired:
+                return timeout(p["lower"])
+            units, leaf = pick.clamp(min=0)[:, None], pick < 0
+        if bool(leaf.any()):  # no unstable unit left: the LP over this activation pattern decides (on the host)
+            for i in torch.nonzero(leaf).flatten().tolist():
                 stats["leaf_lps"] += 1
-                pre = {}
-                for j, site in enumerate(search.relu_sites):
-                    l, u = b.pre[site]
-                    t = p.splits[j]
-                    pre[site] = (torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u))
-                status, x, _ = milp.solve(b.net, spec, [pre.get(i, b.pre[i]) for i in range(len(b.sites))], disjuncts, left)
+                own = (p["pre_l"][i], p["pre_u"][i]) if s.rebound else None
+                status, x, _ = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts, left)
                 if status == "sat":
                     x = confirm(x)
                     if x is not None:
@@ -369,37 +599,45 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
                     continue
                 if status != "unsat":
                     return status, None, "branch and bound: a leaf LP did not finish", stats
+            p = {k: v[~leaf] for k, v in p.items()}
+            units = units[~leaf]
+            if not p["lower"].shape[0]:
                 continue
-            for signs in range(2 ** len(units)):
-                sp = [t.clone() for t in p.splits]
-                for bit, unit_ in enumerate(units):
-                    j, n = search._unit(unit_)
-                    sp[j][n] = 1 if (signs >> bit) & 1 else -1
-                children.append((p, sp))
-        if not children:
-            continue
-        st = lambda xs: [torch.stack([x[j] for x in xs]) for j in range(len(search.relu_sites))]  # noqa: E731
+        splits, parent = search.children(p["splits"], units)
+        pre, empty = None, None
+        if s.rebound:
+            first = search.site_of(units).min(1).values[parent]
         try:
-            r = search.bound(st([sp for _, sp in children]), st([p.alpha for p, _ in children]),
-                             st([p.beta for p, _ in children]), s.steps, True, torch.stack([p.lower for p, _ in children]))
+            if s.rebound:
+                pre, empty = search.rebound(search.per_site(splits),
+                                            search.per_site_pair(p["pre_l"][parent], p["pre_u"][parent]), first)
+            r = search.bound(search.per_site(splits), search.per_site(p["alpha"][parent]),
+                             search.per_site(p["beta"][parent]), s.steps, True, p["lower"][parent], pre)
         except _Expired:
-            return timeout(list({id(p): p for p, _ in children}.values()) + queue)
-        stats["domains"] += len(children)
+            return timeout(p["lower"])
+        stats["domains"] += splits.shape[0]
         stats["rounds"] += 1
         with torch.no_grad():
-            ys = b.net.forward(r.points).numpy()
-        for i in np.flatnonzero(sub.violations(ys) <= 0):
-            x = confirm(r.points[i].numpy())
+            unsafe = torch.nonzero(sub.violations(b.net.forward(r.points)) <= 0).flatten().tolist()  # usually none
+        for i in unsafe:
+            x = confirm(r.points[i].cpu().numpy())
             if x is not None:
                 return "sat", x, "branch and bound: a domain's bound minimizer is a counterexample", stats
             stats["unconfirmed"] += 1
-        for c, (p, _sp) in enumerate(children):
-            if bool(r.closed[c]):
-                continue
-            queue.append(Domain(_sp, [a[c] for a in r.alpha], [x[c] for x in r.beta], r.lower[c], [sc[c] for sc in r.scores],
-                                p.depth + 1))
-        stats["max_queue"] = max(stats["max_queue"], len(queue))
-        if s.attack_every and stats["rounds"] % s.attack_every == 0 and queue and not expired():
+        keep = ~r.closed if empty is None else ~(r.closed | empty)
+        kids = {"splits": splits[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
+                "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep], "depth": (p["depth"][parent] + 1)[keep]}
+        if s.rebound:
+            kids |= {"pre_l": torch.cat([l for l, _ in pre], -1)[keep], "pre_u": torch.cat([u for _, u in pre], -1)[keep]}
+        store.append(kids)
+        stats["max_queue"] = max(stats["max_queue"], len(store))
+        if store.nbytes > store_cap:
+            low = store.min_lower()
+            stats["global_lower"] = low
+            return "timeout", None, (f"branch and bound: {len(store)} domains open after {stats['domains']} fill the "
+                                     f"{store.nbytes / 2**30:.1f} GB this process may keep on {dev} (global lower bound "
+                                     f"{low:.4g})"), stats
+        if s.attack_every and stats["rounds"] % s.attack_every == 0 and len(store) and not expired():
             x = _attack_from(b, sub, r.points, r.lower.view(-1)[r.rows], expired)
             stats["attacks"] += 1
             if x is not None:
@@ -419,7 +657,7 @@ def _attack_from(b: Bounder, sub: VnnlibSpec, points: torch.Tensor, lower: torch
     """A short attack on `sub` (the open disjuncts) started at the bound minimizers ([M, n_in], their rows' lower
     bounds [M]) of the most violated rows of the last round."""
     for p in points[torch.argsort(lower)[:starts]]:
-        x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p.numpy(), step_scale=0.1, expired=expired)
+        x, v = attack.pgd(b.net, sub, steps=15, restarts=0, start=p, step_scale=0.1, expired=expired)
         if x is not None:
             return x
         if expired():

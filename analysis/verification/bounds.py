@@ -10,6 +10,11 @@ A⁺·lower line + A⁻·upper line of its relaxation on its input's interval.
 One small engine in torch float64; bounds are computed without directed rounding (as auto_LiRPA does): what
 they miss by float64 rounding is ~1e-12 relative, far below the margins a decision rests on. The gate
 relaxations' own evaluation error is covered (`relaxations.G_REL_ERROR`).
+
+Device-generic: a `Bounder` computes on its graph's device (`Graph.device`, the weights'); the box, the query rows and
+every tensor it makes are created there, so a bound pass never reads a value on the host (the budget checks and the
+per-site loops read Python numbers only). `tests/test_verify_device.py` runs the passes with tensors made anywhere
+else turned into an error.
 """
 
 from __future__ import annotations
@@ -38,17 +43,18 @@ class Spec:
     d: torch.Tensor
 
     def __post_init__(self) -> None:
-        self.C = torch.as_tensor(self.C).to(DTYPE)
-        self.d = torch.as_tensor(self.d).to(DTYPE).reshape(-1)
+        self.C = as_tensor(self.C)
+        self.d = as_tensor(self.d, self.C.device).reshape(-1)
 
     @classmethod
-    def from_disjuncts(cls, disjuncts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple["Spec", list[int]]:
-        """A disjunct {A y ≤ b} is empty when some row has lower bound of A_r y − b_r > 0: all rows stacked,
-        with the disjunct index of each row."""
+    def from_disjuncts(cls, disjuncts: Sequence[tuple[np.ndarray, np.ndarray]],
+                       device: torch.device | str = "cpu") -> tuple["Spec", list[int]]:
+        """A disjunct {A y ≤ b} is empty when some row has lower bound of A_r y − b_r > 0: all rows stacked (on
+        `device`), with the disjunct index of each row."""
         C = np.concatenate([A for A, _ in disjuncts])
         d = -np.concatenate([b for _, b in disjuncts])
         owner = [k for k, (A, _) in enumerate(disjuncts) for _ in range(A.shape[0])]
-        return cls(torch.as_tensor(C, dtype=DTYPE), torch.as_tensor(d, dtype=DTYPE)), owner
+        return cls(as_tensor(C, device), as_tensor(d, device)), owner
 
 
 @dataclass
@@ -111,6 +117,7 @@ class Adam:
         self.b1, self.b2 = betas
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
+        self.d = [torch.empty_like(p) for p in self.params]  # the denominator, in place (no allocation per step)
         self.t = 0
 
     def zero_grad(self) -> None:
@@ -121,25 +128,27 @@ class Adam:
     def step(self) -> None:
         self.t += 1
         c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for p, m, v in zip(self.params, self.m, self.v):
+        for p, m, v, d in zip(self.params, self.m, self.v, self.d):
             if p.grad is None:
                 continue
             m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
             v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
-            # p −= lr·(m/c1)/(√(v/c2) + eps), with one temporary (torch.optim.Adam's order of operations)
-            p.addcdiv_(m, v.sqrt().div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
+            # p −= lr·(m/c1)/(√(v/c2) + eps) (torch.optim.Adam's order of operations), the denominator in a kept buffer
+            torch.sqrt(v, out=d)
+            p.addcdiv_(m, d.div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
 
 
 class Bounder:
-    """Bounds of one graph over one input box [lb, ub] (flat, in the graph's input units)."""
+    """Bounds of one graph over one input box [lb, ub] (flat, in the graph's input units), on the graph's device."""
 
     def __init__(self, net: Graph, lb: Any, ub: Any, expired: Callable[[], bool] | None = None):
         self.net = net.merged()
+        self.device = self.net.device
         for node in self.net.nodes:
             if isinstance(node.op, Gate) and node.op.kind not in SMOOTH_GATES:
                 raise UnsupportedModel(f"gate {node.op.kind!r} has no linear relaxation here; supported: {', '.join(SMOOTH_GATES)}")
-        self.lb = as_tensor(lb).reshape(-1).clone()  # copies: the caller's arrays may be views
-        self.ub = as_tensor(ub).reshape(-1).clone()
+        self.lb = as_tensor(lb, self.device).reshape(-1).clone()  # copies: the caller's arrays may be views
+        self.ub = as_tensor(ub, self.device).reshape(-1).clone()
         if self.lb.numel() != self.net.num_inputs or self.lb.shape != self.ub.shape:
             raise ValueError(f"the box has {self.lb.numel()} inputs, the network {self.net.num_inputs}")
         if bool(torch.any(self.lb > self.ub)):
@@ -147,6 +156,8 @@ class Bounder:
         self.expired = expired or (lambda: False)
         self.sites = self.net.activations  # node id of each activation site
         self.alpha_done: set[int] = set()  # sites whose bounds α-CROWN has optimized (alpha_intermediate)
+        # (rows C, {ReLU site: slopes [rows, n]}) of the last `alpha_spec`: the lower slopes of each row's best bound
+        self.spec_slopes: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
         self.site_of = {k: s for s, k in enumerate(self.sites)}
         self.site_input = [self.net.nodes[k].inputs[0] for k in self.sites]
         self._ancestors: dict[int, set[int]] = {}
@@ -285,7 +296,7 @@ class Bounder:
         rows, dtype = A.shape[0], A.dtype
         ops = self._ops(dtype) if dtype != DTYPE else [n.op for n in self.net.nodes]
         acc: dict[int, torch.Tensor] = {node: A}
-        const = torch.zeros(rows, dtype=dtype)
+        const = A.new_zeros(rows)
         for k in range(node, 0, -1):
             A = acc.pop(k, None)
             if A is None:
@@ -316,7 +327,7 @@ class Bounder:
             acc[i] = acc[i] + A if i in acc else A
         A_in = acc.pop(0, None)
         if A_in is None:
-            A_in = torch.zeros(rows, self.net.num_inputs, dtype=dtype)
+            A_in = A.new_zeros(rows, self.net.num_inputs)
         if inputs is not None:
             inputs.append(A_in.detach())
         return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
@@ -331,8 +342,12 @@ class Bounder:
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
         if not self.op(s).needs_bounds:
-            return torch.arange(0)
-        return torch.arange(l.numel())
+            return torch.arange(0, device=l.device)
+        return torch.arange(l.numel(), device=l.device)
+
+    def tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
+        """Intersect the interval of site s's units `idx` with [lo, up] (sound bounds found elsewhere: `refine`)."""
+        self._tighten(s, idx, lo, up)
 
     def _tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
         l, u = self.pre[s]
@@ -350,8 +365,8 @@ class Bounder:
 
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
-        E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE)
-        r = torch.arange(idx.numel())
+        E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
+        r = torch.arange(idx.numel(), device=idx.device)
         E[r, idx] = 1.0
         E[idx.numel() + r, idx] = -1.0
         return E
@@ -364,7 +379,7 @@ class Bounder:
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
-            self._tighten(s, torch.arange(lo.numel()), lo, hi)
+            self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
             stopped = stopped or self.expired()
             if stopped or self._exact_by_ibp(s):
                 return self.pre[s]
@@ -394,10 +409,10 @@ class Bounder:
     # -- α-CROWN ---------------------------------------------------------------------------------
     def _optimize(self, A: torch.Tensor, node: int, steps: int, lr: float,
                   objective: Callable[[torch.Tensor], torch.Tensor], done: Callable[[torch.Tensor], bool],
-                  until: Callable[[], bool] | None = None) -> torch.Tensor:
+                  until: Callable[[], bool] | None = None, keep: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Maximize objective(lower bounds of A·h) over the slopes of the sites node `node` depends on, until the
         steps are done, the budget ends or `until()`; returns the elementwise best lower bounds seen (each iterate
-        is sound, so their max is)."""
+        is sound, so their max is). `keep` receives each ReLU site's slopes [rows, n] of each row's best bound."""
         stop = self._stop(until)
         sites = [s for s in self.sites_before(node) if self.optimizable(s)]
         rows = A.shape[0]
@@ -407,8 +422,17 @@ class Bounder:
             for p in (slopes[s] if isinstance(slopes[s], tuple) else (slopes[s],)):
                 p.requires_grad_(True)
                 params.append(p)
+        relu = [s for s in sites if isinstance(self.op(s), ReLU)]
+
+        def remember(better: torch.Tensor | None) -> None:  # the slopes of each row's best bound so far
+            if keep is not None:
+                for s in relu:
+                    keep[s] = slopes[s].detach().clone() if better is None else \
+                        torch.where(better[:, None], slopes[s].detach(), keep[s])
+
         with torch.no_grad():
             best = self.backward(A, node, None, exact=True)
+        remember(None)
         if not params or done(best):
             return best
         opt = Adam(params, lr=lr)
@@ -417,6 +441,7 @@ class Bounder:
                 break
             # every iterate is sound (a coarser bisection only widens the slack), so the running max is too
             bound = self.backward(A, node, slopes, exact=False)
+            remember(bound.detach() > best)
             best = torch.maximum(best, bound.detach())
             if done(best):
                 break
@@ -427,7 +452,9 @@ class Bounder:
                 for s in sites:
                     self._project(s, slopes[s])
         with torch.no_grad():  # the final slopes, with the exact (sound) intercepts
-            best = torch.maximum(best, self.backward(A, node, {s: _detach(v) for s, v in slopes.items()}, exact=True))
+            final = self.backward(A, node, {s: _detach(v) for s, v in slopes.items()}, exact=True)
+            remember(final > best)
+            best = torch.maximum(best, final)
         return best
 
     def _stop(self, until: Callable[[], bool] | None) -> Callable[[], bool]:
@@ -466,19 +493,20 @@ class Bounder:
 
     def alpha_spec(self, spec: Spec, owner: Sequence[int], steps: int = 30, lr: float = 0.1) -> torch.Tensor:
         """α-CROWN lower bounds of the spec rows (slopes per row), stopping once every disjunct is excluded."""
-        own = torch.as_tensor(list(owner))
-        n_disj = int(own.max()) + 1 if own.numel() else 0
+        own = torch.as_tensor(list(owner), device=self.device)
+        n_disj = max(owner) + 1 if len(owner) else 0
 
         def per_disjunct(b: torch.Tensor) -> torch.Tensor:
-            out = torch.full((n_disj,), -math.inf, dtype=DTYPE)
-            return out.scatter_reduce(0, own, b, reduce="amax")
+            return b.new_full((n_disj,), -math.inf).scatter_reduce(0, own, b, reduce="amax")
 
         def objective(b: torch.Tensor) -> torch.Tensor:
             # each disjunct is excluded by its best row: push that row up, no further than 0 (then it is done)
-            return torch.stack([b[own == j].max() for j in range(n_disj)]).clamp(max=0).sum() + 1e-3 * b.clamp(max=0).sum()
+            return per_disjunct(b).clamp(max=0).sum() + 1e-3 * b.clamp(max=0).sum()
 
+        keep: dict[int, torch.Tensor] = {}
         best = self._optimize(spec.C, self.net.output, steps, lr, objective=lambda b: objective(b + spec.d),
-                              done=lambda b: bool(torch.all(per_disjunct(b + spec.d) > 0)))
+                              done=lambda b: bool(torch.all(per_disjunct(b + spec.d) > 0)), keep=keep)
+        self.spec_slopes = (spec.C, keep)  # branch and bound starts its rows from them (α,β-CROWN's warm start)
         return best + spec.d
 
     def result(self) -> BoxBounds:
@@ -520,7 +548,7 @@ def swap_gap(smooth: Graph, relu_pre: Sequence[tuple[torch.Tensor, torch.Tensor]
         raise ValueError(f"{len(relu_pre)} pre-activation bounds for {len(sites)} activation sites")
     site_of = {k: s for s, k in enumerate(sites)}
     d: list[torch.Tensor | None] = [None] * len(net.nodes)
-    d[0] = torch.zeros(1, net.num_inputs, dtype=DTYPE)
+    d[0] = torch.zeros(1, net.num_inputs, dtype=DTYPE, device=net.device)
     for k, node in enumerate(net.nodes[1:], start=1):
         if isinstance(node.op, Affine):
             d[k] = node.op.abs_forward(*(d[i] for i in node.inputs))

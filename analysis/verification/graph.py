@@ -5,7 +5,8 @@ topological order, so back-substitution visits it backwards and each node's coef
 it is reached). Values are flat float64 vectors per example (`ops` says why). A chain of layers is the
 special case where node k reads node k − 1 (`Graph.sequential`).
 
-Readers (`readers.py`) build a Graph from ONNX, and from a torch module through its ONNX export.
+Readers (`readers.py`) build a Graph from ONNX, and from a torch module through its ONNX export, on the CPU; `to`
+moves it to another device, and every tool that works on a graph computes on `Graph.device` (the weights' device).
 """
 
 from __future__ import annotations
@@ -49,11 +50,31 @@ class Graph:
             self.sizes.append(node.op.out_size)
         if not 0 <= self.output < len(self.nodes):
             raise ValueError(f"output node {self.output} does not exist")
+        devices = {t.device for n in self.nodes[1:] for t in n.op.tensors()}
+        if len(devices) > 1:
+            raise ValueError(f"the graph's ops live on several devices ({', '.join(sorted(map(str, devices)))}); use Graph.to")
+        self.device = devices.pop() if devices else torch.device("cpu")
+        self._moved: dict[torch.device, Graph] = {}
 
     @classmethod
     def sequential(cls, input_shape: Sequence[int], ops: Sequence[Op]) -> "Graph":
         """A chain: op k reads the output of op k − 1 (the first reads the input)."""
         return cls(input_shape, [Node(op, (k,)) for k, op in enumerate(ops)])
+
+    def to(self, device: torch.device | str) -> "Graph":
+        """The same graph with every op's tensors on `device` (itself when they are there already; one copy per device)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self.device:
+            return self
+        if device not in self._moved:
+            self._moved[device] = Graph(self.input_shape, [Node(None if n.op is None else n.op.to(device), n.inputs, n.name)
+                                                           for n in self.nodes], self.output)
+        return self._moved[device]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_moved": {}}  # a worker process moves its own copy
 
     # -- facts --------------------------------------------------------------------------------
     @property
@@ -104,9 +125,9 @@ class Graph:
 
     # -- evaluation ---------------------------------------------------------------------------
     def values(self, x: torch.Tensor | np.ndarray, upto: int | None = None) -> list[torch.Tensor | None]:
-        """Every node's value [B, size] for flat inputs x [B, n] (float64, differentiable in a tensor x), up to
-        node `upto` (default: the output); nodes `upto` does not depend on are None."""
-        h = x.to(DTYPE) if isinstance(x, torch.Tensor) else as_tensor(x)
+        """Every node's value [B, size] for flat inputs x [B, n] (float64, differentiable in a tensor x; on the graph's
+        device), up to node `upto` (default: the output); nodes `upto` does not depend on are None."""
+        h = x.to(self.device, DTYPE) if isinstance(x, torch.Tensor) else as_tensor(x, self.device)
         h = h.reshape(h.shape[0] if h.dim() > 1 else 1, -1)
         upto = self.output if upto is None else upto
         need = self.ancestors(upto)

@@ -18,6 +18,10 @@ Workers are separate processes (spawned, one torch thread each: the matrices of 
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
 this process for every outcome as it arrives (provisional ones too), so callers can write their files as they go.
 `progress="name"` shows the final answers as they come (`pipeline.progress`): a bar on a terminal, else a line each.
+
+`device` ("cpu", "cuda", "cuda:N"; `resolve_device` turns "auto" into one): where every problem's bound passes and
+branch and bound compute. On a GPU the worker processes share it (each its own CUDA context); the MILP, the attack's
+re-checks and onnxruntime stay on the CPU cores of the worker that asked.
 """
 
 from __future__ import annotations
@@ -173,8 +177,20 @@ class Outcome:
 # solving one task
 
 
+def resolve_device(name: str) -> str:
+    """"auto" | "cpu" | "cuda" | "cuda:N" → the device the verifiers compute on ("auto": a GPU when there is one);
+    ValueError (one line naming the choices) for anything else or for CUDA on a machine without it."""
+    from pipeline.distributed import resolve_device as resolve
+    from pipeline.errors import PipelineError
+
+    try:
+        return str(resolve(str(name)))
+    except PipelineError as e:
+        raise ValueError(str(e)) from None
+
+
 def _solve(task: Task, cache: dict[Any, Any], problems: dict[int, tuple[Problem, float]], index: int,
-           seconds: float, clock: str, options: dict[str, Any]) -> tuple[Result, float]:
+           seconds: float, clock: str, options: dict[str, Any], device: str = "cpu") -> tuple[Result, float]:
     if task.known is not None:
         return task.known, 0.0
     if index in problems:
@@ -185,6 +201,7 @@ def _solve(task: Task, cache: dict[Any, Any], problems: dict[int, tuple[Problem,
             problem = task.build(cache)
         except Exception as e:
             return Result("error", 0.0, message=one_line(e)), Budget.read("wall") - t0
+        problem.device = device
         prepare = Budget.read("wall") - t0
         problems[index] = (problem, prepare)
     if isinstance(task.verifier, str):
@@ -207,17 +224,17 @@ def _closeness(result: Result) -> float:
 
 
 def _run_per_task(indexed: Iterable[tuple[int, Task]], limits: PerTask, clock: str, options: dict[str, Any],
-                  emit: Callable[[Outcome], None]) -> None:
+                  emit: Callable[[Outcome], None], device: str = "cpu") -> None:
     cache: dict[Any, Any] = {}
     for i, task in indexed:
         problems: dict[int, tuple[Problem, float]] = {}
         result, prepare = _solve(task, cache, problems, i, task.timeout if task.timeout is not None else limits.timeout,
-                                 clock, options)
+                                 clock, options, device)
         emit(Outcome(i, task.key, result, prepare))
 
 
 def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadline: float, clock: str,
-                options: dict[str, Any], emit: Callable[[Outcome], None]) -> None:
+                options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
     cache: dict[Any, Any] = {}
     problems: dict[int, tuple[Problem, float]] = {}
     open_ = list(indexed)
@@ -237,7 +254,7 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
                 emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))
                 problems.pop(i, None)
                 continue
-            result, prepare = _solve(task, cache, problems, i, seconds, clock, options)
+            result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
             ran[i] = seconds
             # only a timeout can change with more time: "unknown" means the method ended inside its limit undecided
             final = result.status != "timeout" or task.known is not None
@@ -257,7 +274,7 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
 
 
 def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float, clock: str, options: dict[str, Any],
-            out: Any) -> None:
+            out: Any, device: str = "cpu") -> None:
     torch.set_num_threads(1)
     try:
         if mode == "queue":
@@ -268,9 +285,9 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
                     except queue_mod.Empty:
                         return
                     yield item
-            _run_per_task(pull(), limits, clock, options, out.put)
+            _run_per_task(pull(), limits, clock, options, out.put, device)
         else:
-            _run_rounds(work, limits, deadline, clock, options, out.put)
+            _run_rounds(work, limits, deadline, clock, options, out.put, device)
     except BaseException as e:  # reported to the parent, which fails every task this worker still held
         out.put(("crash", one_line(e)))
     finally:
@@ -279,12 +296,17 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
 
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
-        progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
-    """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers.
-    `progress`: a name to show each final answer under (`label(key)` names the task in its line)."""
+        progress: str | None = None, label: Callable[[Any], str] = str, device: str = "cpu") -> list[Outcome]:
+    """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
+    `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
+    (`label(key)` names the task in its line)."""
     from pipeline.progress import Progress
 
     options = dict(options or {})
+    device = resolve_device(device)
+    jobs = max(1, min(int(jobs), len(tasks)))
+    if device.startswith("cuda"):  # the workers share the GPU: each plans with its share of the memory
+        options.setdefault("sharers", jobs)
     on_done = on_done or (lambda o: None)
     final: dict[int, Outcome] = {}
     bar = Progress(progress, len(tasks), "property") if progress else None
@@ -299,14 +321,13 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
     indexed = list(enumerate(tasks))
     deadline = Budget.read("wall") + (limits.seconds if isinstance(limits, StageBudget) else math.inf)
-    jobs = max(1, min(int(jobs), len(indexed)))
     if jobs == 1:
         if isinstance(limits, StageBudget):
-            _run_rounds(indexed, limits, deadline, clock, options, emit)
+            _run_rounds(indexed, limits, deadline, clock, options, emit, device)
         else:
-            _run_per_task(indexed, limits, clock, options, emit)
+            _run_per_task(indexed, limits, clock, options, emit, device)
     else:
-        _run_pool(indexed, limits, jobs, deadline, clock, options, emit)
+        _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device)
     if bar is not None:
         bar.close()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
@@ -316,7 +337,7 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
 
 def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jobs: int, deadline: float, clock: str,
-              options: dict[str, Any], emit: Callable[[Outcome], None]) -> None:
+              options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools started can hang
     out = ctx.Queue()
     if isinstance(limits, PerTask):
@@ -326,7 +347,7 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
         shares = [("queue", work)] * jobs
     else:
         shares = [("rounds", indexed[j::jobs]) for j in range(jobs)]
-    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out, device), daemon=True)
              for mode, w in shares]
     for p in procs:
         p.start()

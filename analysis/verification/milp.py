@@ -22,6 +22,9 @@ their lines and interval; a rounding to a grid also as y = s·k with k an intege
 the runtime may compute (and a few more: both roundings within E − s/2 of a half step). The program is then a
 relaxation, so its infeasibility still proves a disjunct empty, and a point it returns is only a candidate that
 `Problem.confirm` re-checks on the model itself.
+
+HiGHS runs on the host: `encode` and `solve` are the engine's one boundary to the CPU. Whatever device the search
+computes on, they take the graph and the intervals there and move them to the CPU first (`on_cpu`).
 """
 
 from __future__ import annotations
@@ -60,10 +63,17 @@ class Encoding:
         return self.var_lb.size
 
 
+def on_cpu(net: Graph, pre: Sequence[tuple[Any, Any]]) -> tuple[Graph, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The graph and the intervals on the CPU, where HiGHS and the sparse matrices live (the boundary of a search that
+    runs on another device)."""
+    return net.to("cpu"), [(torch.as_tensor(l).cpu(), torch.as_tensor(u).cpu()) for l, u in pre]
+
+
 def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, Any]]) -> Encoding:
     """Big-M encoding of a merged ReLU graph over the box; `pre[s]` = (l, u) of ReLU site s's input."""
     from scipy import sparse
 
+    net, pre = on_cpu(net, pre)
     if net.smooth:
         raise UnsupportedModel("the MILP encodes ReLU networks only (smooth gates have no exact linear encoding)")
     lb, ub = np.asarray(lb, dtype=np.float64), np.asarray(ub, dtype=np.float64)
@@ -188,6 +198,8 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
     `order`: a score per open disjunct, most promising for a counterexample first (e.g. its lower bound)."""
     from scipy import sparse
     from scipy.optimize import Bounds, LinearConstraint, milp
+
+    net, pre = on_cpu(net, pre)
 
     def real(x: np.ndarray) -> bool:
         return spec.violation(net.forward(x).numpy()) <= 0

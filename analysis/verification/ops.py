@@ -21,6 +21,11 @@ SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its
 
 Everything is float64. A graph read from a float32 model computes with its float32 weights exactly (each
 converts to float64 without rounding); float32 inference rounding is not modelled here.
+
+Devices: an op's tensors live on one device (`Op.to`; readers build on the CPU, `graph.Graph.to` moves a whole graph),
+and every op computes on the device of its tensors. What an op makes itself (`back`'s constant term, masks) is made
+with `new_zeros`/`*_like` or `device=` from its inputs, never on a default device; only `sparse` (the MILP's
+matrices) reads values on the host, from a graph the MILP has moved to the CPU (`milp.on_cpu`).
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ class UnsupportedModel(NotImplementedError):
     """The model holds something no tool here reads; the message is one line that names it and where it is."""
 
 
-def as_tensor(a: Any) -> torch.Tensor:
-    """A float64 CPU tensor (a copy of a numpy array: broadcast views are read-only)."""
+def as_tensor(a: Any, device: torch.device | str | None = None) -> torch.Tensor:
+    """A float64 tensor on `device`; None: a tensor's own device, the CPU for anything else (a numpy array is copied:
+    broadcast views are read-only)."""
     if isinstance(a, torch.Tensor):
-        return a.detach().to("cpu", DTYPE)
-    return torch.from_numpy(np.array(a, dtype=np.float64))
+        return a.detach().to(a.device if device is None else device, DTYPE)
+    t = torch.from_numpy(np.array(a, dtype=np.float64))
+    return t if device is None else t.to(device)
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -58,10 +65,23 @@ class Op:
 
     def cast(self, dtype: torch.dtype) -> "Op":
         """A shallow copy whose floating-point tensors are in `dtype` (branch and bound searches in float32)."""
+        return self._mapped(lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+    def to(self, device: torch.device | str) -> "Op":
+        """A shallow copy whose tensors live on `device` (itself when they already do)."""
+        device = torch.device(device)
+        if all(t.device == device for t in self.tensors()):
+            return self
+        return self._mapped(lambda t: t.to(device))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+
+    def _mapped(self, fn) -> "Op":
         new = copy.copy(self)
         for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                setattr(new, name, value.to(dtype))
+            if isinstance(value, torch.Tensor):
+                setattr(new, name, fn(value))
         return new
 
     def in_sizes(self) -> tuple[int, ...]:
@@ -396,7 +416,7 @@ class Permute(Affine):
 
     def __post_init__(self) -> None:
         self.index = torch.as_tensor(self.index, dtype=torch.long).reshape(-1)
-        if not torch.equal(torch.sort(self.index).values, torch.arange(self.index.numel())):
+        if not torch.equal(torch.sort(self.index).values, torch.arange(self.index.numel(), device=self.index.device)):
             raise ValueError("Permute needs a permutation of 0..n-1")
 
     def in_sizes(self) -> tuple[int, ...]:
@@ -424,7 +444,7 @@ class Permute(Affine):
         from scipy import sparse
 
         n = self.index.numel()
-        return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.numpy())), shape=(n, n))], np.zeros(n)
+        return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.cpu().numpy())), shape=(n, n))], np.zeros(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,10 +586,10 @@ class QuantizedInput(Activation):
     def value(self, x: torch.Tensor, side: str = "nearest") -> torch.Tensor:
         from .quantized import grid_index
 
-        q = grid_index(x.detach().cpu().to(DTYPE).numpy(), self.scale.numpy(), self.zero.numpy(), self.qmin, self.qmax, side)
+        q = grid_index(x.detach(), self.scale, self.zero, self.qmin, self.qmax, side)
         # DequantizeLinear in float32, as the runtime computes it: one rounding of the exact (q − z)·s
-        y = (q - self.zero.numpy()).astype(np.float32) * self.scale.numpy().astype(np.float32)
-        return as_tensor(y.astype(np.float64)).to(x.dtype)
+        y = (q - self.zero).to(torch.float32) * self.scale.to(torch.float32)
+        return y.to(x.dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h + (self.value(h) - h).detach()

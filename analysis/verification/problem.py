@@ -99,12 +99,15 @@ def float32_in_box(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
 class Problem:
     """One property: the network (read lazily from `onnx`), its specs (one per input box), and a cache the links
     of a chain share. `recheck(x) -> y` evaluates a candidate on the model the certificate is about (onnxruntime
-    for an ONNX file; the float64 graph otherwise)."""
+    for an ONNX file; the float64 graph otherwise). `device`: where the verifiers compute (the network is moved
+    there; None: where it is)."""
 
     def __init__(self, specs: Sequence[VnnlibSpec], network: Graph | None = None, onnx: Any = None,
-                 vnnlib_path: Path | None = None, recheck: Callable[[np.ndarray], np.ndarray] | None = None):
+                 vnnlib_path: Path | None = None, recheck: Callable[[np.ndarray], np.ndarray] | None = None,
+                 device: Any = None):
         self.specs = list(specs)
         self._network = network
+        self.device = device
         self.onnx = onnx
         self.vnnlib_path = vnnlib_path
         self._recheck = recheck
@@ -118,7 +121,7 @@ class Problem:
                 raise UnsupportedModel("no network given")
             self._network = read(self.onnx)
         self.info.setdefault("relus", self._network.num_relus)
-        return self._network
+        return self._network if self.device is None else self._network.to(self.device)
 
     def recheck(self, x: np.ndarray) -> np.ndarray:
         if self._recheck is not None:
@@ -129,7 +132,7 @@ class Problem:
             if "session" not in self.cache:
                 self.cache["session"] = onnx_io.session(self.onnx)
             return onnx_io.forward_flat(self.cache["session"], x)
-        return self.network.forward(x).numpy()
+        return self.network.forward(x).cpu().numpy()
 
     def check_shapes(self, k: int) -> None:
         """UnsupportedModel (one line naming both files) unless spec k has the network's input and output counts."""

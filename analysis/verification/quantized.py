@@ -47,21 +47,24 @@ INT_RANGES = {3: (-128, 127), 2: (0, 255)}  # ONNX TensorProto.INT8 = 3, TensorP
 INT32_MAX = 2 ** 31 - 1
 
 
-def grid_index(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int, side: str = "nearest") -> np.ndarray:
+def grid_index(x, scale, zero, qmin: int, qmax: int, side: str = "nearest"):
     """QuantizeLinear of float64 points x as the runtime computes it (float32 x/s, rounded to nearest even, plus the
     zero point, saturated), as integer-valued float64. onnxruntime's kernels divide; a kernel that multiplies by
     1/s may round one way further at a tie: side="low"/"high" gives the smaller/larger of the two (sound for a
-    range), "nearest" the division's."""
-    x32 = np.asarray(x, dtype=np.float64).astype(np.float32)
-    s32 = np.asarray(scale, dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        div = np.rint(x32 / s32).astype(np.float64)
-        if side == "nearest":
-            q = div
-        else:
-            mul = np.rint(x32 * (np.float32(1) / s32)).astype(np.float64)
-            q = np.minimum(div, mul) if side == "low" else np.maximum(div, mul)
-    return np.clip(q + np.asarray(zero, dtype=np.float64), qmin, qmax)
+    range), "nearest" the division's. Torch tensors in (on any device): a tensor on x's device out; numpy in: numpy
+    out (the same IEEE float32 operations either way)."""
+    if not isinstance(x, torch.Tensor):
+        t = lambda a: torch.from_numpy(np.array(a, dtype=np.float64))  # noqa: E731
+        return grid_index(t(x), t(scale), t(zero), qmin, qmax, side).numpy()
+    x32 = x.to(torch.float64).to(torch.float32)
+    s32 = torch.as_tensor(scale, device=x.device).to(torch.float32)
+    div = torch.round(x32 / s32).to(torch.float64)  # torch.round: half to even, as np.rint
+    if side == "nearest":
+        q = div
+    else:
+        mul = torch.round(x32 * (1 / s32)).to(torch.float64)
+        q = torch.minimum(div, mul) if side == "low" else torch.maximum(div, mul)
+    return (q + torch.as_tensor(zero, device=x.device).to(torch.float64)).clamp(qmin, qmax)
 
 
 def magnitude(op, in_range: tuple[torch.Tensor, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:

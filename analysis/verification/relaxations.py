@@ -111,9 +111,9 @@ def _roots(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor, 
     [L, U] ∩ piece; bracket slack). One bisection over the three pieces at once: the tensors are small, so the
     cost is the number of calls."""
     y1, y2 = gate.inflections
-    p0 = torch.tensor([-math.inf, y1, y2], dtype=DTYPE).view(3, *([1] * L.dim()))
-    q0 = torch.tensor([y1, y2, math.inf], dtype=DTYPE).view_as(p0)
-    increasing = torch.tensor([False, True, False]).view_as(p0)
+    p0 = torch.tensor([-math.inf, y1, y2], dtype=DTYPE, device=L.device).view(3, *([1] * L.dim()))
+    q0 = torch.tensor([y1, y2, math.inf], dtype=DTYPE, device=L.device).view_as(p0)
+    increasing = torch.tensor([False, True, False], device=L.device).view_as(p0)
     p, q = torch.maximum(L, p0), torch.minimum(U, q0)  # [3, ...]
     fp, fq = gate.dF(p) - a, gate.dF(q) - a
     has = (p < q) & torch.where(increasing, (fp <= 0) & (fq >= 0), (fp >= 0) & (fq <= 0))

@@ -59,7 +59,7 @@ def stable_units(model: Any, input_shape: Sequence[int] | None, low: Any, high: 
         out.append({"site": site, "units": int(l.numel()),
                     "dead": int((u <= 0).sum()), "active": int((l >= 0).sum()),
                     "dead_ibp": int((iu <= 0).sum()), "active_ibp": int((il >= 0).sum()),
-                    "dead_mask": (u <= 0).numpy(), "active_mask": (l >= 0).numpy(), "method": method})
+                    "dead_mask": (u <= 0).cpu().numpy(), "active_mask": (l >= 0).cpu().numpy(), "method": method})
     return out
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from . import attack, bounds, marabou, milp
+from .refine import Refiner
 from .problem import BOX_TOL, Budget, Problem
 from .registry import Answer, Verifier, confirmed, register_verifier
 
@@ -47,7 +48,7 @@ class _BoundsState:
     def __init__(self, problem: Problem, k: int, budget: Budget):
         spec = problem.specs[k]
         self.bounder = bounds.Bounder(problem.network, spec.lb, spec.ub, budget.expired)
-        self.spec, self.owner = bounds.Spec.from_disjuncts(spec.disjuncts)
+        self.spec, self.owner = bounds.Spec.from_disjuncts(spec.disjuncts, self.bounder.device)
         self.n = len(spec.disjuncts)
         self.lower = self.bounder.ibp_spec(self.spec)
         self.level = "ibp"
@@ -226,7 +227,7 @@ class ViaReluVerifier(Verifier):
         smooth = problem.network
         spec = problem.specs[k]
         b = bounds.Bounder(smooth.relu_version(), spec.lb, spec.ub, budget.expired)
-        rows, owner = bounds.Spec.from_disjuncts(spec.disjuncts)
+        rows, owner = bounds.Spec.from_disjuncts(spec.disjuncts, b.device)
         b.crown()
         lower = b.spec_bounds(rows)
         n = len(spec.disjuncts)
@@ -271,11 +272,18 @@ class BabVerifier(Verifier):
     left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
     for the ReLU layers). Complete for ReLU networks."""
 
-    def __init__(self, batch: int = 256, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
-                 intermediate_share: float = INTERMEDIATE_SHARE) -> None:
+    def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
+                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None, refine: bool | None = None,
+                 sharers: int = 1) -> None:
         from .bab import Settings
 
-        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr))
+        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
+                                 sharers=int(sharers))
+        if rebound is not None:  # else the search's own default (bab.Settings)
+            self.settings.rebound = int(rebound)
+        # MILP refinement of a deep net's early sites beside the search (`refine`); None: only when the search runs on
+        # a GPU (the CPU cores are free then; on 2 cores at 30 s it did not pay, benchmarks/VERIFICATION.md)
+        self.refine = refine
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
         self.steps = int(steps)
@@ -294,7 +302,20 @@ class BabVerifier(Verifier):
             return st.answer("bounds", problem)
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
         opn = st.open
-        status, x, msg, stats = bab.bab(st.bounder, problem.specs[k], opn, budget.expired, budget.left, self.settings,
-                                        lambda x: problem.confirm(k, x, budget.expired)[0])
+        b, spec = st.bounder, problem.specs[k]
+        refiner = None
+        if (self.refine if self.refine is not None else b.device.type == "cuda") and Refiner.worth_it(b):
+            rows, _ = bounds.Spec.from_disjuncts([spec.disjuncts[d] for d in opn], b.device)
+            refiner = Refiner(b, rows.C, budget.left).start()
+        try:
+            status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings,
+                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner)
+        finally:
+            if refiner is not None:
+                refiner.stop()
         problem.info["bab_domains"] = stats["domains"]
+        if refiner is not None:
+            problem.info["refine"] = dict(refiner.stats)
+            r = refiner.stats
+            msg += f"; MILP refinement of the early sites: {r['units']} units, {r['tightened']} tightened"
         return status, x, f"{len(opn)} open disjuncts: {msg}"

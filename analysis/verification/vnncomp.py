@@ -130,13 +130,14 @@ def check_writable(out_csv: Path) -> None:
 def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: float | None = None,
                   verifier: str = "auto", category: str | None = None, clock: str = "wall",
                   instances: str = "instances.csv", log: Callable[[str], None] | None = None, jobs: int = 1,
-                  shard: str | None = None, progress: bool = False, **options: Any) -> list[dict[str, Any]]:
+                  shard: str | None = None, progress: bool = False, device: str = "auto", **options: Any) -> list[dict[str, Any]]:
     """Run the instances of a benchmark folder (those of `shard` "K/N", or all) with `jobs` worker processes;
     writes `out_csv` (rewritten as instances finish, in the folder's order, so a killed run keeps what it
     finished) and the witnesses; returns the rows, each with its `message`. `progress`: show each answer as it
     comes (a bar on a terminal, else a line per instance).
 
-    `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links."""
+    `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links; `device`: where they
+    compute (auto | cpu | cuda | cuda:N; the jobs share one GPU)."""
     folder = Path(folder)
     out_csv = Path(out_csv)
     log = log or (lambda msg: None)
@@ -152,6 +153,10 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
         raise BenchmarkError(_problem_line(e)) from None
     get_verifier(verifier, **options)  # an unknown name fails here, before any work
     check_writable(out_csv)  # so does a results file that could not be written
+    try:
+        device = harness.resolve_device(device)
+    except ValueError as e:
+        raise BenchmarkError(str(e).replace("device=", "--device ")) from None
     category = category or folder.name
     rows: dict[int, dict[str, Any]] = {}
 
@@ -185,7 +190,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
             write()
 
         for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done,
-                             options=options, progress="vnncomp" if progress else None, label=" ".join):
+                             options=options, progress="vnncomp" if progress else None, label=" ".join, device=device):
             if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
                 done(o)
     write()
@@ -234,7 +239,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--jobs N] [--shard K/N]`."""
+    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--jobs N] [--shard K/N]
+    [--device auto|cpu|cuda]`."""
     p = argparse.ArgumentParser(prog="pipeline vnncomp", description="Run a VNN-COMP benchmark folder (instances.csv).")
     p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
     p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
@@ -244,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
     p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
     p.add_argument("--jobs", type=int, default=1, help="instances solved at once, one process and one torch thread each")
+    p.add_argument("--device", default="auto", help="where the bounds and branch and bound compute: auto (a GPU when "
+                   "there is one), cpu, cuda or cuda:N; the jobs share one GPU, the MILP stays on the CPU")
     p.add_argument("--shard", metavar="K/N", help="only the instances whose row index is K mod N (K = 0..N-1, e.g. "
                    "$SLURM_ARRAY_TASK_ID/N); `pipeline report` or `--merge` joins the shards' results")
     p.add_argument("--merge", nargs="+", metavar="CSV", help="merge these shard results.csv files into --out, solve nothing")
@@ -272,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log,
-                             args.jobs, args.shard, progress=True)
+                             args.jobs, args.shard, progress=True, device=args.device)
     except (BenchmarkError, ValueError) as e:
         print(f"error: {_problem_line(e)}", file=sys.stderr)
         return 2

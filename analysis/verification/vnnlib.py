@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipeline.atomic_io import atomic_path, atomic_write_text
 
@@ -72,8 +73,13 @@ class VnnlibSpec:
         """``min over disjuncts of max over rows of (A y - b)``: <= 0 means ``y`` is unsafe."""
         return float(self.violations(np.asarray(y).reshape(1, -1))[0])
 
-    def violations(self, ys: np.ndarray) -> np.ndarray:
-        """`violation` of each row of ``ys`` ([N, outputs]) at once."""
+    def violations(self, ys):
+        """`violation` of each row of ``ys`` ([N, outputs]) at once; a torch tensor is answered on its own device
+        (branch and bound checks its bound minimizers where they are)."""
+        if isinstance(ys, torch.Tensor):
+            return torch.stack([(ys @ torch.as_tensor(A, dtype=ys.dtype, device=ys.device).T
+                                 - torch.as_tensor(b, dtype=ys.dtype, device=ys.device)).amax(1)
+                                for A, b in self.disjuncts]).amin(0)
         ys = np.asarray(ys, dtype=np.float64)
         return np.min(np.stack([np.max(ys @ A.T - b, axis=1) for A, b in self.disjuncts]), axis=0)
 
