@@ -178,7 +178,7 @@ class SparsityConfig:
 
 @dataclass
 class VerifyConfig:
-    """L∞ robustness of every variant (analysis/verify.py): the swapped float ReLU model decided by a staged
+    """L∞ robustness of every variant (pipeline/stages/verify.py): the swapped float ReLU model decided by a staged
     verifier (attack, CROWN, α-CROWN, branch and bound), the smooth model certified through its gates and via the swap."""
 
     samples: int = 5  # the first N validation examples, the same for every variant
@@ -204,7 +204,6 @@ class VerifyConfig:
     # pool's start and the last answer the int8 part took 31 s at 30 (default run), so 28 keeps it within 30 s. More
     # time decides little there: the open int8 properties are bound by the rounding (docs/architecture.md)
     int8_budget_s: float = 28.0
-    probe_smooth: bool = False  # also try Marabou's ONNX reader on the smooth ONNX files of the export stage
     # where the verifiers compute: auto (a GPU when there is one, else the CPU) | cpu | cuda | cuda:N. On a GPU the
     # worker processes share it for their bound passes and searches; the MILP and the re-checks stay on the CPU
     device: str = "auto"
@@ -352,10 +351,21 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+# Keys an earlier version had, which a run directory's config.json may still hold: read from a file with the value it
+# had by default, one is dropped; set to anything else (or as an override), it is refused with why it went.
+RETIRED = {"verify.probe_smooth": (False, "the verify stage's Marabou probe of the smooth ONNX files was removed; the "
+                                          "marabou verifier reads ONNX files (verify.verifiers=auto,marabou)")}
+
+
 def _set(obj: Any, dotted: str, value: Any, prefix: str = "", text: bool = True) -> None:
     head, _, rest = dotted.partition(".")
     fields = _fields(obj)
     full = f"{prefix}{head}"
+    if f"{prefix}{dotted}" in RETIRED:
+        default, why = RETIRED[f"{prefix}{dotted}"]
+        if not text and value == default:
+            return
+        raise ConfigError(f"{prefix}{dotted} is no longer a setting: {why}")
     if head not in fields:
         raise ConfigError(
             f"unknown config key {full!r}; valid keys here: {', '.join(sorted(fields))}"
@@ -441,7 +451,7 @@ def check_choice(key: str, value: str, choices: Any) -> None:
 
 def validate(cfg: Config) -> Config:
     """Field and cross-field checks. Names in the registries are checked beside them, and a stage with its own
-    validation hook (verify: `analysis.verify.validate_config`) checks its section there
+    validation hook (verify: `pipeline.stages.verify.validate_config`) checks its section there
     (`pipeline.runner.validate` runs them all; this module imports nothing else from the project)."""
     need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")

@@ -120,7 +120,7 @@ def _cycles() -> list[list[str]]:
 def test_the_reader_sees_the_imports_that_exist():
     # a guard on the checker itself: known edges must be found, or the tests below prove nothing
     assert "pipeline.config" in GRAPH["pipeline.stages"]
-    assert "pipeline.stages.swap" in GRAPH["pipeline.stages"]  # "from . import ..., swap, ..."
+    assert "pipeline.stages.verify" in GRAPH["pipeline.stages"]  # "from . import ..., verify, verify_report"
     assert "pipeline.relu_swap" in GRAPH["analysis.theory.certificate.interpreter"]  # a function-level import
     assert "quantize.ort" in GRAPH["quantize.export"]  # "from . import ort as ort_util"
     assert "analysis.paper" in GRAPH["pipeline.cli"]  # a command's import inside its function
@@ -442,8 +442,9 @@ def test_every_number_of_float32_rounding_and_of_a_gate_has_one_home():
 def test_the_engine_depends_only_on_itself_and_its_leaves():
     """analysis/verification/ reads the numbers of float32 rounding, the gate families and the few leaf modules of IO
     it shares with the stages; nothing of the stages, the registries or quantize."""
+    # pipeline.distributed: `device=auto|cpu|cuda|cuda:N` resolved as a run resolves it (harness.resolve_device)
     leaves = {"pipeline.numerics", "pipeline.gates", "pipeline.errors", "pipeline.atomic_io", "pipeline.onnx_io",
-              "pipeline.shards", "pipeline.devices", "pipeline.progress"}
+              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed"}
     engine = {m for m in MODULES if m == "analysis.verification" or m.startswith("analysis.verification.")}
     bad = sorted((m, t) for m in engine for t in GRAPH[m] if t not in engine and t not in leaves)
     assert bad == []

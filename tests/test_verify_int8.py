@@ -292,7 +292,9 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
 
     from _digits import make_run, trained
     from analysis.verification.vnncomp import read_results
-    from analysis.verify import read_rows, report_section, run_verify, validate_config
+    from analysis.robustness.properties import read_rows
+    from pipeline.stages.verify import run_verify, validate_config
+    from pipeline.stages.verify_report import report_section
     from pipeline.config import ConfigError, apply_overrides
     from pipeline.stages import export as export_stage
     from pipeline.stages import int8 as int8_stage

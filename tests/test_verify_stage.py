@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from _digits import digits, make_run, trained
-from analysis import verify as verify_mod
+from pipeline.stages import verify as verify_mod
 from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.bounds import Bounder
 from analysis.verification.vnncomp import read_results, witness_path
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib, robustness_spec
-from analysis.verify import read_rows, report_section, run_verify, validate_config
+from analysis.robustness.properties import read_rows
+from pipeline.stages.verify import run_verify, validate_config
+from pipeline.stages.verify_report import report_section
 from pipeline.config import Config, ConfigError, apply_overrides
 from pipeline.stages import STAGES
 from quantize.ort import forward_flat

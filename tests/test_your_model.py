@@ -421,7 +421,8 @@ def test_the_certificate_bullet_gives_the_sample_count_not_the_config_key():
 
 
 def test_the_verification_figure_counts_each_network_kind():
-    from analysis.verify import fractions, fractions_figure
+    from analysis.robustness.chain import fractions
+    from pipeline.stages.verify_report import fractions_figure
 
     def row(v, s, e, direct, via, relu, q):
         return {"variant": v, "sample": s, "eps": e, "smooth_direct": direct, "smooth_via_relu": via, "relu": relu, "int8": q}

@@ -19,8 +19,7 @@ from pipeline.config import Config, check_choice
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir
 
-from analysis import verify
-from . import check, export, int8, report, sparsity, swap, train
+from . import check, export, int8, report, sparsity, swap, train, verify, verify_report
 
 Run = Callable[[Config, RunDir], dict[str, Any]]
 Section = Callable[[Config, RunDir], "str | None"]
@@ -80,7 +79,8 @@ STAGES: dict[str, Stage] = {
                       ("variants", "data", "export", "quantize", "sparsity"), report=sparsity.report_section,
                       where=(("run", "APoZ pass"), ("cpu", "pruning, its check and export"))),
     "verify": Stage(verify.run_verify, "verify", "L∞ robustness of the swapped ReLU, int8 and smooth models (VNN-COMP layout, staged verifier, tight bounds)",
-                    ("variants", "data", "export", "quantize", "verify"), report=verify.report_section, validate=verify.validate_config,
+                    ("variants", "data", "export", "quantize", "verify"), report=verify_report.report_section,
+                    validate=verify.validate_config,
                     where=(("cpu", ""),)),
     "report": Stage(run_report, "report", "report.md with tables and figures from every stage above", _MODEL,
                     where=(("cpu", ""),)),
