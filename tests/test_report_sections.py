@@ -98,6 +98,27 @@ def test_the_sparsity_section_links_the_apoz_histograms(tmp_path):
     assert "](../sparsity/lambda_gelu/apoz_hist.png)" in section
 
 
+def test_a_stage_json_is_read_one_way_and_a_corrupt_one_names_its_writer(tmp_path):
+    """RunDir.read_json: None before the stage wrote the file (its section is left out), the JSON after, and for a
+    corrupt file one line naming the --redo of the stage the manifest says wrote it."""
+    from pipeline.errors import RunDirError
+    from pipeline.stages import int8
+
+    run = _run(tmp_path)
+    assert run.read_json("quantize", "quantize.json") is None and int8.report_section(run.cfg, run) is None
+    path = run.dir("quantize") / "quantize.json"
+    path.write_text('{"metric": "accuracy"}')
+    assert run.read_json("quantize", "quantize.json") == {"metric": "accuracy"}
+    run.mark_stage("int8", status="done", outputs={"quantize/quantize.json": "0" * 64})
+    path.write_text('{"metric": ')
+    with pytest.raises(RunDirError, match=r"quantize\.json is corrupt .*--redo int8`$") as e:
+        run.read_json("quantize", "quantize.json")
+    assert "\n" not in str(e.value)
+    run.mark_stage("int8", status="done", outputs={})  # no record of the writer: the fix still names the way
+    with pytest.raises(RunDirError, match=r"rerun the stage that writes quantize/ \(`pipeline stages` lists them\)"):
+        run.read_json("quantize", "quantize.json")
+
+
 def test_a_per_feature_input_range_is_summarised_not_pasted():
     low, high = [float(i) for i in range(26)], [100.0 + i for i in range(26)]
     text = render.value_range(low, high, [f"f{i}" for i in range(26)])

@@ -92,6 +92,21 @@ def test_stage_is_registered_before_report_and_config_is_checked():
         assert "\n" not in str(e.value)
 
 
+def test_a_variant_named_like_an_int8_row_is_refused():
+    """Whether a row is an int8 model's is decided by its name (`is_int8`): a variant whose own name ends so would be
+    read as one, so the stage's check refuses it (unless the int8 rows are off)."""
+    from analysis.robustness.properties import int8_name, is_int8
+
+    assert is_int8(int8_name("relu")) and not is_int8("relu") and not is_int8("int8_relu")
+    cfg = Config()
+    cfg.variants = ["relu", int8_name("relu")]
+    with pytest.raises(ConfigError, match="relu-int8.*verify.int8=false") as e:
+        validate_config(cfg)
+    assert "\n" not in str(e.value)
+    cfg.verify.int8 = False
+    validate_config(cfg)
+
+
 def test_vnncomp_layout_and_instances_point_to_files(done):
     run, _, _ = done
     out = run.file("verify")
