@@ -118,7 +118,8 @@ class HardenConfig:
 
 @dataclass
 class CheckConfig:
-    """Per-layer empirical check of the bounds on the real validation pre-activations."""
+    """Per-layer empirical check of the bounds on the real validation pre-activations (pipeline/stages/check.py;
+    analysis/bounds_check.py)."""
 
     soft_delta: float = 1e-3  # "soft" band: pre-activations with g(λx) in (δ, 1 − δ)
     band: float = 3.0  # |λx| < band estimates the pre-activation density at 0 (for the closed-form comparison)
@@ -130,7 +131,7 @@ class CheckConfig:
 
 @dataclass
 class ExportConfig:
-    """fp32 ONNX export (quantize/export.py)."""
+    """fp32 ONNX export (the stage: pipeline/stages/export.py; the library: quantize/export.py)."""
 
     opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
     # onnxruntime and PyTorch are each checked against float64 with the bound float32 rounding can account for in
@@ -143,7 +144,7 @@ class ExportConfig:
 
 @dataclass
 class QuantizeConfig:
-    """onnxruntime static int8 quantization and its measurements (quantize/int8.py)."""
+    """onnxruntime static int8 quantization and its measurements (pipeline/stages/int8.py; quantize/int8.py)."""
 
     calibration_samples: int = 1024  # training examples fed through the CalibrationDataReader
     # percentile (onnxruntime's, 99.999%): on the default run its finer activation grids left the int8 verifier less
@@ -168,7 +169,7 @@ class QuantizeConfig:
 
 @dataclass
 class SparsityConfig:
-    """APoZ and dead-unit pruning (analysis/sparsity.py)."""
+    """APoZ and dead-unit pruning (pipeline/stages/sparsity.py; analysis/sparsity.py)."""
 
     split: Literal["val", "test"] = "val"  # where APoZ and dead units are counted (the linked-neurons study uses test)
     prune: bool = True  # remove dead units, check and export the pruned model
