@@ -1,7 +1,7 @@
 """The `train` and `harden` stages: Algorithm 1 over every variant of a run. `train` runs epochs 1..e_s (λ learned),
-`harden` e_s+1..T (s frozen, λ annealed to λ_target, or every gate swapped to ReLU and fine-tuned:
-`harden.method`). Each phase decides every variant's record (`pipeline.variant_record.decide`, the one writer) and hands it
-to the loop (`pipeline.train_loop.train_variant`), which reads e_s and λ_target from it.
+`harden` e_s+1..T (s frozen, λ annealed to λ_target, or every gate swapped to ReLU and fine-tuned: `harden.method`).
+Each phase decides every variant's record (`pipeline.variant_record.decide`, the one writer) and hands it to the loop
+(`pipeline.train_loop.train_variant`), which reads e_s and λ_target from it.
 
 Reads: the config and the data. Writes: `train/<variant>/{best,last,switch,switch_best}.pt`, `timing.json`,
 `train/metrics.csv` (the loop, per epoch), the variants' records in the manifest; and the stages' section of report.md.
