@@ -57,16 +57,15 @@ from quantize import ort as ort_util
 # direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs ~0.2 s and the attack on
 # the smooth network ~0.3 s, and most properties are certified (measured on the default model at ε = 0.005)
 ROUTES = {"direct": "crown+pgd+alpha-crown", "via-relu": "via-relu"}
-
+# Which network each kind of certificate is about, in the summary's and the report's words.
 RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model, normalization folded into the first Gemm), "
                 "evaluated in float64; not the int8 model")
-
 SMOOTH_NETWORK = "the smooth model of train/<variant>/best.pt (its λ-GELU/GELU gates), evaluated in float64; not the int8 model"
-
 INT8_NETWORK = ("the int8 QDQ ONNX of the int8 stage (quantize/<variant>/relu/model.int8.onnx, copied to verify/onnx/"
                 "<variant>-int8.onnx) as onnxruntime's CPU kernels run it: integer sums, the requantization's float32 "
                 "multiply and rounding bounded per unit (analysis/verification/quantized.py); a counterexample counts "
                 "only when that model itself, in onnxruntime, misclassifies it")
+
 INT8 = "-int8"  # the rows, files and results.csv category of a variant's int8 model carry its name with this suffix
 
 
@@ -113,8 +112,9 @@ class Kind:
 
 def relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: list[int], lo, hi, n: int,
                     names: list[str]) -> Kind:
-    """Every ONNX, property file and instances row first (the benchmark exists before any solving), and a task per
-    property and verifier; the rows a previous run finished are kept."""
+    """The swapped ReLU networks and their int8 models: every ONNX, property file and instances row first (the
+    benchmark exists before any solving), and a task per property and verifier; the rows a previous run finished are
+    kept."""
     vcfg, info = cfg.verify, ds.info
     done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["verifier"]): r
             for r in read_rows(out / "details.csv") if _final(r)}
