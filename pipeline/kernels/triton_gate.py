@@ -420,11 +420,14 @@ class _Plan(Layout):
         self.device_index = x.device.index if x.device.type == "cuda" else None
 
 
+# Plans are never evicted: a captured CUDA graph keeps the addresses of a plan's partials and counters, so they must
+# live as long as the process (a plan costs a few hundred bytes of device memory per layer shape).
 _PLANS: dict[tuple, _Plan | str] = {}
 
 
 def clear_plans() -> None:
-    """Forget every launch plan (tests that change the tiling constants call this)."""
+    """Forget every launch plan (tests that change the tiling constants call this; never while a captured graph that
+    launched these kernels may still be replayed)."""
     _PLANS.clear()
 
 
