@@ -146,6 +146,12 @@ class HardenableGate(Gate):
         # Training goes through a fused kernel where one serves this gate: λ from s inside the op while s is
         # learned, the frozen λ buffer while annealing; otherwise the gate's own expression. On CUDA the
         # Triton kernel takes s or λ flat ([1] or [C] along `channel_axis`): no view, no broadcast per call.
+        if x.is_cuda and torch.compiler.is_compiling() and torch.is_grad_enabled():
+            # torch.compile: the Triton kernels as a torch.library op it traces into (pipeline/kernels/gate_op.py)
+            y = kernels.gate_compiled(x, self.lam_fixed if self._frozen else self.s, self.temperature, self.GATE,
+                                      self._frozen, channel_axis(x))
+            if y is not None:
+                return y
         if _kernel_path(x):
             if x.is_cuda:
                 y = kernels.gate_cuda(x, self.lam_fixed if self._frozen else self.s, self.temperature, self.GATE,

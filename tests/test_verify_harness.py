@@ -52,7 +52,10 @@ def _tasks(needs):
 
 NEEDS = [EASY_S] * 6 + [HARD_S] * 2
 BUDGET_S = 8.0
-POOL_START_S = 12.0  # spawned workers' start (importing torch) under load, counted by the stage budget
+# Spawned workers' start (importing torch) under load, counted by the stage budget: 12 s sufficed on the 2-core machine;
+# on a 16-core GPU machine running the suite with 8 xdist workers, every process imports torch's CUDA libraries at once.
+# The tasks end when decided, so a larger allowance makes the test no slower.
+POOL_START_S = 60.0
 
 
 def test_a_stage_budget_gives_the_time_easy_properties_leave_to_the_hard_ones():

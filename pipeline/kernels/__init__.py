@@ -213,6 +213,19 @@ def gate_cuda(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: boo
     return tg.try_gate_frozen(x, p, kid, axis) if frozen else tg.try_gate_s(x, p, t, kid, axis)
 
 
+def gate_compiled(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: bool, axis: int) -> torch.Tensor | None:
+    """The gate inside `torch.compile` on CUDA: `torch.ops.lambda_gates.gate` (`gate_op.py`), which the compiler traces
+    into; None when Triton or the kernel choice rules it out, or the gate family has no kernel (its expression serves)."""
+    if _kernel not in ("auto", "triton") or triton_module() is None:
+        return None
+    kid = _triton.GATES.get(family(gate).kernel)
+    if kid is None or x.dtype not in _triton.SUPPORTED_DTYPES:
+        return None
+    from . import gate_op  # registers the ops on first use
+
+    return torch.ops.lambda_gates.gate(x, p.reshape(-1), float(t), kid, axis, not frozen)
+
+
 def status() -> dict[str, Any]:
     """The kernel choice and what each backend did in this process (record it next to timings)."""
     triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted(),

@@ -361,19 +361,18 @@ if _IMPORT_ERROR is None:
 # Host side: plans
 
 
-class _Plan:
-    """What one (shape, strides, dtype, device, channel layout) needs, decided once (see the module docstring)."""
+class Layout:
+    """Tiles, grids and the backward's chunking for one (shape, channel layout, λ size): the numbers a launch needs
+    (see the module docstring); `_Plan` adds the buffers and launchers a layout keeps, the custom op (`gate_op.py`)
+    allocates its own per call."""
 
-    __slots__ = ("permuted", "col", "M", "N", "C", "TI", "TT", "bm", "bn", "warps", "fwd_grid", "bwd_grid", "iters",
-                 "CH", "pr", "part", "counters", "runners", "device_index")
-
-    def __init__(self, x: torch.Tensor, C: int, outer: int, inner: int, permuted: bool):
+    def __init__(self, numel: int, C: int, outer: int, inner: int, permuted: bool):
         self.permuted = permuted
         self.C = C
         self.col = permuted or (C > 1 and inner == 1)
         # A tile of `block` elements, ELEMS_PER_THREAD per thread; small tensors get smaller tiles, so that at least
         # MIN_PROGRAMS programs share the work (one thread's serial chain of exp, reciprocal and polynomial is long).
-        block = min(BLOCK, max(MIN_BLOCK, triton.next_power_of_2(triton.cdiv(x.numel(), MIN_PROGRAMS))))
+        block = min(BLOCK, max(MIN_BLOCK, triton.next_power_of_2(triton.cdiv(numel, MIN_PROGRAMS))))
         self.warps = max(1, block // (32 * ELEMS_PER_THREAD))
         if self.col:
             M, N = outer * inner if permuted else outer, C
@@ -382,7 +381,7 @@ class _Plan:
             tm, tn = triton.cdiv(M, bm), triton.cdiv(N, bn)
             self.TI, self.TT = tn, tm  # column blocks; row tiles per column block
             self.fwd_grid = (tm * tn, 1, 1)
-            lanes = tn  # programs across the reduced axis: one per column block
+            self.lanes = tn  # programs across the reduced axis: one per column block
         else:
             M, N = outer, inner
             bn = min(triton.next_power_of_2(N), block)
@@ -390,20 +389,17 @@ class _Plan:
             ti = triton.cdiv(N, bn)
             self.TI, self.TT = ti, triton.cdiv(M, bm) * ti  # tiles along inner; tiles per channel
             self.fwd_grid = (self.TT * C, 1, 1)
-            lanes = C
+            self.lanes = C
         self.M, self.N, self.bm, self.bn = M, N, bm, bn
         # Tiles per backward program: enough programs to fill the GPU, at most MAX_CHUNKS partials per channel (the
         # last program sums them in one step) where MAX_ITERS allows.
-        self.iters = max(1, min(MAX_ITERS, max((self.TT * lanes) // TARGET_PROGRAMS, triton.cdiv(self.TT, MAX_CHUNKS)),
+        self.iters = max(1, min(MAX_ITERS, max((self.TT * self.lanes) // TARGET_PROGRAMS, triton.cdiv(self.TT, MAX_CHUNKS)),
                                 self.TT))
         self.CH = triton.cdiv(self.TT, self.iters)
-        self.bwd_grid = (self.CH * lanes, 1, 1)
+        self.bwd_grid = (self.CH * self.lanes, 1, 1)
         # partials the last program sums per step: a [pr, bn] tile in col mode, a [pr] vector in row mode
         self.pr = min(triton.next_power_of_2(self.CH), max(1, PART_STEP // bn) if self.col else PART_STEP)
-        self.part = torch.empty(self.CH * (N if self.col else C), dtype=torch.float32, device=x.device)
-        self.counters = torch.zeros(lanes, dtype=torch.int32, device=x.device)
-        self.runners: dict[tuple, object] = {}
-        self.device_index = x.device.index if x.device.type == "cuda" else None
+        self.parts = self.CH * (N if self.col else C)  # partials: one per chunk and channel (or column)
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         return x.permute(0, 2, 3, 1) if self.permuted else x.contiguous()
@@ -412,11 +408,26 @@ class _Plan:
         return y.permute(0, 3, 1, 2) if self.permuted else y
 
 
+class _Plan(Layout):
+    """A layout with what its launches keep: the partials and self-resetting counters of the backward, and per kernel
+    variant the compiled kernel's launch function."""
+
+    def __init__(self, x: torch.Tensor, C: int, outer: int, inner: int, permuted: bool):
+        super().__init__(x.numel(), C, outer, inner, permuted)
+        self.part = torch.empty(self.parts, dtype=torch.float32, device=x.device)
+        self.counters = torch.zeros(self.lanes, dtype=torch.int32, device=x.device)
+        self.runners: dict[tuple, object] = {}
+        self.device_index = x.device.index if x.device.type == "cuda" else None
+
+
+# Plans are never evicted: a captured CUDA graph keeps the addresses of a plan's partials and counters, so they must
+# live as long as the process (a plan costs a few hundred bytes of device memory per layer shape).
 _PLANS: dict[tuple, _Plan | str] = {}
 
 
 def clear_plans() -> None:
-    """Forget every launch plan (tests that change the tiling constants call this)."""
+    """Forget every launch plan (tests that change the tiling constants call this; never while a captured graph that
+    launched these kernels may still be replayed)."""
     _PLANS.clear()
 
 
@@ -492,7 +503,8 @@ def supports(x: torch.Tensor, s_or_lam: torch.Tensor, channel_dim: int = 1) -> b
 
 
 def _aligned(*ts: torch.Tensor) -> int:
-    """A bit per pointer: 16-byte aligned (Triton specializes compiled kernels on it)."""
+    """A bit per pointer that may be a view into other memory: 16-byte aligned (Triton specializes compiled kernels on
+    it). The outputs, fresh from the caching allocator, always are."""
     bits = 0
     for i, t in enumerate(ts):
         bits |= (t.data_ptr() % 16 == 0) << i
@@ -589,7 +601,7 @@ def _forward(x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
     xv = plan.view(x)
     y = torch.empty_like(xv, memory_format=torch.contiguous_format)  # xv's shape: no view back unless permuted
     precise, fast = x.dtype == torch.float32, x.device.type == "cuda"
-    _launch(_gate_fwd, plan, plan.fwd_grid, (0, from_s, gate, precise), (xv, p, y),
+    _launch(_gate_fwd, plan, plan.fwd_grid, (0, from_s, gate, precise), (xv, p),
             (xv, p, y, plan.M, plan.N, plan.C, plan.TI, float(t), plan.col, from_s, gate, precise, fast, plan.bm,
              plan.bn), x.device)
     return plan.restore(y, x)
@@ -598,13 +610,13 @@ def _forward(x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
 def _backward(grad: torch.Tensor, x: torch.Tensor, p: torch.Tensor, t: float, gate: int, plan: _Plan,
               from_s: bool, need_x: bool, need_p: bool):
     xv = plan.view(x)
-    gv = (grad.permute(0, 2, 3, 1) if plan.permuted else grad.reshape(xv.shape)).contiguous()
+    gv = (grad.permute(0, 2, 3, 1) if plan.permuted else grad).contiguous()  # ∂y has x's shape
     gx = torch.empty_like(xv, memory_format=torch.contiguous_format) if need_x else xv
     gp = torch.empty(p.numel(), dtype=torch.float32, device=x.device) if need_p else plan.part
     precise, fast = x.dtype == torch.float32, x.device.type == "cuda"
     args = (gv, xv, p, gx, gp, plan.part, plan.counters, plan.M, plan.N, plan.C, plan.TI, plan.TT, plan.CH,
             plan.iters, float(t), plan.col, from_s, gate, precise, fast, need_x, need_p, plan.bm, plan.bn, plan.pr)
-    _launch(_gate_bwd, plan, plan.bwd_grid, (1, from_s, gate, precise, need_x, need_p), (gv, xv, p, gx, gp),
+    _launch(_gate_bwd, plan, plan.bwd_grid, (1, from_s, gate, precise, need_x, need_p), (gv, xv, p),
             args, x.device, BWD_MAXNREG if need_p else None)
     if need_p and (p.dtype != torch.float32 or p.dim() != 1):
         gp = gp.to(p.dtype).view(p.shape)
