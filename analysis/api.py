@@ -185,9 +185,9 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
     read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
     [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
-    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property;
-    `device` where the bounds compute (auto | cpu | cuda | cuda:N).
-    `progress`: each answer as it comes (a bar on a terminal, else a line per property).
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
+    `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the bounds
+    compute (auto | cpu | cuda | cuda:N).
 
     A counterexample counts as the verify stage counts it (`Problem.confirm`): a float32 point inside the box whose
     outputs, computed by onnxruntime on the model's ONNX file (a module is exported to a temporary one, as

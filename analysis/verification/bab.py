@@ -59,7 +59,7 @@ from .vnnlib import VnnlibSpec
 STORE = {"cpu": torch.float32, "cuda": torch.float16}
 # the open domains may take at most this share of a GPU's memory (divided among the processes sharing it); a search
 # that fills it ends as a timeout that says so (a CPU search holds what its 30 s make: ~1.5 GB for 40k domains of 256x2)
-GPU_STORE_SHARE = 0.4
+GPU_store_dtSHARE = 0.4
 # a domain whose re-bounded interval of some unit has l − u above this (relative) is empty: float64 back-substitution
 # misses by ~1e-12 relative, so no input of the domain can lie there
 EMPTY_TOL = 1e-8
@@ -502,22 +502,18 @@ def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[]
         settings: Settings | None = None,
         confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
         refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
-    with _flush_denormals():
-        return _bab(b, spec, disjuncts, expired, left, settings, confirm, refiner)
-
-
-def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
-         settings: Settings | None = None,
-         confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
-         refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
     """Decide the disjuncts `disjuncts` of `spec` ({A y ≤ b} all empty?) on the merged graph of `b` over its box, by
     splitting its ReLUs (other activations keep their relaxations; a graph of ReLUs only is decided completely).
     `confirm(x)`: the counterexample as it is reported (rounded to float32 and re-checked), or None when the float64
     point does not survive that; the search then goes on. `refiner` (`refine.Refiner`, running beside the search):
     what it has found is applied to `b`'s intervals before each round. Returns ("unsat" | "sat" | "timeout" |
     "unknown", counterexample or None, message, statistics)."""
-    s = settings or Settings()
-    confirm = confirm or (lambda x: x)
+    with _flush_denormals():
+        return _bab(b, spec, disjuncts, expired, left, settings or Settings(), confirm or (lambda x: x), refiner)
+
+
+def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
+         s: Settings, confirm: Callable[[np.ndarray], np.ndarray | None], refiner: Any):
     if b.net.smooth:
         raise ValueError("branch and bound here splits ReLUs; the network has smooth gates")
     search = _Search(b, spec, disjuncts, s, expired)
@@ -531,16 +527,16 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
     R, U, dev = search.R, sum(search.sizes), b.device
     batch = s.batch or default_batch(b, R, U, s.sharers)
     stats["batch"] = batch
-    store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
-    STORE_ = search.store
+    store_cap = GPU_store_dtSHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
+    store_dt = search.store
 
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
     zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
-    init_alpha = torch.cat(search.initial_alpha(), -1).to(STORE_)[None]
-    init_beta = torch.zeros(1, R, U, dtype=STORE_, device=dev)
-    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE_), "beta": ((R, U), STORE_), "lower": ((R,), DTYPE),
+    init_alpha = torch.cat(search.initial_alpha(), -1).to(store_dt)[None]
+    init_beta = torch.zeros(1, R, U, dtype=store_dt, device=dev)
+    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), store_dt), "beta": ((R, U), store_dt), "lower": ((R,), DTYPE),
               "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
     if s.rebound:  # each domain's own intervals (float64: a closing decision's re-check rests on them)
         fields |= {"pre_l": ((U,), DTYPE), "pre_u": ((U,), DTYPE)}

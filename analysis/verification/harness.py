@@ -17,11 +17,12 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
 Workers are separate processes (spawned, one torch thread each: the matrices of one property are small, and
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
 this process for every outcome as it arrives (provisional ones too), so callers can write their files as they go.
-`progress="name"` shows the final answers as they come (`pipeline.progress`): a bar on a terminal, else a line each.
 
 `device` ("cpu", "cuda", "cuda:N"; `resolve_device` turns "auto" into one): where every problem's bound passes and
 branch and bound compute. On a GPU the worker processes share it (each its own CUDA context); the MILP, the attack's
 re-checks and onnxruntime stay on the CPU cores of the worker that asked.
+
+`progress="name"` shows the final answers as they come (`pipeline.progress`): a bar on a terminal, else a line each.
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ class OnnxRecheck:
 @dataclass(frozen=True)
 class PerTask:
     timeout: float  # for tasks without their own
+    # wall seconds for all tasks together (None: no such limit): no task runs past it, one not begun by then is a
+    # timeout that says it was not run (a measurement that must end inside another limit, benchmarks/gpu_verify.py)
+    wall_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ class Outcome:
 def resolve_device(name: str) -> str:
     """"auto" | "cpu" | "cuda" | "cuda:N" → the device the verifiers compute on ("auto": a GPU when there is one);
     ValueError (one line naming the choices) for anything else or for CUDA on a machine without it."""
-    from pipeline.distributed import resolve_device as resolve
+    from pipeline.devices import resolve
     from pipeline.errors import PipelineError
 
     try:
@@ -224,12 +228,15 @@ def _closeness(result: Result) -> float:
 
 
 def _run_per_task(indexed: Iterable[tuple[int, Task]], limits: PerTask, clock: str, options: dict[str, Any],
-                  emit: Callable[[Outcome], None], device: str = "cpu") -> None:
+                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf) -> None:
     cache: dict[Any, Any] = {}
     for i, task in indexed:
         problems: dict[int, tuple[Problem, float]] = {}
-        result, prepare = _solve(task, cache, problems, i, task.timeout if task.timeout is not None else limits.timeout,
-                                 clock, options, device)
+        seconds = min(task.timeout if task.timeout is not None else limits.timeout, deadline - Budget.read("wall"))
+        if seconds <= 0:
+            emit(Outcome(i, task.key, Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
+            continue
+        result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
         emit(Outcome(i, task.key, result, prepare))
 
 
@@ -285,7 +292,7 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
                     except queue_mod.Empty:
                         return
                     yield item
-            _run_per_task(pull(), limits, clock, options, out.put, device)
+            _run_per_task(pull(), limits, clock, options, out.put, device, deadline)
         else:
             _run_rounds(work, limits, deadline, clock, options, out.put, device)
     except BaseException as e:  # reported to the parent, which fails every task this worker still held
@@ -296,7 +303,7 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
 
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
-        progress: str | None = None, label: Callable[[Any], str] = str, device: str = "cpu") -> list[Outcome]:
+        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
     """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
     `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
     (`label(key)` names the task in its line)."""
@@ -320,12 +327,13 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
         on_done(o)
 
     indexed = list(enumerate(tasks))
-    deadline = Budget.read("wall") + (limits.seconds if isinstance(limits, StageBudget) else math.inf)
+    total = limits.seconds if isinstance(limits, StageBudget) else limits.wall_s
+    deadline = Budget.read("wall") + (math.inf if total is None else total)
     if jobs == 1:
         if isinstance(limits, StageBudget):
             _run_rounds(indexed, limits, deadline, clock, options, emit, device)
         else:
-            _run_per_task(indexed, limits, clock, options, emit, device)
+            _run_per_task(indexed, limits, clock, options, emit, device, deadline)
     else:
         _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device)
     if bar is not None:

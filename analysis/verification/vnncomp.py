@@ -130,14 +130,16 @@ def check_writable(out_csv: Path) -> None:
 def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: float | None = None,
                   verifier: str = "auto", category: str | None = None, clock: str = "wall",
                   instances: str = "instances.csv", log: Callable[[str], None] | None = None, jobs: int = 1,
-                  shard: str | None = None, progress: bool = False, device: str = "auto", **options: Any) -> list[dict[str, Any]]:
+                  shard: str | None = None, progress: bool = False, device: str = "auto", wall_s: float | None = None,
+                  **options: Any) -> list[dict[str, Any]]:
     """Run the instances of a benchmark folder (those of `shard` "K/N", or all) with `jobs` worker processes;
     writes `out_csv` (rewritten as instances finish, in the folder's order, so a killed run keeps what it
     finished) and the witnesses; returns the rows, each with its `message`. `progress`: show each answer as it
     comes (a bar on a terminal, else a line per instance).
 
     `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links; `device`: where they
-    compute (auto | cpu | cuda | cuda:N; the jobs share one GPU)."""
+    compute (auto | cpu | cuda | cuda:N; the jobs share one GPU); `wall_s`: all instances together in at most this many
+    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit)."""
     folder = Path(folder)
     out_csv = Path(out_csv)
     log = log or (lambda msg: None)
@@ -152,11 +154,11 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
     except (ValueError, ConfigError) as e:
         raise BenchmarkError(_problem_line(e)) from None
     get_verifier(verifier, **options)  # an unknown name fails here, before any work
-    check_writable(out_csv)  # so does a results file that could not be written
     try:
         device = harness.resolve_device(device)
     except ValueError as e:
         raise BenchmarkError(str(e).replace("device=", "--device ")) from None
+    check_writable(out_csv)  # so does a results file that could not be written
     category = category or folder.name
     rows: dict[int, dict[str, Any]] = {}
 
@@ -189,7 +191,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
             write()
 
-        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done,
+        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0, wall_s), jobs=jobs, clock=clock, on_done=done,
                              options=options, progress="vnncomp" if progress else None, label=" ".join, device=device):
             if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
                 done(o)
