@@ -255,7 +255,8 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
             seconds = min(limit, left / (len(open_) - n))
             if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
                 # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
-                # Problem each turn, so only a longer turn can decide more)
+                # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
+                # left, but the links before it run again, so a turn no longer than the last decides little more)
                 prev = last.get(i)
                 result = prev if prev is not None else Result("timeout", 0.0, message="not run: the stage budget was spent")
                 emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))

@@ -312,8 +312,10 @@ class BabVerifier(Verifier):
             rows, _ = bounds.Spec.from_disjuncts([spec.disjuncts[d] for d in opn], b.device)
             refiner = Refiner(b, rows.C, budget.left).start()
         try:
+            # a stage budget's next turn on this problem goes on from the domains this one leaves open
             status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings,
-                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner)
+                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner,
+                                            problem.cache.setdefault(("bab", k), {}))
         finally:
             if refiner is not None:
                 refiner.stop()
