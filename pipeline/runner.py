@@ -182,7 +182,7 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.
         before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
-        mark(name, status="running", started=now(), device=stage.device(device), threads=threads, seed=cfg.seed, before=before)
+        mark(name, status="running", started=now(), device=stage.device(device, cfg), threads=threads, seed=cfg.seed, before=before)
         try:
             metrics = stage.run(cfg, run)
         except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run

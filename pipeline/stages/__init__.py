@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipeline.config import Config, check_choice
+from pipeline.devices import resolve as resolve_device
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir
 
@@ -34,13 +35,22 @@ class Stage:
     report: Section | None = None  # this stage's section of report.md (None: no section of its own)
     validate: Callable[[Config], None] | None = None  # raises ConfigError for a bad setting of its own section
     # Where its work runs, recorded in the manifest: (device, what) pairs; "run" is the run's device (`device=`, resolved
-    # once by the runner and handed on as RunDir.device), "cpu" work that is about the CPU or runs in onnxruntime there.
+    # once by the runner and handed on as RunDir.device), "cpu" work that is about the CPU or runs in onnxruntime there,
+    # "section.key" the device a config key names (verify.device).
     where: tuple[tuple[str, str], ...] = (("run", ""),)
 
-    def device(self, run_device: str) -> str:
+    def device(self, run_device: str, cfg: Config | None = None) -> str:
         """The device(s) the stage really uses on a run whose device is `run_device`, e.g. "cuda (per-layer statistics),
         cpu (swap certificate)"; one name when every part runs on one device."""
-        parts = [(run_device if dev == "run" else dev, what) for dev, what in self.where]
+        def name(dev: str) -> str:
+            if dev == "run":
+                return run_device
+            if "." in dev:  # a config key naming a device ("auto" resolved as the stage resolves it)
+                section, key = dev.split(".")
+                return str(resolve_device(getattr(getattr(cfg if cfg is not None else Config(), section), key)))
+            return dev
+
+        parts = [(name(dev), what) for dev, what in self.where]
         if len({d for d, _ in parts}) == 1:
             return parts[0][0]
         return ", ".join(f"{d} ({what})" if what else d for d, what in parts)
@@ -81,7 +91,8 @@ STAGES: dict[str, Stage] = {
     "verify": Stage(verify.run_verify, "verify", "L∞ robustness of the swapped ReLU, int8 and smooth models (VNN-COMP layout, staged verifier, tight bounds)",
                     ("variants", "data", "export", "quantize", "verify"), report=verify_report.report_section,
                     validate=verify.validate_config,
-                    where=(("cpu", ""),)),
+                    where=(("verify.device", "bound passes and branch and bound"),
+                           ("cpu", "the MILP, onnxruntime's replays of witnesses"))),
     "report": Stage(run_report, "report", "report.md with tables and figures from every stage above", _MODEL,
                     where=(("cpu", ""),)),
 }
