@@ -93,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"run directory: {run.path}" + (f" ({world.size} processes)" if world.distributed else ""))
         runner.run_pipeline(run.cfg, run, redo=args.redo)
         if world.main:
+            for line in runner.closing_lines(run):  # the run's closing summary repeats what must not pass unseen
+                print(line)
             print(f"finished: {run.path}")
     finally:
         distributed.shutdown()

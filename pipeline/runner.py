@@ -132,6 +132,20 @@ def _reopen(path: str, overrides: list[str] | None, redo: list[str] | None) -> R
     return run
 
 
+def closing_lines(run: RunDir) -> list[str]:
+    """What a run must not end in silence about, from the manifest's stage metrics, repeated at its end: a selected
+    checkpoint below its λ_target (train/harden), every network the verify stage did not verify, with its reason."""
+    stages = run.manifest()["stages"]
+    out = []
+    for name in ("train", "harden"):
+        for variant, m in (stages.get(name, {}).get("metrics") or {}).items():
+            if isinstance(m, dict) and m.get("warning"):
+                out.append(f"WARNING ({name}) {m['warning']}")
+    for model, why in ((stages.get("verify", {}).get("metrics") or {}).get("not_verified") or {}).items():
+        out.append(f"NOT VERIFIED {model}: {why}")
+    return out
+
+
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the selected stages (`_run_stages`) holding the run directory, which is let go at the end: `create`
     and `resume` took it already, a direct caller takes it here."""

@@ -133,8 +133,12 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     smooth_table = harness.summarize(smooth_rows, ("variant", "eps", "route"))
     for r in smooth_table:
         r["eps"] = float(r["eps"])
+    missing = not_verified(relu.models, smooth.models)
+    for model, why in missing.items():  # at the stage's end, one line each: never in silence
+        print(f"    verify: NOT VERIFIED {model}: {why}")
     summary = {
         "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK, "int8": INT8_NETWORK},
+        "not_verified": missing,
         "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
         "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
         "eps_units": _eps_units(info),
@@ -151,11 +155,21 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     atomic_write_csv(out / "chain.csv", summary["chain"], CHAIN_FIELDS)
     atomic_write_json(out / "summary.json", summary)
     return {"verifiers": names, "samples": n, "conflicts": len(summary["conflicts"]), "solve_seconds": round(seconds, 3),
-            "decided": summary["decided"],
+            "decided": summary["decided"], "not_verified": missing,
             "certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['verifier']}": round(r["certified_fraction"], 4)
                           for r in table_},
             "smooth_certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['route']}": round(r["certified_fraction"], 4)
                                  for r in smooth_table}}
+
+
+def not_verified(models: dict[str, Any], smooth_models: dict[str, Any]) -> dict[str, str]:
+    """{model: why} for every network this stage did not verify: a variant whose swap left it smooth, a ReLU or int8
+    graph the engine does not read (the reader's own words: the node, what it met, the fix), a smooth network not
+    certified; the smooth ones as `<variant> (smooth)`."""
+    out = {name: m["note"].removeprefix("not verified: ") for name, m in models.items() if not m.get("onnx")}
+    out.update({f"{name} (smooth)": m["note"].removeprefix("not certified: ")
+                for name, m in smooth_models.items() if not m.get("network")})
+    return out
 
 
 def _eps_units(info) -> str:

@@ -68,8 +68,12 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     main = s["verifiers"][0]
     cap = f", at most {s['timeout_s']:g} s per property" if s["timeout_s"] else ""
     dec = s["decided"]["relu"]
-    out = ["## Verification (L∞ local robustness)",
-           f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
+    missing = s.get("not_verified") or {}
+    out = ["## Verification (L∞ local robustness)"]
+    if missing:  # first, before any table: what was not verified at all
+        out.append("**Not verified** (no property of these networks was checked):\n\n"
+                   + "\n".join(f"- `{m}`: {why}" for m, why in missing.items()))
+    out += [f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
            f"clipped to the input range {s['input_range']} (ε in {s['eps_units']}). Time: one budget of {s['budget_s']:g} s "
            f"for the float networks, shared by their properties (easy ones first, what they leave to the hard ones{cap}; "
            f"{clock} seconds per property, {s['jobs']} worker process(es)); solving took {s['solve_seconds']:.1f} s. "
@@ -145,12 +149,13 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                    "the user trained to the int8 model that ships (unsat = proven robust, sat = a re-checked counterexample):"
                    "\n\n" + table(["variant", "sample", "ε", "smooth (direct)", "smooth (via swap)", "float ReLU", "int8",
                                     "what carries over"], crow))
-    for v, m in s["models"].items():
-        if not m.get("onnx"):
-            out.append(f"`{v}`: {m['note']}")
-    for v, m in s.get("smooth_models", {}).items():
-        if not m.get("network"):
-            out.append(f"`{v}` (smooth): {m['note']}")
+    if "not_verified" not in s:  # written before the stage listed them at the top
+        for v, m in s["models"].items():
+            if not m.get("onnx"):
+                out.append(f"`{v}`: {m['note']}")
+        for v, m in s.get("smooth_models", {}).items():
+            if not m.get("network"):
+                out.append(f"`{v}` (smooth): {m['note']}")
     if s["conflicts"]:
         out.append(f"**Verifiers disagree** (one proved, another falsified) on: {', '.join(s['conflicts'])}.")
     return "\n\n".join(out)
