@@ -32,7 +32,7 @@ from pipeline.relu_swap import swap_report, to_relu
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
-from . import check as check_stage
+from . import bounds_check
 
 __all__ = ["swap", "check", "export_onnx", "quantize", "verify", "to_relu"]
 
@@ -61,24 +61,24 @@ def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.devi
 def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_size: int = 2048,
           device: torch.device | str = "cpu") -> dict[str, Any]:
     """The check stage for one model: per gate layer, the measured gap to ReLU against its bounds
-    (`analysis.check.empirical_check`), and the swap certificate against the measured logit change on `data`
-    (`analysis.check.swap_certificate`).
+    (`analysis.bounds_check.empirical_check`), and the swap certificate against the measured logit change on `data`
+    (`analysis.bounds_check.swap_certificate`).
 
-    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.check.verdict`): holds
+    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.bounds_check.verdict`): holds
     when every float32 statement that could be proved held on every sample and every gate is within c/λ of ReLU;
     refused when none could be proved; fails otherwise. `predictions`: the closed-form predictions of per-layer
-    means, a separate diagnostic (`analysis.check.predictions`). A model without gates: verdict None (the swap
+    means, a separate diagnostic (`analysis.bounds_check.predictions`). A model without gates: verdict None (the swap
     changes nothing)."""
     cfg = config or CheckConfig()
     split = as_split(data)
     with _as_given(model):
-        layers = check_stage.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
+        layers = bounds_check.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
         if not layers:
             return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
                     "note": "no gates: the swap leaves this model unchanged"}
-        cert = check_stage.swap_certificate(model, split, batch_size, split.x[:1])
-    return {"layers": layers, "certificate": cert, "verdict": check_stage.verdict(layers, cert),
-            "predictions": check_stage.predictions(layers)}
+        cert = bounds_check.swap_certificate(model, split, batch_size, split.x[:1])
+    return {"layers": layers, "certificate": cert, "verdict": bounds_check.verdict(layers, cert),
+            "predictions": bounds_check.predictions(layers)}
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,

@@ -169,7 +169,7 @@ def _epoch_runner(cfg, ds, act: str, frozen: bool, graphs_on: bool, device: str 
     from pipeline.data import on_device
     from pipeline.models import build_model, make_spec
     from pipeline.schedule import param_groups
-    from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer
+    from pipeline.train_loop import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer
 
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
@@ -204,7 +204,8 @@ def _synthetic_cifar(n: int = 10000, seed: int = 0):
     return Dataset(info, Split(x, y), Split(x[:512], y[:512]), Split(x[:512], y[:512]))
 
 
-def bench_epochs(quick: bool = False, device: str = "cuda") -> dict[str, Any]:
+def bench_epochs(quick: bool = False, device: str = "cuda", eager: bool = False) -> dict[str, Any]:
+    """Epoch ratios on the default CUDA path for every model; eager beside it for the default MLP (all with `eager`)."""
     from pipeline.config import Config, apply_overrides
     from pipeline.data import dataset_for
 
@@ -222,7 +223,9 @@ def bench_epochs(quick: bool = False, device: str = "cuda") -> dict[str, Any]:
             from pipeline.data import Split
 
             ds.train = Split(ds.train.x[:2048], ds.train.y[:2048])
-        for path, graphs_on in (("cuda_graph", True), ("eager", False)) if device == "cuda" else (("eager", False),):
+        paths = (("cuda_graph", True), ("eager", False)) if device == "cuda" and (eager or not make and not over) else (
+            (("cuda_graph", True),) if device == "cuda" else (("eager", False),))
+        for path, graphs_on in paths:
             runners = {name: _epoch_runner(cfg, ds, act, frozen, graphs_on, device)
                        for name, act, frozen in (("gelu", "gelu", False), ("lambda_gelu", "lambda_gelu", False),
                                                  ("lambda_gelu[frozen]", "lambda_gelu", True))}
@@ -270,7 +273,7 @@ def _compiled_epoch_runner(cfg, ds, act: str):
     from pipeline.data import on_device
     from pipeline.models import build_model, make_spec
     from pipeline.schedule import param_groups
-    from pipeline.train import OPTIMIZERS, _train_epoch
+    from pipeline.train_loop import OPTIMIZERS, _train_epoch
 
     device = torch.device("cuda")
     torch.manual_seed(cfg.seed)

@@ -63,6 +63,17 @@ def section(folder: Path) -> dict[str, Any]:
         sec["default_run_swap"] = json.loads(sw.read_text())
     sec["tests"] = {name: t for name, t in (("cuda", _tests(folder / "cuda-tests.log")),
                                             ("fast_suite", _tests(folder / "fast-suite.log"))) if t}
+    comp = folder / "compile.json"
+    if comp.is_file():
+        sec["compile"] = json.loads(comp.read_text()).get("compile")
+    ver = folder / "verify.tar.gz"
+    if ver.is_file():
+        import tarfile
+
+        with tarfile.open(ver) as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("instances.json")), None)
+            if member is not None:
+                sec["verify"] = json.loads(tar.extractfile(member).read())["summary"]
     return sec
 
 
@@ -108,6 +119,16 @@ def goals(sec: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"goal": f"{dev}: the default run's λ-GELU swap is lossless", "target": "val and test unchanged",
                     "measured": {"median": swap["test_after"] - swap["test_before"], "min": 0, "max": 0}, "unit": "",
                     "digits": 4, "met": lossless, "note": f"argmax agreement {swap['argmax_agreement']:.4f}"})
+    v = sec.get("verify")
+    if v:
+        out.append({"goal": f"{dev}: mnist_fc stand-in at {v['timeout_s']:g} s, decided", "target": "≥ 80/90",
+                    "measured": {"median": v["decided"], "min": v["decided"], "max": v["decided"]}, "unit": f"/{v['instances']}",
+                    "digits": 0, "met": v["decided"] >= 80 and v["instances"] == 90,
+                    "note": f"{v['jobs']} worker processes sharing the GPU; by depth {v['by_net']}; median decided "
+                            f"{v['median_decided_s']} s; CPU reference decided {v.get('reference_decided')}"})
+        out.append({"goal": f"{dev}: mnist_fc stand-in, wrong answers", "target": "0",
+                    "measured": {"median": v["wrong"], "min": v["wrong"], "max": v["wrong"]}, "unit": "", "digits": 0,
+                    "met": v["wrong"] == 0, "note": "witnesses replayed in onnxruntime at tolerance 0; verdicts against the CPU reference"})
     for name, t in sec.get("tests", {}).items():
         bad = t["counts"].get("failed", 0) + t["counts"].get("error", 0) + t["counts"].get("errors", 0)
         out.append({"goal": f"{dev}: {name} tests", "target": "0 failures", "measured": {"median": bad, "min": bad, "max": bad},

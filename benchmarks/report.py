@@ -144,6 +144,15 @@ def _gpu(sec: dict[str, Any]) -> list[str]:
         lines += ["", f"The default `pipeline run` on this machine: {run['total_s']:.1f} s of stages.", ""]
         lines += _table(["stage", "seconds", "device"], [[s, f"{v['seconds']:.1f}" if v["seconds"] is not None else "–",
                                                           str(v.get("device"))] for s, v in run["stages"].items()])
+    v = sec.get("verify")
+    if v:
+        lines += ["", f"Verifier: the mnist_fc stand-in through `pipeline vnncomp` on the GPU, {v['timeout_s']:g} s per instance, "
+                  f"{v['jobs']} worker processes sharing it (`benchmarks/gpu_verify.sh`): {v['decided']}/{v['instances']} decided "
+                  f"(by depth {v['by_net']}), median {v['median_decided_s']} s over the decided, {v['wrong']} wrong, "
+                  f"{v['wall_s']:.0f} s wall; the CPU reference decided {v.get('reference_decided')}."]
+    if sec.get("compile"):
+        lines += ["", "torch.compile(mode=\"reduce-overhead\") against the captured steps, default MLP: "
+                  + ", ".join(f"{k} {r['epoch_s']:.3f} s/epoch (first {r['first_epoch_s']:.0f} s)" for k, r in sec["compile"].items())]
     for name, t in sec.get("tests", {}).items():
         lines += ["", f"Tests ({name}): " + ", ".join(f"{v} {k}" for k, v in t["counts"].items())
                   + (("; failed: " + ", ".join(t["failed"])) if t["failed"] else "")]

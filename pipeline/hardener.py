@@ -38,7 +38,7 @@ from .config import GateConfig, HardenConfig, TrainConfig
 from .errors import PipelineError
 from .gates import lambda_target
 from .probe import smooth_calls
-from .records import VariantRecord
+from .variant_record import VariantRecord
 from .schedule import annealed_lambda, param_groups, switch_epoch
 
 HARDENED_RTOL = 1e-6  # λ ≥ λ_target·(1 − this) counts as hardened (float32 storage of λ)
@@ -59,7 +59,7 @@ class Hardener:
         hardness parameters' learning-rate factor c. `example`: an input batch for the watched forward that finds
         gate functions called inside forward() (default: a zero batch read from the first layer, `pipeline.probe`).
         `allow_no_gates`: the train stage's plain training (its baselines, the fine-tuned swap): no gate, no check.
-        In a pipeline run `record` is the variant's record (`pipeline.records`), which holds e_s and λ_target as the
+        In a pipeline run `record` is the variant's record (`pipeline.variant_record`), which holds e_s and λ_target as the
         train stage decided them once: they are read from it, not derived again."""
         if _as_int(epochs) is None or epochs < 1:
             raise HardenError(f"Hardener needs epochs >= 1 (the T of Algorithm 1), got {epochs!r}")

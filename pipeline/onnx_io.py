@@ -1,6 +1,6 @@
 """ONNX in and out, the one place: the torch → ONNX exporter (`to_onnx`, `check_graph`), onnxruntime sessions and flat
 inference (`session`, `forward_flat`), and the names every exported graph gives its input and output. The export
-stage (`quantize/export.py`), the onnxruntime helper (`quantize/ort.py`) and the verification engine (which reads a
+library (`quantize/export.py`), the onnxruntime helper (`quantize/ort.py`) and the verification engine (which reads a
 torch model through its export and replays counterexamples in onnxruntime) all use these.
 
 Decisions (see also `quantize/export.py` and docs/architecture.md, "Pitfalls"): the TorchScript exporter

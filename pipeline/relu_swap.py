@@ -1,5 +1,5 @@
 """The swap as a library: every gate of a model becomes ReLU, with no weight update. The swap stage
-(`pipeline/swap.py`), the train stage's `harden.method=swap`, the certificate and `to_gates`' users call these.
+(`pipeline/stages/swap.py`), the train stage's `harden.method=swap`, the certificate and `to_gates`' users call these.
 
 A gate function called inside some forward (`x = F.gelu(x)`) is no module, so no swap can replace it: `to_relu`
 and `swap_report` watch one forward (`pipeline.probe`) and refuse such a model with `SwapError`, rather than hand

@@ -16,8 +16,8 @@ from typing import Any
 from .atomic_io import atomic_write_json
 from .config import Config, from_dict, validate
 from .errors import RunDirError
-from .records import VariantRecord
-from .records import from_dict as record_from_dict
+from .variant_record import VariantRecord
+from .variant_record import from_dict as record_from_dict
 
 VERSIONED = ["torch", "numpy", "scipy", "sympy", "onnx", "onnxruntime", "onnxsim", "maraboupy"]
 
@@ -150,7 +150,7 @@ class RunDir:
         self._write_manifest(m)
 
     def record_variants(self, records: dict[str, VariantRecord]) -> None:
-        """Each variant's record (`pipeline.records`), written once by the train stage."""
+        """Each variant's record (`pipeline.variant_record`), written once by the train stage."""
         self.update_manifest(variants={v: r.as_dict() for v, r in records.items()})
 
     def variant(self, name: str) -> VariantRecord:
@@ -167,18 +167,21 @@ class RunDir:
         """Every variant's record the train stage wrote ({} before it has run); `variant` for one that must exist."""
         return {v: self.variant(v) for v in self.manifest().get("variants", {})}
 
-    def read_json(self, stage: str, name: str) -> Any | None:
-        """A JSON file a stage wrote into its directory, or None when it has not written it (a report section
-        of a stage that has not run is left out). A corrupt file is an error naming the `--redo` that rewrites it."""
-        from .stages import STAGES  # the stage registry names each stage's directory
-
-        path = self.file(STAGES[stage].directory, name)
+    def read_json(self, *parts: str) -> Any | None:
+        """A JSON file a stage wrote, `parts` as for `file` (e.g. "quantize", "quantize.json"), or None when it has not
+        been written (a report section of a stage that has not run is left out): the one way a stage's JSON is read. A
+        corrupt file is an error naming the `--redo` of the stage that wrote it (the manifest's record of its outputs)."""
+        path = self.file(*parts)
         if not path.is_file():
             return None
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise RunDirError(f"{path} is corrupt ({exc.msg}); rewrite it with `pipeline run --resume {self.path} --redo {stage}`") from None
+            writer = self.writer_of(path)
+            fix = (f"rewrite it with `pipeline run --resume {self.path} --redo {writer}`" if writer else
+                   f"rerun the stage that writes {parts[0]}/ (`pipeline stages` lists them) with "
+                   f"`pipeline run --resume {self.path} --redo <stage>`")
+            raise RunDirError(f"{path} is corrupt ({exc.msg}); {fix}") from None
 
     def writer_of(self, path: str | Path) -> str | None:
         """The stage whose manifest record lists this file (as written or rewritten by it), or None."""

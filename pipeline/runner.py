@@ -1,6 +1,6 @@
-"""The stage runner: runs the selected stages of a run in order over its run directory, recording status,
-times, outputs (sha256) and metrics in the manifest; finished stages are skipped and an interrupted one
-resumes (the stage itself picks up its partial work).
+"""The stage runner: runs the selected stages of a run (`pipeline/stages/`) in order over its run directory,
+recording status, times, outputs (sha256) and metrics in the manifest; finished stages are skipped and an interrupted
+one resumes (the stage itself picks up its partial work). With the stages and the CLI it is the top layer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .cores import choose_threads
 from .errors import CheckpointError, PipelineError
 from .atomic_io import hold, release
 from .rundir import RunDir, now
-from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, resolve, selected
+from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, selected
 
 
 def validate(cfg: Config) -> Config:
@@ -34,7 +34,7 @@ def validate(cfg: Config) -> Config:
     check_names(cfg.stages)
     for stage in STAGES.values():
         if stage.validate:
-            resolve(stage.validate)(cfg)
+            stage.validate(cfg)
     return cfg
 
 
@@ -132,6 +132,20 @@ def _reopen(path: str, overrides: list[str] | None, redo: list[str] | None) -> R
     return run
 
 
+def closing_lines(run: RunDir) -> list[str]:
+    """What a run must not end in silence about, from the manifest's stage metrics, repeated at its end: a selected
+    checkpoint below its λ_target (train/harden), every network the verify stage did not verify, with its reason."""
+    stages = run.manifest()["stages"]
+    out = []
+    for name in ("train", "harden"):
+        for variant, m in (stages.get(name, {}).get("metrics") or {}).items():
+            if isinstance(m, dict) and m.get("warning"):
+                out.append(f"WARNING ({name}) {m['warning']}")
+    for model, why in ((stages.get("verify", {}).get("metrics") or {}).get("not_verified") or {}).items():
+        out.append(f"NOT VERIFIED {model}: {why}")
+    return out
+
+
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the selected stages (`_run_stages`) holding the run directory, which is let go at the end: `create`
     and `resume` took it already, a direct caller takes it here."""
@@ -182,9 +196,9 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.
         before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
-        mark(name, status="running", started=now(), device=stage.device(device), threads=threads, seed=cfg.seed, before=before)
+        mark(name, status="running", started=now(), device=stage.device(device, cfg), threads=threads, seed=cfg.seed, before=before)
         try:
-            metrics = stage.fn()(cfg, run)
+            metrics = stage.run(cfg, run)
         except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run
             writer = run.writer_of(exc.path) if world.main and exc.path else None
             msg = f"{exc}; rerun the stage that wrote it: `pipeline run --resume {run.path} --redo {writer or name}`"

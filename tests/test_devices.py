@@ -24,12 +24,18 @@ def test_a_model_already_there_is_used_as_it_is():
 
 
 def test_each_stage_names_where_it_runs():
-    want = {"train": "cuda", "harden": "cuda", "swap": "cuda", "export": "cpu", "int8": "cpu", "verify": "cpu",
+    want = {"train": "cuda", "harden": "cuda", "swap": "cuda", "export": "cpu", "int8": "cpu",
+            "verify": "cpu",  # verify.device=cpu below; its bound passes follow verify.device
             "report": "cpu", "check": "cuda (per-layer statistics, the float32 Jacobian bound's arithmetic), cpu (the "
                                        "certificate's walks: statements about CPU runs)",
             "sparsity": "cuda (APoZ pass), cpu (pruning, its check and export)"}
-    assert {name: st.device("cuda") for name, st in STAGES.items()} == want
-    assert all(st.device("cpu") == "cpu" for st in STAGES.values())
+    from pipeline.config import Config, apply_overrides
+
+    cfg = apply_overrides(Config(), ["verify.device=cpu"])
+    assert {name: st.device("cuda", cfg) for name, st in STAGES.items()} == want
+    assert all(st.device("cpu", cfg) == "cpu" for st in STAGES.values())
+    if torch.cuda.is_available():  # verify.device=auto: the bound passes on the GPU, the MILP and replays on the CPU
+        assert STAGES["verify"].device("cuda", Config()).startswith("cuda (bound passes")
 
 
 def test_a_cpu_run_records_cpu_for_every_stage(tmp_path):
@@ -49,7 +55,7 @@ def test_a_cpu_run_records_cpu_for_every_stage(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stage_functions_leave_a_cuda_model_on_cuda(tmp_path):
-    from analysis.check import empirical_check, swap_certificate
+    from analysis.bounds_check import empirical_check, swap_certificate
     from analysis.sparsity import unit_stats
     from pipeline.activations import ACTIVATIONS, GateContext
     from pipeline.config import GateConfig

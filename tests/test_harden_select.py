@@ -72,7 +72,7 @@ def test_in_a_run_the_hardener_reads_e_s_and_the_target_from_the_variants_record
     config (here on purpose) is what the schedule follows, and a record of another gate family is refused."""
     import dataclasses
 
-    from pipeline import records
+    from pipeline import variant_record as records
     from pipeline.config import TrainConfig
 
     record = dataclasses.replace(records.decide("lambda_gelu", HardenConfig(), TrainConfig(epochs=8)),

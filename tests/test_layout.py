@@ -1,23 +1,34 @@
-"""The architecture, checked: the project's imports form no cycle, dependencies run one way, and every
-"module:function" target the registries name exists.
+"""The architecture, checked: the project's imports form no cycle, dependencies run one way, and a stage is registered
+in one place, by import.
 
-Layers, bottom to top: pipeline (config → registries → stages, training, swap) → quantize → analysis. The
-stage registry and the CLI name upper-layer functions by "module:function" strings resolved on use, so no
-module of `pipeline` imports `quantize` or `analysis`, and `quantize` never imports `analysis`.
+Layers, bottom to top: pipeline (config → registries → training, swap, run directory) → quantize → analysis → the
+stages of `pipeline run` (`pipeline/stages/`, one module each, and their registry) with the runner, the sweep and the
+CLI that run them. A module imports only its own layer and the ones below: nothing under the top layer imports a stage,
+and `quantize` never imports `analysis`.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "quantize", "analysis")
-# Who may import whom (by top-level package): the one-way rule.
-ALLOWED = {"pipeline": {"pipeline"}, "quantize": {"pipeline", "quantize"}, "analysis": {"pipeline", "quantize", "analysis"}}
+# The top layer: the stages and what runs them. They may import every package; nothing below imports them.
+TOP = {"pipeline.stages", "pipeline.runner", "pipeline.sweep", "pipeline.cli"}
+LAYERS = ("pipeline", "quantize", "analysis", "top")  # bottom to top
 GROUND = {"pipeline.errors", "pipeline.config"}  # config imports nothing of the project but its errors
+REGISTRY = "pipeline.stages"  # the one module that registers a stage
+
+
+def layer(module: str) -> int:
+    """The layer of a project module (an index into LAYERS)."""
+    if module in TOP or any(module.startswith(t + ".") for t in TOP):
+        return LAYERS.index("top")
+    return LAYERS.index(module.split(".")[0])
 
 
 def _modules() -> dict[str, Path]:
@@ -109,46 +120,129 @@ def _cycles() -> list[list[str]]:
 def test_the_reader_sees_the_imports_that_exist():
     # a guard on the checker itself: known edges must be found, or the tests below prove nothing
     assert "pipeline.config" in GRAPH["pipeline.stages"]
+    assert "pipeline.stages.verify" in GRAPH["pipeline.stages"]  # "from . import ..., verify, verify_report"
     assert "pipeline.relu_swap" in GRAPH["analysis.theory.certificate.interpreter"]  # a function-level import
     assert "quantize.ort" in GRAPH["quantize.export"]  # "from . import ort as ort_util"
+    assert "analysis.paper" in GRAPH["pipeline.cli"]  # a command's import inside its function
 
 
 def test_no_import_cycles():
     assert _cycles() == []
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports of a higher layer than the importer's own."""
+    return sorted((m, t) for m, ts in graph.items() for t in ts if layer(t) > layer(m))
+
+
+def test_the_layer_rule_sees_an_upward_import():
+    # a guard on the checker itself: each way up is found, and the top layer may import everything
+    graph = {"pipeline.rundir": {"pipeline.stages", "pipeline.config"}, "quantize.export": {"analysis.verification"},
+             "analysis.api": {"pipeline.stages.check", "quantize.export"}, "pipeline.sweep": {"pipeline.runner"},
+             "pipeline.evaluate": {"pipeline.runner"}, "pipeline.stages.verify": {"analysis.verification", "quantize.ort"}}
+    assert upward_imports(graph) == [("analysis.api", "pipeline.stages.check"), ("pipeline.evaluate", "pipeline.runner"),
+                                     ("pipeline.rundir", "pipeline.stages"), ("quantize.export", "analysis.verification")]
+
+
 def test_dependencies_run_one_way():
-    bad = [(m, t) for m, ts in GRAPH.items() for t in ts if t.split(".")[0] not in ALLOWED[m.split(".")[0]]]
-    assert bad == []
+    assert upward_imports(GRAPH) == []
+    assert all(layer(m) == LAYERS.index("top") for m in MODULES if m.startswith("pipeline.stages"))
 
 
 def test_config_is_the_ground_floor():
     assert GRAPH["pipeline.config"] <= GROUND and GRAPH["pipeline.errors"] == set()
 
 
-@pytest.mark.parametrize("kind", ["stages", "cli"])
-def test_every_named_target_exists(kind):
-    from pipeline import cli, stages
+# --------------------------------------------------------------------------------------------------
+# A stage is registered in one place, by import: `STAGES` in pipeline/stages/__init__.py builds every `Stage` from the
+# functions of the stage modules it imports. No other module makes a Stage or adds to STAGES, and no module names a
+# function by a "module:function" string that something resolves on use (which neither imports, nor an IDE, nor a
+# reader can follow).
 
-    targets = ([t for s in stages.STAGES.values() for t in (s.run, s.report, s.validate) if t] if kind == "stages"
-               else list(cli.TARGETS.values()))
-    for target in targets:
-        assert callable(stages.resolve(target)), target
+TARGET = re.compile(r"^(pipeline|quantize|analysis)(\.\w+)*:\w+$")  # "analysis.verify:run_verify"
+# `import pipeline` stays light: its public names resolve on first use (PEP 562), from these strings only
+LAZY_EXPORTS = {"pipeline"}
+
+
+def stage_registrations(source: str, module: str) -> list[str]:
+    """Where `module` registers a stage outside the registry: a `Stage(...)` made (or `dataclasses.replace`d), STAGES
+    assigned, extended or mutated, or a "module:function" string."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree, module)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.match(node.value) \
+                and module not in LAZY_EXPORTS:
+            bad.append(f"{module}:{node.lineno} names {node.value!r} by a string")
+        if module == REGISTRY:
+            continue
+        if isinstance(node, ast.Call):
+            name = _qualified(node.func, aliases)
+            if name == f"{REGISTRY}.Stage" or (name == "dataclasses.replace" and node.args
+                                                and "STAGES" in ast.unparse(node.args[0])):
+                bad.append(f"{module}:{node.lineno} makes a Stage")
+            if (isinstance(node.func, ast.Attribute) and node.func.attr in ("update", "setdefault", "__setitem__", "pop")
+                    and _qualified(node.func.value, aliases) == f"{REGISTRY}.STAGES"):
+                bad.append(f"{module}:{node.lineno} changes STAGES")
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                   else [])
+        for t in targets:
+            base = t.value if isinstance(t, ast.Subscript) else t
+            if _qualified(base, aliases) == f"{REGISTRY}.STAGES" or (isinstance(base, ast.Name) and base.id == "STAGES"):
+                bad.append(f"{module}:{node.lineno} changes STAGES")
+    return bad
+
+
+def test_the_registration_rule_sees_a_stage_made_elsewhere():
+    # a guard on the checker itself: each way of registering a stage outside the registry is found
+    src = ("import dataclasses\nfrom pipeline import stages\nfrom pipeline.stages import STAGES, Stage\n"
+           "import pipeline.stages as S\n"
+           "extra = Stage(lambda cfg, run: {}, 'extra', 'help', ())\n"
+           "STAGES['extra'] = extra\n"
+           "stages.STAGES.update(more=S.Stage(print, 'more', 'help', ()))\n"
+           "twin = dataclasses.replace(STAGES['train'], directory='twin')\n"
+           "TARGETS = {'report': 'analysis.paper:write_report'}\n")
+    found = stage_registrations(src, "pipeline.somewhere")
+    assert sorted(found, key=lambda f: (int(f.split(":")[1].split()[0]), f)) == [
+        "pipeline.somewhere:5 makes a Stage", "pipeline.somewhere:6 changes STAGES", "pipeline.somewhere:7 changes STAGES",
+        "pipeline.somewhere:7 makes a Stage", "pipeline.somewhere:8 makes a Stage",
+        "pipeline.somewhere:9 names 'analysis.paper:write_report' by a string"], found
+    # the registry itself may make stages, never name one by a string
+    assert stage_registrations(src.replace("TARGETS = {'report': 'analysis.paper:write_report'}\n", ""), REGISTRY) == []
+    assert stage_registrations("X = 'pipeline.stages.verify:run_verify'\n", REGISTRY) != []
+    assert stage_registrations("note = 'see docs: the layout'\n", "pipeline.somewhere") == []
+
+
+def test_stages_are_registered_only_in_the_registry():
+    bad = [f for m, path in MODULES.items() for f in stage_registrations(path.read_text(), m)]
+    assert bad == []
+
+
+def test_every_stage_is_a_module_of_the_package_registered_by_import():
+    """Each stage's functions come from the stage modules (`pipeline/stages/<name>.py`), which the registry imports, and
+    each stage module serves a registered stage."""
+    from pipeline.stages import STAGES, run_report
+
+    homes = {f.__module__ for s in STAGES.values() for f in (s.run, s.report, s.validate) if f is not None}
+    assert homes - {REGISTRY} <= {m for m in MODULES if m.startswith(REGISTRY + ".")}, homes
+    assert STAGES["report"].run is run_report  # the report stage: every section, from the registry's own data
+    modules = {m for m in MODULES if m.startswith(REGISTRY + ".")}
+    assert modules <= GRAPH[REGISTRY] | {h for h in homes}, modules - GRAPH[REGISTRY]
 
 
 # --------------------------------------------------------------------------------------------------
-# One home for each fact: a variant's facts are decided once (pipeline/records.py, from the config) and read
+# One home for each fact: a variant's facts are decided once (pipeline/variant_record.py, from the config) and read
 # from its record (`RunDir.variant`); nothing else derives them again.
 
 # The deciding functions, by qualified name -> the modules that may call them (besides the one defining them).
 DECIDERS = {
-    "pipeline.gates.lambda_target": {"pipeline.records", "pipeline.hardener"},  # the record; the library schedule
-    "pipeline.schedule.switch_epoch": {"pipeline.records", "pipeline.hardener"},
-    "pipeline.activations.swapped_activation": {"pipeline.records"},
-    "pipeline.records.decide": {"pipeline.train"},  # the one writer of the records
+    "pipeline.gates.lambda_target": {"pipeline.variant_record", "pipeline.hardener"},  # the record; the library schedule
+    "pipeline.schedule.switch_epoch": {"pipeline.variant_record", "pipeline.hardener"},
+    "pipeline.activations.swapped_activation": {"pipeline.variant_record"},
+    "pipeline.variant_record.decide": {"pipeline.stages.train"},  # the one writer of the records
 }
 RELU_FORMS = "pipeline.activations.RELU_FORMS"  # `x in RELU_FORMS` decides "is it ReLU": the record's is_relu
-RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.records"}
+RELU_FORMS_HOMES = {"pipeline.activations", "pipeline.variant_record"}
 
 
 def _aliases(tree: ast.AST, module: str) -> dict[str, str]:
@@ -202,7 +296,7 @@ def test_the_fact_rule_sees_a_rederived_fact():
     assert [f.split(" ", 1)[1] for f in found] == [
         "calls pipeline.gates.lambda_target", "calls pipeline.schedule.switch_epoch", "tests `in RELU_FORMS`",
         "calls pipeline.activations.swapped_activation", "tests `in RELU_FORMS`"], found
-    assert rederived_facts(src, "pipeline.records") == []  # the record writer may
+    assert rederived_facts(src, "pipeline.variant_record") == []  # the record writer may
 
 
 def test_no_fact_is_derived_twice():
@@ -348,8 +442,9 @@ def test_every_number_of_float32_rounding_and_of_a_gate_has_one_home():
 def test_the_engine_depends_only_on_itself_and_its_leaves():
     """analysis/verification/ reads the numbers of float32 rounding, the gate families and the few leaf modules of IO
     it shares with the stages; nothing of the stages, the registries or quantize."""
+    # pipeline.distributed: `device=auto|cpu|cuda|cuda:N` resolved as a run resolves it (harness.resolve_device)
     leaves = {"pipeline.numerics", "pipeline.gates", "pipeline.errors", "pipeline.atomic_io", "pipeline.onnx_io",
-              "pipeline.shards", "pipeline.devices", "pipeline.progress"}
+              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed"}
     engine = {m for m in MODULES if m == "analysis.verification" or m.startswith("analysis.verification.")}
     bad = sorted((m, t) for m in engine for t in GRAPH[m] if t not in engine and t not in leaves)
     assert bad == []

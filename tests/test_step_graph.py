@@ -15,7 +15,7 @@ from pipeline.data import Split, dataset_for
 from pipeline.hardener import Hardener
 from pipeline.models import build_model, make_spec
 from pipeline.schedule import lr_at, param_groups
-from pipeline.train import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer, graph_unavailable
+from pipeline.train_loop import OPTIMIZERS, EpochSums, _train_epoch, fused_optimizer, graph_unavailable
 
 ADAMW_RTOL = 1e-5  # capturable AdamW: step count and bias corrections in float32 on the device, not Python floats
 EPOCHS = 4

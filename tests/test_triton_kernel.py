@@ -40,9 +40,12 @@ def _interpreter_broken() -> str | None:
     return None
 
 
-def _run_cases(env: dict[str, str]) -> None:
+def _run_cases(env: dict[str, str], workers: int = 0) -> None:
+    """The cases in a child process; `workers` > 0 spreads them over that many xdist processes (compiling the kernel
+    variants is most of the compiled run's time, and each process compiles its own)."""
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
-    res = subprocess.run([sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+    dist = ["-n", str(workers)] if workers > 0 else ["-p", "no:xdist"]
+    res = subprocess.run([sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", *dist],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = res.stdout[-6000:] + res.stderr[-3000:]
     assert res.returncode == 0, tail
@@ -64,7 +67,13 @@ def test_interpreted_kernels():
 def test_compiled_kernels_on_cuda():
     """Every case on CUDA with compiled (not interpreted) kernels, in a child process."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    _run_cases({**env, "TRITON_GATE_TEST_COMPILED": "1"})
+    try:
+        import xdist  # noqa: F401
+
+        workers = min(8, max(0, (os.cpu_count() or 1) // 2))
+    except ImportError:
+        workers = 0
+    _run_cases({**env, "TRITON_GATE_TEST_COMPILED": "1"}, workers)
 
 
 def test_imports_without_triton(monkeypatch):

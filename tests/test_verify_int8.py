@@ -292,14 +292,16 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
 
     from _digits import make_run, trained
     from analysis.verification.vnncomp import read_results
-    from analysis.verify import read_rows, report_section, run_verify, validate_config
+    from analysis.robustness.properties import read_rows
+    from pipeline.stages.verify import run_verify, validate_config
+    from pipeline.stages.verify_report import report_section
     from pipeline.config import ConfigError, apply_overrides
-    from quantize import export as ex
-    from quantize import int8 as q8
+    from pipeline.stages import export as export_stage
+    from pipeline.stages import int8 as int8_stage
 
     run = make_run(tmp_path, {"relu": trained("relu")})
-    ex.run_export(run.cfg, run)
-    q8.run_int8(run.cfg, run)
+    export_stage.run_export(run.cfg, run)
+    int8_stage.run_int8(run.cfg, run)
     v = run.cfg.verify
     v.samples, v.epsilons, v.smooth, v.budget_s, v.int8_budget_s = 3, [0.01, 0.2], False, 30.0, INT8_BUDGET_S
     run_verify(run.cfg, run)

@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from _digits import digits, make_run, trained
-from analysis import verify as verify_mod
+from pipeline.stages import verify as verify_mod
 from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.bounds import Bounder
 from analysis.verification.vnncomp import read_results, witness_path
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib, robustness_spec
-from analysis.verify import read_rows, report_section, run_verify, validate_config
+from analysis.robustness.properties import read_rows
+from pipeline.stages.verify import run_verify, validate_config
+from pipeline.stages.verify_report import report_section
 from pipeline.config import Config, ConfigError, apply_overrides
 from pipeline.stages import STAGES
 from quantize.ort import forward_flat
@@ -61,7 +63,7 @@ def done(tmp_path_factory):
 def test_the_stage_shows_its_progress_in_the_log(done):
     """Without a terminal, progress lines go to the log; the last one counts every property (ReLU and smooth)."""
     run, _, _ = done
-    lines = [line for line in run.progress_log.splitlines() if "verify:" in line]
+    lines = [line for line in run.progress_log.splitlines() if "verify:" in line and "properties final" in line]
     total = len(_rows(run)) + len(read_rows(run.file("verify", "smooth.csv")))
     assert lines and lines[-1].strip().startswith(f"verify: {total}/{total} properties final")
 
@@ -88,6 +90,21 @@ def test_stage_is_registered_before_report_and_config_is_checked():
         with pytest.raises(ConfigError, match=match) as e:
             validate_config(apply_overrides(Config(), [override]))
         assert "\n" not in str(e.value)
+
+
+def test_a_variant_named_like_an_int8_row_is_refused():
+    """Whether a row is an int8 model's is decided by its name (`is_int8`): a variant whose own name ends so would be
+    read as one, so the stage's check refuses it (unless the int8 rows are off)."""
+    from analysis.robustness.properties import int8_name, is_int8
+
+    assert is_int8(int8_name("relu")) and not is_int8("relu") and not is_int8("int8_relu")
+    cfg = Config()
+    cfg.variants = ["relu", int8_name("relu")]
+    with pytest.raises(ConfigError, match="relu-int8.*verify.int8=false") as e:
+        validate_config(cfg)
+    assert "\n" not in str(e.value)
+    cfg.verify.int8 = False
+    validate_config(cfg)
 
 
 def test_vnncomp_layout_and_instances_point_to_files(done):
@@ -270,3 +287,24 @@ def test_the_radius_units_are_named_for_tables_and_images():
     image_info = SimpleNamespace(feature_names=[], input_low=0.0, input_high=1.0)
     assert "raw feature units" in verify_mod._eps_units(table_info)
     assert verify_mod._eps_units(image_info) == "the input's own units (valid range 0.0 to 1.0)"
+
+
+def test_nothing_unverified_passes_in_silence(done):
+    """A network the stage does not verify (here the int8 models: this run has no int8 stage) is named with its reason
+    in the log at the stage's end, in summary.json's `not_verified`, first in the report's verify section, and again in
+    the run's closing summary."""
+    from pipeline.runner import closing_lines
+
+    run, _, metrics = done
+    missing = metrics["not_verified"]
+    want = {f"{v}-int8" for v in VARIANTS} if run.cfg.verify.int8 else set()
+    assert set(missing) == want and all("int8 stage wrote no int8 model" in why for why in missing.values())
+    for model, why in missing.items():
+        assert f"NOT VERIFIED {model}: {why}" in run.progress_log
+    assert json.loads(run.file("verify", "summary.json").read_text())["not_verified"] == missing
+    section = report_section(run.cfg, run)
+    if missing:
+        assert section.index("**Not verified**") < section.index("Properties:")
+    run.mark_stage("verify", status="done", metrics=metrics)
+    assert [line for line in closing_lines(run) if line.startswith("NOT VERIFIED")] == [
+        f"NOT VERIFIED {m}: {why}" for m, why in missing.items()]

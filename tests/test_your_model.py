@@ -382,8 +382,9 @@ def test_vnncomp_out_to_an_unwritable_place_fails_before_the_first_instance(benc
 
 
 def test_the_training_table_lists_every_epoch_at_the_best_value(tmp_path):
-    from pipeline import records, train
+    from pipeline import variant_record as records
     from pipeline.config import Config
+    from pipeline.stages import train
     from pipeline.rundir import RunDir
 
     cfg = Config(name="r", out_dir=str(tmp_path), variants=["lambda_gelu"], device="cpu")
@@ -406,7 +407,8 @@ def test_the_training_table_lists_every_epoch_at_the_best_value(tmp_path):
 
 
 def test_the_certificate_bullet_gives_the_sample_count_not_the_config_key():
-    from analysis.check import certificate_lines, swap_certificate
+    from analysis.bounds_check import swap_certificate
+    from pipeline.stages.check import certificate_lines
     from pipeline.data import Split
 
     model, _ = trained("lambda_gelu", epochs=2)
@@ -419,7 +421,8 @@ def test_the_certificate_bullet_gives_the_sample_count_not_the_config_key():
 
 
 def test_the_verification_figure_counts_each_network_kind():
-    from analysis.verify import fractions, fractions_figure
+    from analysis.robustness.chain import fractions
+    from pipeline.stages.verify_report import fractions_figure
 
     def row(v, s, e, direct, via, relu, q):
         return {"variant": v, "sample": s, "eps": e, "smooth_direct": direct, "smooth_via_relu": via, "relu": relu, "int8": q}

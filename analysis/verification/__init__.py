@@ -1,4 +1,4 @@
-"""Verification tools, one file per concept (the verify stage itself is `analysis/verify.py`):
+"""Verification tools, one file per concept (the verify stage itself is `pipeline/stages/verify.py`):
 
 - ops, graph: the graph IR (affine ops, ReLU and the smooth gates; a DAG of nodes);
 - readers: ONNX graphs (a table from op type to handler) and torch modules (through their ONNX export);

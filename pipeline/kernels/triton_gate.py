@@ -218,7 +218,7 @@ if _IMPORT_ERROR is None:
                 # −(a + a_lo)²/2 = −q/2 − (q_lo/2 + a·a_lo) up to a_lo² (relative 1e-14)
                 m, s = _exp_parts(tl.maximum(-0.5 * q, -_EXP_FLOOR), -0.5 * q_lo - a * a_lo, FAST)
             else:
-                m = _ex2(tl.maximum(-0.5 * a * a, -_EXP_FLOOR) * _LOG2E, FAST) * (1.0 / _TWO_M_BIAS)
+                m = _ex2(tl.maximum(-0.5 * a * a, -_EXP_FLOOR) * _LOG2E, FAST)  # E itself (`_times_e`)
                 s = 1.0
             tt = _rcp(1.0 + _PT * a, FAST)
             qp = _A8
@@ -236,17 +236,21 @@ if _IMPORT_ERROR is None:
             if PRECISE:
                 m, s = _exp_parts(tl.maximum(-a, -_EXP_FLOOR), -a_lo, FAST)
             else:
-                m = _ex2(tl.maximum(-a, -_EXP_FLOOR) * _LOG2E, FAST) * (1.0 / _TWO_M_BIAS)
+                m = _ex2(tl.maximum(-a, -_EXP_FLOOR) * _LOG2E, FAST)  # E itself (`_times_e`)
                 s = 1.0
-            r = _rcp(1.0 + (m * s) * _TWO_M_BIAS, FAST)
+            r = _rcp(1.0 + _times_e(1.0, m, s, PRECISE), FAST)
             tail = r
             zdg = (zc * r) * r
         return zc, neg, inside, m, s, tail, zdg
 
     @triton.jit
-    def _times_e(v, m, s):
-        """v·E with E = m·s·2^−EXP_BIAS: the normal factors first, the power of two last (one rounding into a subnormal)."""
-        return ((v * m) * s) * _TWO_M_BIAS
+    def _times_e(v, m, s, PRECISE: tl.constexpr):
+        """v·E. PRECISE (float32 inputs): E = m·s·2^−EXP_BIAS, the normal factors first, the power of two last (one
+        rounding into a subnormal); else E = m (flushed to 0 below 2^−126: at most that, absolutely, for 16-bit outputs)."""
+        if PRECISE:
+            return ((v * m) * s) * _TWO_M_BIAS
+        else:
+            return v * m
 
     @triton.jit
     def _tile(pid, M, N, C, TI, COL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
@@ -280,7 +284,7 @@ if _IMPORT_ERROR is None:
         # f = x·g(z): on the negative side x·tail·E, on the positive side x − x·tail·E for Φ (1 − Φ(−a) = Φ(a)) and
         # x·r for σ. Beyond the clamp x·tail·E is 0 (f(−∞) = 0, f(+∞) = +∞): x is zeroed there, so ±inf never forms
         # inf·0 (both sides of a select are evaluated); NaN stays NaN through x − 0.
-        v = _times_e(tl.where(inside, x, 0.0) * tail, m, s)
+        v = _times_e(tl.where(inside, x, 0.0) * tail, m, s, PRECISE)
         if GATE == 0:
             y = tl.where(neg, v, x - v)
         else:
@@ -319,13 +323,13 @@ if _IMPORT_ERROR is None:
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             zc, neg, inside, m, s, tail, zdg = _gate_parts(x, lam, GATE, PRECISE, FAST)
-            zd = _times_e(zdg, m, s)  # z·g'(z)
+            zd = _times_e(zdg, m, s, PRECISE)  # z·g'(z)
             if NEED_X:
                 if GATE == 0:
-                    gt = _times_e(tail, m, s)
+                    gt = _times_e(tail, m, s, PRECISE)
                     cdf = tl.where(neg, gt, 1.0 - gt)
                 else:
-                    cdf = tl.where(neg, _times_e(tail, m, s), tail)
+                    cdf = tl.where(neg, _times_e(tail, m, s, PRECISE), tail)
                 gx = g * (cdf + zd)  # ∂f/∂x = g(z) + z·g'(z)
                 tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
             if NEED_P:
@@ -420,11 +424,14 @@ class _Plan(Layout):
         self.device_index = x.device.index if x.device.type == "cuda" else None
 
 
+# Plans are never evicted: a captured CUDA graph keeps the addresses of a plan's partials and counters, so they must
+# live as long as the process (a plan costs a few hundred bytes of device memory per layer shape).
 _PLANS: dict[tuple, _Plan | str] = {}
 
 
 def clear_plans() -> None:
-    """Forget every launch plan (tests that change the tiling constants call this)."""
+    """Forget every launch plan (tests that change the tiling constants call this; never while a captured graph that
+    launched these kernels may still be replayed)."""
     _PLANS.clear()
 
 

@@ -104,7 +104,8 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
         elif kind == "flatten":
             h, hbar = h.reshape(n, -1), hbar.reshape(n, -1)
         elif kind == "linear":
-            w, b = m.weight, (m.bias if m.bias is not None else w.new_zeros(m.out_features))
+            w = m.weight
+            b = m.bias if m.bias is not None else w.new_zeros(m.out_features)
             if not sources:  # the first Linear: its input's error enters as one source, through |W| once
                 dev_h, nu = hbar, hbar @ w.abs().T
             else:
