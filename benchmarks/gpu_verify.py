@@ -107,7 +107,9 @@ def table(rows: list[dict[str, Any]], ref: dict[tuple[str, str], str], wall_s: f
     lines = [f"| mnist_fc stand-in, {timeout:g} s per instance, {device}, {jobs} jobs | value |", "|---|---|",
              f"| decided | {len(decided)}/{len(rows)} (sat {c['sat']}, unsat {c['unsat']}) |"]
     lines += [f"| {n} | {d}/{t} |" for n, (d, t) in per.items()]
-    lines += [f"| timeout / unknown / error | {c['timeout']} / {c['unknown']} / {c['error']} |",
+    not_run = sum("not run" in (r.get("message") or "") for r in rows)
+    lines += [f"| timeout / unknown / error | {c['timeout']} / {c['unknown']} / {c['error']} "
+              f"({not_run} of the timeouts not run: the wall budget) |",
               f"| median s over decided | {statistics.median(secs):.3f} |" if secs else "| median s over decided | - |",
               f"| wrong answers | {len(bad_witness) + len(contradict)} (witnesses failing onnxruntime: {len(bad_witness)}, "
               f"verdicts against the reference: {len(contradict)}) |",
@@ -118,7 +120,7 @@ def table(rows: list[dict[str, Any]], ref: dict[tuple[str, str], str], wall_s: f
                "median_decided_s": statistics.median(secs) if secs else None, "wrong": len(bad_witness) + len(contradict),
                "bad_witnesses": [(r["onnx"], r["vnnlib"]) for r in bad_witness],
                "contradictions": [(r["onnx"], r["vnnlib"], r["result"], ref[(r["onnx"], r["vnnlib"])]) for r in contradict],
-               "wall_s": wall_s, "timeout_s": timeout, "device": device, "jobs": jobs, "reference_decided": ref_decided}
+               "not_run": not_run, "wall_s": wall_s, "timeout_s": timeout, "device": device, "jobs": jobs, "reference_decided": ref_decided}
     return "\n".join(lines), summary
 
 
