@@ -196,7 +196,7 @@ class Bounder:
         vals[0] = (self.lb[None], self.ub[None])
         for k, node in enumerate(self.net.nodes[1:], start=1):
             if isinstance(node.op, Affine):
-                vals[k] = node.op.ibp(*(vals[i] for i in node.inputs))
+                vals[k] = _unknown_nan(*node.op.ibp(*(vals[i] for i in node.inputs)))
                 continue
             lo, hi = vals[node.inputs[0]]
             l, u = at_site(self.site_of[k], lo[0], hi[0])
@@ -205,7 +205,7 @@ class Bounder:
             elif isinstance(node.op, Gate):
                 glo, ghi = gate_range(SMOOTH_GATES[node.op.kind], node.op.lam, l, u)
             else:
-                glo, ghi = node.op.interval(l, u)
+                glo, ghi = _unknown_nan(*node.op.interval(l, u))
             vals[k] = (glo[None], ghi[None])
         lo, hi = vals[self.net.output]
         return lo[0], hi[0]
@@ -220,6 +220,8 @@ class Bounder:
             W, c = C @ out.op.W, C @ out.op.b
             return W.clamp(min=0) @ l.clamp(min=0) + W.clamp(max=0) @ u.clamp(min=0) + c + d
         lo, hi = self.ibp_out
+        if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):  # an unknown output: 0·∞ must not become NaN
+            lo, hi = lo.clamp(min=-1e300), hi.clamp(max=1e300)
         return C.clamp(min=0) @ lo + C.clamp(max=0) @ hi + d
 
     # -- relaxations -------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ class Bounder:
             al, _, au, bu = ReluLines.of(l, u).lines(slopes)
             return al, torch.zeros_like(al), au, bu
         if not isinstance(op, Gate):
-            return op.lines(l, u)
+            return op.lines(l, u) if op.elementwise else op.relax(l, u)
         gate = SMOOTH_GATES[op.kind]
         lam = op.lam
         L, U = lam * l, lam * u
@@ -315,7 +317,14 @@ class Bounder:
             elif bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
             else:
-                al, bl, au, bu = (t.to(dtype) for t in self.relaxation(s, sl, exact))
+                relax = tuple(t.to(dtype) for t in self.relaxation(s, sl, exact))
+                if not n.op.elementwise:  # a product of two variables (`nonlinear`): its own back-substitution
+                    A, c = ops[k].back(A, relax)
+                    const = const + c
+                    i = n.inputs[0]
+                    acc[i] = acc[i] + A if i in acc else A
+                    continue
+                al, bl, au, bu = relax
             Ap, An = A.clamp(min=0), A.clamp(max=0)
             const = const + (An * bu).sum(-1) + (0 if bl is None else (Ap * bl).sum(-1))
             A = Ap * al + An * au
@@ -497,6 +506,12 @@ class Bounder:
         return BoxBounds(self.net, self.lb, self.ub, self.ibp_pre, self.ibp_out, list(self.pre), self.method)
 
 
+def _unknown_nan(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interval arithmetic on an unbounded interval (a transformer op outside what the box proves: an exp that may
+    overflow, a LayerNorm's float32 error beyond its bound) meets ∞·0 and ∞ − ∞: NaN there means unknown."""
+    return torch.nan_to_num(lo, nan=-math.inf), torch.nan_to_num(hi, nan=math.inf)
+
+
 def _detach(v):
     return tuple(t.detach() for t in v) if isinstance(v, tuple) else v.detach()
 
@@ -544,7 +559,11 @@ def swap_gap(smooth: Graph, relu_pre: Sequence[tuple[torch.Tensor, torch.Tensor]
             d[k] = relu_moves[None]
             continue
         if not isinstance(node.op, Gate):
-            raise UnsupportedModel(f"the swap gap has no rule for {type(node.op).__name__}")
+            if not hasattr(node.op, "gap"):
+                raise UnsupportedModel(f"the swap gap has no rule for {type(node.op).__name__}")
+            # an op both networks share (exp, a product, ...): how far its output moves when its input moves by dk
+            d[k] = node.op.gap(l, u, dk)[None]
+            continue
         gate = SMOOTH_GATES[node.op.kind]
         lam = node.op.lam
         via_relu = swap_gap_unit(gate, lam, l - dk, u + dk) + relu_moves

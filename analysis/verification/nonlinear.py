@@ -1,0 +1,403 @@
+"""The nonlinear ops a transformer adds to a verification graph, each with a sound linear relaxation of its own (the ops
+`bounds.Bounder` does not optimize; branch and bound splits only ReLUs, these keep their relaxations):
+
+- elementwise, convex or concave on their domain (`Curve`): `Exp`, `Reciprocal` (x > 0), `Sqrt` (x ≥ 0), `Rsqrt`
+  (1/√x, x > 0) and `Square`. Over an input interval [l, u] the chord through (l, f(l)) and (u, f(u)) is on one side
+  of f and the tangent at the middle m = (l + u)/2 on the other (auto_LiRPA's `BoundExp`, `BoundReciprocal`,
+  `BoundSqrt` choose the same lines; the middle is the tangent point of least area between line and curve, since the
+  area's derivative in m is f''(m)·((l + u)/2 − m));
+- products of two variables: `Product` (x ⊙ y elementwise) and `BatchMatMul` (A @ B over a batch of matrices). Each
+  product term x·y over the box [x_l, x_u] × [y_l, y_u] gets McCormick's two planes averaged per side (auto_LiRPA's
+  `MulHelper.interpolated_relaxation` at r = ½, its `middle` option):
+
+      x·y ≥ y_m·x + x_m·y − (x_u·y_u + x_l·y_l)/2,      x·y ≤ y_m·x + x_m·y − (x_l·y_u + x_u·y_l)/2,
+
+  (x_m, y_m the middles): the gaps are ½[(x − x_l)(y − y_l) + (x_u − x)(y_u − y)] ≥ 0 and
+  ½[(x_u − x)(y − y_l) + (x − x_l)(y_u − y)] ≥ 0, at most half a single plane's worst gap, and both sides share their
+  coefficients, so a MatMul's relaxation is two matrix products (coefficients Λ·B_mᵀ and A_mᵀ·Λ) and two constant
+  matrices −½(A_u·B_u + A_l·B_l), −½(A_u·B_l + A_l·B_u), never a tensor per product term.
+
+A softmax is read as exp and reciprocal (`readers`: softmax_i = 1/Σ_j exp(x_j − x_i), Wei et al. 2023's
+exp-reciprocal form: no division of two variables, and exp(x_i − x_i) = 1 exactly, so the sum is ≥ 1), a LayerNorm
+as centring, Square, a mean, Rsqrt and a Product.
+
+A product's op reads one input, the concatenation of its two operands (the reader adds the `Concat`), so every
+nonlinear node of the graph is an activation site with one input interval, as ReLUs and gates are.
+
+Floating point: the lines are computed in float64 from torch's exp/sqrt/reciprocal (within a few ulps); each intercept
+is moved outward by `REL_SLACK` times the magnitudes involved plus `TINY`, far more than the rounding of the
+line's coefficients (relative 1e-16) and of the functions (tests/test_verify_nonlinear.py samples each relaxation
+densely in float64, each side apart, and checks exp against mpmath).
+
+An input interval outside an op's domain (a divisor whose lower bound is ≤ 0 on the box, an exp argument above
+`EXP_MAX`) has no sound finite relaxation: `OutOfDomain`, one line naming the node and the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .ops import DTYPE, Activation, UnsupportedModel, as_tensor
+
+REL_SLACK = 2.0 ** -40  # relative widening of every intercept (~9e-13; the rounding it covers is ~1e-15)
+TINY = 1e-300
+EXP_MAX = 700.0  # exp overflows float64 just above 709.78
+
+
+class OutOfDomain(UnsupportedModel):
+    """A nonlinear op's input interval leaves the op's domain on this box: no finite sound relaxation."""
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise convex / concave functions
+
+
+@dataclass(eq=False)
+class Curve(Activation):
+    """y = f(x) elementwise for a function convex (or concave) on its domain; subclasses give f, f', the side and the
+    domain. `interval` is the exact range (f monotone, or Square's minimum at 0); `lines` the chord and the tangent
+    at the middle."""
+
+    size: int
+    source: str = ""  # the ONNX node it came from (for messages)
+
+    convex: ClassVar[bool] = True
+    increasing: ClassVar[bool | None] = True  # None: not monotone (Square)
+    domain: ClassVar[tuple[float, bool] | None] = None  # (a, open): x > a (open) or x ≥ a; None: all reals
+    name: ClassVar[str] = ""
+
+    def f(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def df(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.f(h)
+
+    def check(self, l: torch.Tensor, u: torch.Tensor) -> None:
+        """OutOfDomain unless every unit's interval lies in the domain (one host read per site)."""
+        bad = None
+        if self.domain is not None:
+            a, open_ = self.domain
+            low = l.min() if l.numel() else None
+            if low is not None and (bool(low <= a) if open_ else bool(low < a)):
+                bad = f"its input's lower bound {float(low):.4g} is not {'>' if open_ else '≥'} {a:g}"
+        if bad is None and isinstance(self, Exp) and u.numel() and bool(u.max() > EXP_MAX):
+            bad = f"its input's upper bound {float(u.max()):.4g} exceeds {EXP_MAX:g} (exp overflows)"
+        if bad is not None:
+            raise OutOfDomain(f"{self.name} ({self.source or 'a node'}): {bad} on this box, so it has no finite sound "
+                              "relaxation here")
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The range over [l, u]; (−∞, ∞) for a unit whose interval leaves the domain (interval arithmetic goes on
+        with it unknown; `lines` refuses it), +∞ where exp overflows."""
+        if self.domain is not None:
+            a, open_ = self.domain
+            out = (l <= a) if open_ else (l < a)
+            if bool(out.any()):
+                inside = torch.where(out, torch.full_like(l, a + 1.0), l)
+                lo, hi = self.interval(inside, torch.maximum(u, inside))
+                inf = torch.full_like(l, math.inf)
+                return torch.where(out, -inf, lo), torch.where(out, inf, hi)
+        fl, fu = self.f(l), self.f(u)
+        if self.increasing is True:
+            lo, hi = fl, fu
+        elif self.increasing is False:
+            lo, hi = fu, fl
+        else:  # Square: the minimum at 0 when the interval holds it
+            lo = torch.where((l <= 0) & (u >= 0), torch.zeros_like(l), torch.minimum(fl, fu))
+            hi = torch.maximum(fl, fu)
+        slack = REL_SLACK * torch.maximum(fl.abs(), fu.abs()) + TINY
+        lo = lo - slack
+        if self.domain is not None or self.increasing is None:  # ranges ≥ 0 stay ≥ 0 (a reciprocal's, a square's)
+            lo = lo.clamp(min=0)
+        return lo, hi + slack
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor):
+        self.check(l, u)
+        fl, fu = self.f(l), self.f(u)
+        m = (l + u) / 2
+        fm, dm = self.f(m), self.df(m)
+        width = u - l
+        # the chord anchored at l (its error over [l, u] is that of f(l), f(u) and k·(x − l), whatever the width)
+        k = torch.where(width > 0, (fu - fl) / torch.where(width > 0, width, torch.ones_like(width)), self.df(l))
+        chord_b = fl - k * l
+        tan_b = fm - dm * m
+        mag = fl.abs() + fu.abs() + fm.abs() + (k.abs() + dm.abs()) * (l.abs() + u.abs())
+        slack = REL_SLACK * mag + TINY
+        if self.convex:
+            return dm, tan_b - slack, k, chord_b + slack
+        return k, chord_b - slack, dm, tan_b + slack
+
+    def gap(self, l: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """A bound on |f(z') − f(z)| for z in [l, u] and |z' − z| ≤ d (the swap gap through this op): the largest |f'|
+        on [l − d, u + d] times d (|f'| is monotone on the domain, so it is largest at an end)."""
+        lo, hi = l - d, u + d
+        self.check(lo, hi)
+        L = torch.maximum(self.df(lo).abs(), self.df(hi).abs())
+        return L * d * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class Exp(Curve):
+    name: ClassVar[str] = "Exp"
+
+    def f(self, x):
+        return torch.exp(x)
+
+    def df(self, x):
+        return torch.exp(x)
+
+
+@dataclass(eq=False)
+class Reciprocal(Curve):
+    """1/x on x > 0 (a division by a positive quantity: a softmax's normalising sum, a LayerNorm's deviation)."""
+
+    increasing: ClassVar[bool | None] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, True)
+    name: ClassVar[str] = "Reciprocal"
+
+    def f(self, x):
+        return 1.0 / x
+
+    def df(self, x):
+        return -1.0 / (x * x)
+
+
+@dataclass(eq=False)
+class Rsqrt(Curve):
+    """1/√x on x > 0 (a LayerNorm's 1/√(var + ε) as one convex function: tighter than √ then 1/x)."""
+
+    increasing: ClassVar[bool | None] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, True)
+    name: ClassVar[str] = "Rsqrt"
+
+    def f(self, x):
+        return torch.rsqrt(x)
+
+    def df(self, x):
+        return -0.5 * torch.rsqrt(x) / x
+
+
+@dataclass(eq=False)
+class Sqrt(Curve):
+    """√x on x ≥ 0, concave: the chord below, the tangent at the middle above."""
+
+    convex: ClassVar[bool] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, False)
+    name: ClassVar[str] = "Sqrt"
+
+    def f(self, x):
+        return torch.sqrt(x)
+
+    def df(self, x):
+        return 0.5 / torch.sqrt(x)  # +inf at 0: only the tangent at a middle > 0 and the chord are used
+
+    def lines(self, l, u):
+        al, bl, au, bu = super().lines(l, u)
+        point = u <= 0  # the interval [0, 0]: the constant 0
+        zero = torch.zeros_like(l)
+        return (torch.where(point, zero, al), torch.where(point, zero - TINY, bl), torch.where(point, zero, au),
+                torch.where(point, zero + TINY, bu))
+
+    def gap(self, l, u, d):
+        lo = (l - d).clamp(min=0)
+        # |√a − √b| ≤ √|a − b| always; d/(2√lo) where the interval stays away from 0
+        via_slope = torch.where(lo > 0, d / (2 * torch.sqrt(torch.where(lo > 0, lo, torch.ones_like(lo)))), torch.full_like(d, math.inf))
+        return torch.minimum(torch.sqrt(d), via_slope) * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class Square(Curve):
+    increasing: ClassVar[bool | None] = None
+    name: ClassVar[str] = "Square"
+
+    def f(self, x):
+        return x * x
+
+    def df(self, x):
+        return 2 * x
+
+    def gap(self, l, u, d):
+        # |z'² − z²| = |z' − z|·|z' + z| ≤ d·(2·max|z| + d)
+        return d * (2 * torch.maximum(l.abs(), u.abs()) + d) * (1 + REL_SLACK) + TINY
+
+
+CURVES: dict[str, type[Curve]] = {c.name: c for c in (Exp, Reciprocal, Rsqrt, Sqrt, Square)}
+
+
+# ---------------------------------------------------------------------------------------------
+# products of two variables
+
+
+class _Bilinear(Activation):
+    """An op on the concatenation (x, y) of two operands, bilinear in them: not elementwise, so it gives `relax` (a
+    tuple of tensors) and `back` (the coefficients on its input and the constant, given that tuple) instead of
+    per-unit lines. `bounds.Bounder` calls those; `milp.encode` calls `milp_rows`."""
+
+    elementwise: ClassVar[bool] = False
+
+    def split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def relax(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def back(self, A: torch.Tensor, relax: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def milp_rows(self, l: torch.Tensor, u: torch.Tensor) -> tuple[Any, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def lines(self, l, u):
+        raise NotImplementedError(f"{type(self).__name__} is not elementwise: its relaxation is `relax`/`back`")
+
+
+def _middle(xl, xu, yl, yu):
+    """The averaged McCormick planes' pieces per product term: x_m, y_m, γ_l, γ_u (module docstring)."""
+    return (xl + xu) / 2, (yl + yu) / 2, -(xu * yu + xl * yl) / 2, -(xl * yu + xu * yl) / 2
+
+
+@dataclass(eq=False)
+class Product(_Bilinear):
+    """z = x ⊙ y for two operands of `size` units each; input (x, y) concatenated, 2·size units."""
+
+    size: int
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (2 * self.size,)
+
+    @property
+    def out_size(self) -> int:
+        return self.size
+
+    def split(self, v):
+        return v[..., :self.size], v[..., self.size:]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x, y = self.split(h)
+        return x * y
+
+    def interval(self, l, u):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        c = torch.stack([xl * yl, xl * yu, xu * yl, xu * yu])
+        lo, hi = c.min(0).values, c.max(0).values
+        slack = REL_SLACK * c.abs().max(0).values + TINY
+        return lo - slack, hi + slack
+
+    def relax(self, l, u):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        xm, ym, gl, gu = _middle(xl, xu, yl, yu)
+        slack = REL_SLACK * 4 * torch.maximum(xl.abs(), xu.abs()) * torch.maximum(yl.abs(), yu.abs()) + TINY
+        return ym, xm, gl - slack, gu + slack
+
+    def back(self, A, relax):
+        ym, xm, gl, gu = relax
+        const = (A.clamp(min=0) * gl).sum(-1) + (A.clamp(max=0) * gu).sum(-1)
+        return torch.cat([A * ym, A * xm], dim=-1), const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        ym, xm, gl, gu = (t.numpy() for t in self.relax(l, u))
+        n = self.size
+        M = sparse.hstack([sparse.diags(ym), sparse.diags(xm)], format="csr")
+        return M, gl, gu
+
+    def gap(self, l, u, d):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        dx, dy = self.split(d)
+        mx, my = torch.maximum(xl.abs(), xu.abs()), torch.maximum(yl.abs(), yu.abs())
+        # |x'y' − xy| ≤ |x' − x|·|y'| + |x|·|y' − y|
+        return (dx * (my + dy) + mx * dy) * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class BatchMatMul(_Bilinear):
+    """Z = A @ B per batch entry: A [b, m, k] and B [b, k, n] (flat, concatenated in that order) → Z [b, m, n]."""
+
+    b: int
+    m: int
+    k: int
+    n: int
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.b * self.k * (self.m + self.n),)
+
+    @property
+    def out_size(self) -> int:
+        return self.b * self.m * self.n
+
+    def split(self, v):
+        lead = v.shape[:-1]
+        na = self.b * self.m * self.k
+        return v[..., :na].reshape(*lead, self.b, self.m, self.k), v[..., na:].reshape(*lead, self.b, self.k, self.n)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a, b = self.split(h)
+        return (a @ b).reshape(h.shape[0], -1)
+
+    def interval(self, l, u):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        # per product term A_ik·B_kj: the extremes of its four corners, [b, m, k, n], summed over k
+        x = torch.stack([al, au])[:, None, :, :, :, None]  # [2, 1, b, m, k, 1]
+        y = torch.stack([bl, bu])[None, :, :, None, :, :]  # [1, 2, b, 1, k, n]
+        c = (x * y).reshape(4, self.b, self.m, self.k, self.n)
+        lo, hi = c.min(0).values.sum(2), c.max(0).values.sum(2)
+        slack = REL_SLACK * (self.k + 2) * c.abs().max(0).values.sum(2) + TINY
+        return (lo - slack).reshape(-1), (hi + slack).reshape(-1)
+
+    def relax(self, l, u):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        am, bm = (al + au) / 2, (bl + bu) / 2
+        gl = -(au @ bu + al @ bl) / 2
+        gu = -(au @ bl + al @ bu) / 2
+        ma, mb = torch.maximum(al.abs(), au.abs()), torch.maximum(bl.abs(), bu.abs())
+        slack = REL_SLACK * 4 * (self.k + 2) * (ma @ mb) + TINY
+        return am, bm, gl - slack, gu + slack
+
+    def back(self, A, relax):
+        am, bm, gl, gu = relax
+        R = A.shape[0]
+        Lam = A.reshape(R, self.b, self.m, self.n)
+        coef_a = Lam @ bm.transpose(-1, -2)  # [R, b, m, k]
+        coef_b = am.transpose(-1, -2) @ Lam  # [R, b, k, n]
+        const = (Lam.clamp(min=0) * gl).sum((1, 2, 3)) + (Lam.clamp(max=0) * gu).sum((1, 2, 3))
+        return torch.cat([coef_a.reshape(R, -1), coef_b.reshape(R, -1)], dim=-1), const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        am, bm, gl, gu = (t.numpy() for t in self.relax(l, u))
+        b, m, k, n = self.b, self.m, self.k, self.n
+        # row (β, i, j): Σ_k bm[β, k, j]·A[β, i, k] + am[β, i, k]·B[β, k, j]
+        B_, I, J, K = np.meshgrid(np.arange(b), np.arange(m), np.arange(n), np.arange(k), indexing="ij")
+        row = ((B_ * m + I) * n + J).ravel()
+        col_a = ((B_ * m + I) * k + K).ravel()
+        col_b = b * m * k + ((B_ * k + K) * n + J).ravel()
+        vals = np.concatenate([bm[B_, K, J].ravel(), am[B_, I, K].ravel()])
+        M = sparse.csr_matrix((vals, (np.concatenate([row, row]), np.concatenate([col_a, col_b]))),
+                              shape=(self.out_size, self.in_sizes()[0]))
+        return M, gl.reshape(-1), gu.reshape(-1)
+
+    def gap(self, l, u, d):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        da, db = self.split(d)
+        ma, mb = torch.maximum(al.abs(), au.abs()), torch.maximum(bl.abs(), bu.abs())
+        return ((da @ (mb + db) + ma @ db) * (1 + REL_SLACK)).reshape(-1) + TINY
+
+
+def curve(name: str, size: int, source: str = "") -> Curve:
+    return CURVES[name](size, source)
+
+
+__all__ = ["Curve", "Exp", "Reciprocal", "Rsqrt", "Sqrt", "Square", "Product", "BatchMatMul", "OutOfDomain", "CURVES",
+           "REL_SLACK", "DTYPE", "as_tensor"]
