@@ -138,6 +138,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
              for eps in epsilons for k in range(n)]
     outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock, device=device or defaults.device)
     rows = [{"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": o.result.status,
-             "stage": o.result.stage, "seconds": o.result.seconds, "message": o.result.message} for o in outcomes]
+             "stage": o.result.stage, "seconds": o.result.seconds, "message": o.result.message,
+             "margin_lb": o.result.info.get("margin_lb")} for o in outcomes]
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}
     return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified}

@@ -220,8 +220,6 @@ class Bounder:
             W, c = C @ out.op.W, C @ out.op.b
             return W.clamp(min=0) @ l.clamp(min=0) + W.clamp(max=0) @ u.clamp(min=0) + c + d
         lo, hi = self.ibp_out
-        if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):  # an unknown output: 0·∞ must not become NaN
-            lo, hi = lo.clamp(min=-1e300), hi.clamp(max=1e300)
         return C.clamp(min=0) @ lo + C.clamp(max=0) @ hi + d
 
     # -- relaxations -------------------------------------------------------------------------------
@@ -506,10 +504,16 @@ class Bounder:
         return BoxBounds(self.net, self.lb, self.ub, self.ibp_pre, self.ibp_out, list(self.pre), self.method)
 
 
+# |values| beyond this are unknown: far beyond float32's range (3.4e38), so beyond any value a float32 network computes;
+# finite, so that interval arithmetic on an unknown unit never meets ∞·0 or ∞ − ∞ (0·UNKNOWN is 0)
+UNKNOWN = 1e300
+
+
 def _unknown_nan(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interval arithmetic on an unbounded interval (a transformer op outside what the box proves: an exp that may
-    overflow, a LayerNorm's float32 error beyond its bound) meets ∞·0 and ∞ − ∞: NaN there means unknown."""
-    return torch.nan_to_num(lo, nan=-math.inf), torch.nan_to_num(hi, nan=math.inf)
+    """An interval whose ends may be ±∞ or NaN (a transformer op outside what the box proves: an exp that overflows, a
+    divisor not provably positive, a LayerNorm's float32 error beyond its bound) with unknown ends as ∓UNKNOWN."""
+    return (torch.nan_to_num(lo, nan=-UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(min=-UNKNOWN),
+            torch.nan_to_num(hi, nan=UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(max=UNKNOWN))
 
 
 def _detach(v):

@@ -113,11 +113,11 @@ class Curve(Activation):
         else:  # Square: the minimum at 0 when the interval holds it
             lo = torch.where((l <= 0) & (u >= 0), torch.zeros_like(l), torch.minimum(fl, fu))
             hi = torch.maximum(fl, fu)
-        slack = REL_SLACK * torch.maximum(fl.abs(), fu.abs()) + TINY
-        lo = lo - slack
+        lo = lo - (REL_SLACK * lo.abs() + TINY)  # each end widened by its own rounding (an overflow at one end
+        hi = hi + (REL_SLACK * hi.abs() + TINY)  # leaves the other finite)
         if self.domain is not None or self.increasing is None:  # ranges ≥ 0 stay ≥ 0 (a reciprocal's, a square's)
             lo = lo.clamp(min=0)
-        return lo, hi + slack
+        return lo, hi
 
     def lines(self, l: torch.Tensor, u: torch.Tensor):
         self.check(l, u)
