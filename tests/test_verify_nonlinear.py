@@ -145,7 +145,7 @@ def test_batch_matmul_milp_rows_are_the_planes_of_relax():
     size = op.in_sizes()[0]
     c, w = torch.randn(size, generator=gen, dtype=DT), torch.rand(size, generator=gen, dtype=DT)
     l, u = c - w, c + w
-    M, glo, ghi = op.milp_rows(l, u)
+    (M, glo, ghi), = op.milp_rows(l, u)
     A_in, cst = op.back(torch.eye(op.out_size, dtype=DT), op.relax(l, u))
     np.testing.assert_allclose(M.toarray(), A_in.numpy(), atol=1e-15)
     np.testing.assert_allclose(glo, cst.numpy(), atol=1e-15)
@@ -178,3 +178,28 @@ def test_swap_gap_rules_bound_the_change_of_each_op():
 def test_slack_is_far_above_float64_rounding_of_the_lines():
     """REL_SLACK (2⁻⁴⁰) against the rounding it covers: the lines' coefficients and f, ~1e-16 relative."""
     assert REL_SLACK > 1000 * np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_variance_range_and_planes_hold_by_dense_sampling(seed):
+    """`Variance` reads (x, c = Px): its range (the norm bound from x's box, the separable one from c's intervals) and its
+    two planes hold at sampled x of the box (c computed from x, so the samples respect c = Px)."""
+    from analysis.verification.nonlinear import Variance
+
+    gen = torch.Generator().manual_seed(seed)
+    R, N = 3, 5
+    op = Variance(R, N, 1e-5)
+    x0 = torch.randn(R * N, generator=gen, dtype=DT) * 2
+    r = torch.rand(R * N, generator=gen, dtype=DT) * torch.tensor([0.01, 0.3, 1.0], dtype=DT).repeat_interleave(N)
+    xl, xu = x0 - r, x0 + r
+    xs = _box_samples(xl, xu, 20000, gen)
+    cs = (xs.reshape(-1, R, N) - xs.reshape(-1, R, N).mean(-1, keepdim=True)).reshape(len(xs), -1)
+    cl, cu = cs.min(0).values - 1e-3, cs.max(0).values + 1e-3  # c's intervals: any enclosure of the samples' c
+    l, u = torch.cat([xl, cl]), torch.cat([xu, cu])
+    h = torch.cat([xs, cs], -1)
+    v = op.forward(h)
+    lo, hi = op.interval(l, u)
+    assert bool(torch.all((lo <= v) & (v <= hi)))
+    assert float(lo[0]) > 1e-5 * 10  # the first row's box is narrow: the norm bound keeps its variance off 0
+    eye = torch.eye(R, dtype=DT)
+    assert _lower_holds(op, l, u, eye, h) <= 0 and _lower_holds(op, l, u, -eye, h) <= 0

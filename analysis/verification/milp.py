@@ -109,6 +109,14 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
 
     sites = net.activations
     site_input = {net.nodes[k].inputs[0]: s for s, k in enumerate(sites)}  # a node read by a ReLU: its tight bounds
+    def _tightest(interval, k):
+        """An activation's range, intersected with the tight bounds of the site that reads it (if one does)."""
+        ylo, yhi = interval
+        if k in site_input:
+            pl, pu = pre[site_input[k]]
+            ylo, yhi = torch.maximum(ylo, pl), torch.minimum(yhi, pu)
+        return ylo, yhi
+
     var: list[slice | None] = [None] * len(net.nodes)
     box: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(net.nodes)
     var[0], box[0] = slice(0, lb.size), (torch.as_tensor(lb)[None], torch.as_tensor(ub)[None])
@@ -160,13 +168,13 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
         elif isinstance(node.op, Activation) and not node.op.elementwise:  # a product of two variables: lo ≤ y − M·x ≤ hi
             h = ins[0]
             lo_t, hi_t = box[node.inputs[0]]
-            M, glo, ghi = node.op.milp_rows(lo_t[0], hi_t[0])
-            ylo, yhi = node.op.interval(lo_t[0], hi_t[0])
+            ylo, yhi = _tightest(node.op.interval(lo_t[0], hi_t[0]), k)
             m = ylo.numel()
             a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
-            M = M.tocoo()
-            add_rows(np.concatenate([np.arange(m), M.row]), np.concatenate([a.start + np.arange(m), h.start + M.col]),
-                     np.concatenate([np.ones(m), -M.data]), glo, ghi)
+            for M, glo, ghi in node.op.milp_rows(lo_t[0], hi_t[0]):
+                M = M.tocoo()
+                add_rows(np.concatenate([np.arange(m), M.row]), np.concatenate([a.start + np.arange(m), h.start + M.col]),
+                         np.concatenate([np.ones(m), -M.data]), glo, ghi)
             box[k] = (ylo[None], yhi[None])
             var[k] = a
         elif isinstance(node.op, Activation):  # a fixed relaxation (int8 rounding, exp, ...): al·x + bl ≤ y ≤ au·x + bu
@@ -174,7 +182,7 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
             lo_t, hi_t = box[node.inputs[0]]
             al, bl, au, bu = (np.broadcast_to(np.asarray(t, dtype=np.float64), lo_t[0].shape) for t in
                               node.op.lines(lo_t[0], hi_t[0]))
-            ylo, yhi = node.op.interval(lo_t[0], hi_t[0])
+            ylo, yhi = _tightest(node.op.interval(lo_t[0], hi_t[0]), k)
             n = al.size
             a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
             r = np.repeat(np.arange(n), 2)

@@ -19,7 +19,9 @@
 
 A softmax is read as exp and reciprocal (`readers`: softmax_i = 1/Σ_j exp(x_j − x_i), Wei et al. 2023's
 exp-reciprocal form: no division of two variables, and exp(x_i − x_i) = 1 exactly, so the sum is ≥ 1), a LayerNorm
-as centring, Square, a mean, Rsqrt and a Product.
+as centring, its `Variance` (one op on the whole row, whose range uses ‖P(x − x₀)‖ ≤ ‖r‖₂: interval arithmetic
+through Square gives a lower bound of 0 as soon as every centred unit's interval holds 0, and a LayerNorm's
+1/√(var + ε) then reaches 1/√ε), Rsqrt and a Product.
 
 A product's op reads one input, the concatenation of its two operands (the reader adds the `Concat`), so every
 nonlinear node of the graph is an activation site with one input interval, as ReLUs and gates are.
@@ -252,7 +254,8 @@ class _Bilinear(Activation):
     def back(self, A: torch.Tensor, relax: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def milp_rows(self, l: torch.Tensor, u: torch.Tensor) -> tuple[Any, np.ndarray, np.ndarray]:
+    def milp_rows(self, l: torch.Tensor, u: torch.Tensor) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+        """[(M, lo, hi)]: each lo ≤ z − M·x ≤ hi (x the op's input, z its output), M a scipy matrix (out, in)."""
         raise NotImplementedError
 
     def lines(self, l, u):
@@ -309,7 +312,7 @@ class Product(_Bilinear):
         ym, xm, gl, gu = (t.numpy() for t in self.relax(l, u))
         n = self.size
         M = sparse.hstack([sparse.diags(ym), sparse.diags(xm)], format="csr")
-        return M, gl, gu
+        return [(M, gl, gu)]
 
     def gap(self, l, u, d):
         (xl, yl), (xu, yu) = self.split(l), self.split(u)
@@ -386,7 +389,7 @@ class BatchMatMul(_Bilinear):
         vals = np.concatenate([bm[B_, K, J].ravel(), am[B_, I, K].ravel()])
         M = sparse.csr_matrix((vals, (np.concatenate([row, row]), np.concatenate([col_a, col_b]))),
                               shape=(self.out_size, self.in_sizes()[0]))
-        return M, gl.reshape(-1), gu.reshape(-1)
+        return [(M, gl.reshape(-1), gu.reshape(-1))]
 
     def gap(self, l, u, d):
         (al, bl), (au, bu) = self.split(l), self.split(u)
@@ -401,3 +404,83 @@ def curve(name: str, size: int, source: str = "") -> Curve:
 
 __all__ = ["Curve", "Exp", "Reciprocal", "Rsqrt", "Sqrt", "Square", "Product", "BatchMatMul", "OutOfDomain", "CURVES",
            "REL_SLACK", "DTYPE", "as_tensor"]
+
+
+@dataclass(eq=False)
+class Variance(_Bilinear):
+    """v = mean(c²) + ε per row of R rows × N, c = x − mean x (a LayerNorm's variance). Its input is the concatenation
+    (x, c), so that both come with their own (CROWN-tightened) intervals: with c = Px (P the centring, a projection)
+    and x in a box of centre x₀ and half-widths r, ‖c‖ ≥ ‖Px₀‖ − ‖P(x − x₀)‖ ≥ ‖Px₀‖ − ‖r‖₂, so
+    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
+    arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
+    at c's centre c₀ (‖c‖² ≥ 2c₀ᵀc − ‖c₀‖²); above, the chords c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
+
+    R: int
+    N: int
+    eps: float
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (2 * self.R * self.N,)
+
+    @property
+    def out_size(self) -> int:
+        return self.R
+
+    def split(self, v):
+        n = self.R * self.N
+        rows = lambda t: t.reshape(*t.shape[:-1], self.R, self.N)  # noqa: E731
+        return rows(v[..., :n]), rows(v[..., n:])
+
+    def forward(self, h):
+        _, c = self.split(h)
+        return (c * c).mean(-1) + self.eps
+
+    def interval(self, l, u):
+        (xl, cl), (xu, cu) = self.split(l), self.split(u)
+        sep = torch.where((cl <= 0) & (cu >= 0), torch.zeros_like(cl), torch.minimum(cl * cl, cu * cu)).sum(-1)
+        x0 = (xl + xu) / 2
+        c0 = x0 - x0.mean(-1, keepdim=True)
+        norm = (c0.norm(dim=-1) - ((xu - xl) / 2).norm(dim=-1)).clamp(min=0) ** 2
+        lo = torch.maximum(sep, norm) / self.N + self.eps
+        hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
+        return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
+
+    def relax(self, l, u):
+        (_, cl), (_, cu) = self.split(l), self.split(u)
+        c0 = (cl + cu) / 2
+        lo_coef = 2 * c0 / self.N
+        lo_const = -(c0 * c0).sum(-1) / self.N + self.eps
+        up_coef = (cl + cu) / self.N
+        up_const = -(cl * cu).sum(-1) / self.N + self.eps
+        mag = torch.maximum(cl.abs(), cu.abs())
+        slack = 8 * REL_SLACK * ((mag * mag).sum(-1) / self.N + self.eps) + TINY
+        return lo_coef.reshape(-1), lo_const - slack, up_coef.reshape(-1), up_const + slack
+
+    def back(self, A, relax):
+        lo_coef, lo_const, up_coef, up_const = relax
+        Ap, An = A.clamp(min=0), A.clamp(max=0)  # [rows, R]
+        lc, uc = lo_coef.reshape(self.R, self.N), up_coef.reshape(self.R, self.N)
+        coef = Ap[..., None] * lc + An[..., None] * uc  # [rows, R, N] on c
+        return torch.cat([A.new_zeros(A.shape[0], self.R * self.N), coef.reshape(A.shape[0], -1)], -1), \
+            Ap @ lo_const + An @ up_const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        lo_coef, lo_const, up_coef, up_const = (t.numpy() for t in self.relax(l, u))
+        n = self.R * self.N
+        rows = np.repeat(np.arange(self.R), self.N)
+        cols = n + np.arange(n)
+        shape = (self.R, 2 * n)
+        inf = np.full(self.R, np.inf)
+        return [(sparse.csr_matrix((lo_coef, (rows, cols)), shape=shape), lo_const, inf),
+                (sparse.csr_matrix((up_coef, (rows, cols)), shape=shape), -inf, up_const)]
+
+    def gap(self, l, u, d):
+        # |mean(c'²) − mean(c²)| ≤ (‖c'‖ + ‖c‖)·‖c' − c‖/N ≤ (2‖c‖_max + ‖d_c‖)·‖d_c‖/N per row
+        (_, cl), (_, cu) = self.split(l), self.split(u)
+        _, dc = self.split(d)
+        cmax = torch.maximum(cl.abs(), cu.abs()).norm(dim=-1)
+        dn = dc.norm(dim=-1)
+        return (2 * cmax + dn) * dn / self.N * (1 + REL_SLACK) + TINY

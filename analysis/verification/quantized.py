@@ -61,7 +61,7 @@ import torch
 
 from quantize.rounding import U, gamma
 
-from .nonlinear import OutOfDomain, _Bilinear
+from .nonlinear import _Bilinear
 
 INT_RANGES = {3: (-128, 127), 2: (0, 255)}  # ONNX TensorProto.INT8 = 3, TensorProto.UINT8 = 2
 INT32_MAX = 2 ** 31 - 1
@@ -304,7 +304,7 @@ class LayerNormRounding(_Bilinear):
     γ_{N+2}·A and γ_{N+2}·A² of m and E[x²], so the variance within Δv = γ_{N+2}A² + Δm(2A + Δm) + u(A + Δm)² +
     2.1uA², √(fl(v + ε)) within a relative ρ = τ + u + τu of √(v + ε) (τ = (Δv + u(V + Δv))/V, |√(1 + t) − 1| ≤ |t|),
     x − m̃ within Δc = Δm + u(2A + Δm), the quotient within Δz = Δc·r/(1 − ρ) + √N·ρ/(1 − ρ), and the scale and
-    shift add 2.1u·(|γ|(√N + Δq) + |β|). Where ρ ≥ ½ or E exceeds `LN_CAP` of the output's bound, OutOfDomain."""
+    shift add 2.1u·(|γ|(√N + Δq) + |β|). Where ρ ≥ ½ or E exceeds `LN_CAP` of the output's bound, E is ∞ (unknown)."""
 
     R: int
     N: int
@@ -333,9 +333,10 @@ class LayerNormRounding(_Bilinear):
         n = self.R * self.N
         return v[..., :n], v[..., n:2 * n], v[..., 2 * n:]
 
-    def bound(self, l, u, strict: bool = True):
-        """E per unit on the box the intervals (l, u) of (y, x, v) describe; beyond `cap` (no bound, or a larger one
-        than the reading's magnitudes allow): OutOfDomain when `strict`, else ∞ there (interval arithmetic's unknown)."""
+    def bound(self, l, u):
+        """E per unit on the box the intervals (l, u) of (y, x, v) describe; ∞ beyond `cap` (no bound, or a larger one
+        than the reading's magnitudes allow): those units are unknown, which costs nothing where nothing reads them (a
+        LayerNorm over every token of which the head reads one)."""
         _, xl, vl = self.split(l)
         _, xu, _ = self.split(u)
         mag = torch.maximum(xl.abs(), xu.abs()).reshape(self.R, self.N) + self.e_in.to(l.dtype)[:, None]
@@ -343,19 +344,13 @@ class LayerNormRounding(_Bilinear):
         E = layer_norm_rounding(A, vl, self.e_in.to(l.dtype), self.gamma_.to(l.dtype), self.beta.to(l.dtype),
                                 self.N, self.eps)
         beyond = ~(E <= self.cap().to(l.dtype)[None])
-        if bool(beyond.any()):
-            if strict:
-                raise OutOfDomain(f"LayerNormalization ({self.source or 'a node'}): onnxruntime's float32 LayerNorm may be "
-                                  f"off by up to {float(E.max()):.3g} on this box (its variance's lower bound "
-                                  f"{float(vl.min()):.3g}), more than {LN_CAP:g} of its output's bound: not bounded here")
-            E = torch.where(beyond, torch.full_like(E, math.inf), E)
-        return E.reshape(-1)
+        return torch.where(beyond, torch.full_like(E, math.inf), E).reshape(-1)
 
     def forward(self, h):
         return self.split(h)[0]
 
     def interval(self, l, u):
-        E = self.bound(l, u, strict=False)
+        E = self.bound(l, u)
         return self.split(l)[0] - E, self.split(u)[0] + E
 
     def relax(self, l, u):
@@ -364,7 +359,9 @@ class LayerNormRounding(_Bilinear):
     def back(self, A, relax):
         (E,) = relax
         rest = A.new_zeros(A.shape[0], self.R * self.N + self.R)
-        return torch.cat([A, rest], dim=-1), -(A.abs() * E).sum(-1)
+        # an unbounded unit costs −∞ only to the rows that read it (0·∞ is 0 here, not NaN)
+        cost = torch.where(A != 0, A.abs() * E, torch.zeros_like(A))
+        return torch.cat([A, rest], dim=-1), -cost.sum(-1)
 
     def milp_rows(self, l, u):
         from scipy import sparse
@@ -372,7 +369,7 @@ class LayerNormRounding(_Bilinear):
         E = self.bound(l, u).numpy()
         n = self.R * self.N
         M = sparse.hstack([sparse.identity(n), sparse.csr_matrix((n, n + self.R))], format="csr")
-        return M, -E, E
+        return [(M, -E, E)]
 
     def gap(self, l, u, d):
         return self.split(d)[0]

@@ -10,7 +10,7 @@ arithmetic, weights behind Cast/Transpose/DequantizeLinear, masks) are evaluated
 A smooth gate is read from the ops its module exports to: λ-GELU = GELU(λx)/λ is Mul → Gelu → Div (folded back into
 one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul.
 A transformer's ops become the `nonlinear` ops: Softmax as exp and reciprocal (softmax_i = 1/Σ_j exp(x_j − x_i)),
-LayerNormalization as centring, Square, a mean, Rsqrt and a Product, a MatMul of two variables as `BatchMatMul`, a Mul
+LayerNormalization as centring, its variance (`Variance`, bounded from the input's box as a whole), Rsqrt and a Product, a MatMul of two variables as `BatchMatMul`, a Mul
 or Div of two variables as `Product` (with `Reciprocal` for the divisor), Sqrt/Exp/Reciprocal/Pow as they are.
 Data movement on a variable (Gather, Slice, Split, Expand, Tile, Where on a constant condition, Concat with constant
 inputs such as a class token) becomes `Select`/`Concat`; ReduceMean/ReduceSum a `Pool`; a MatMul by a constant on
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .graph import Graph, Node
-from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square
+from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
 from .ops import (Affine, Concat, Conv, Gate, Linear, Op, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
                   TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
@@ -735,8 +735,8 @@ def _layer_norm(r: OnnxReader) -> None:
     bname = r.node.input[2] if len(r.node.input) > 2 else ""
     beta = np.broadcast_to(np.asarray(r.const(bname), dtype=np.float64), x.shape[axis:]).reshape(-1) if bname else np.zeros(N)
     c = r.add(TokenLinear(np.eye(N) - 1.0 / N, np.zeros(N), rows), [x], (rows, N))  # x − mean(x)
-    sq = r.add(Square(rows * N, source=r.node.name), [c], (rows, N))
-    var = r.add(TokenLinear(np.full((1, N), 1.0 / N), np.full(1, eps), rows), [sq], (rows,))  # var + ε
+    xc = r.add(Concat(((rows * N,), (rows * N,)), 0), [Value(x.node, (rows * N,)), c], (2 * rows * N,))
+    var = r.add(Variance(rows, N, eps, source=r.node.name), [xc], (rows,))  # var + ε, from x's box and c's intervals
     inv = r.add(Rsqrt(rows, source=r.node.name), [var], (rows,))
     spread = r.add(Select(np.repeat(np.arange(rows), N), rows), [inv], (rows, N))
     cat = r.add(Concat(((rows * N,), (rows * N,)), 0), [c, spread], (2 * rows * N,))
