@@ -13,11 +13,17 @@ Affine ops (`Affine`): `forward(*h)`, interval arithmetic `ibp(*(lo, hi))`, and 
 - `Scale(scale, shift)`: y = x·scale + shift elementwise (normalization, BatchNorm in eval, Mul/Add/Sub/Div by
   constants, Neg);
 - `Sum(signs)`: y = Σ_i signs_i·x_i over inputs of one size (residual Add, Sub of two tensors);
-- `Concat(shapes, axis)` and `Permute(index)` (Transpose): rearrangements of their inputs' units.
+- `Concat(shapes, axis, consts)` (constant inputs such as a class token in its constant term), `Permute(index)`
+  (Transpose) and `Select(index)` (Gather, Slice, Split, Expand, a broadcast): rearrangements of their inputs' units;
+- `Pool(group, weight)`: sums of grouped units (ReduceMean/ReduceSum), back-substituted as a gather;
+- `TokenLinear(W, b, rows)`: W x + b on each row of [rows, in] (a MatMul by a constant on tokens).
 
-Activations (`Activation`, one input, elementwise): `ReLU`, and `Gate(kind, lam)`: y = x·g(λx) with g a
+Activations (`Activation`, one input): `ReLU`, and `Gate(kind, lam)`: y = x·g(λx) with g a
 family of `pipeline.gates.GATES` ("phi": λ-GELU and GELU at λ = 1, "sigmoid": λ-Swish and SiLU, "serf":
-SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its channel's positions).
+SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its channel's positions); the int8 graph's
+`Rounding` and `QuantizedInput`; a transformer's ops in `nonlinear` (elementwise curves, and ops that are not
+elementwise, `elementwise = False`, which back-substitute themselves: products of two variables, a LayerNorm's
+variance, the int8 LayerNorm's float32 error).
 
 Everything is float64. A graph read from a float32 model computes with its float32 weights exactly (each
 converts to float64 without rounding); float32 inference rounding is not modelled here.
