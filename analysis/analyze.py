@@ -11,7 +11,7 @@ import torch
 
 from pipeline.activations import ACTIVATIONS, GateContext
 from pipeline.config import GateConfig
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from .theory import claims, properties
 

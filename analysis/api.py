@@ -1,14 +1,15 @@
-"""Check, swap, export and verify a model of your own with the functions the stages use, taking a model and
-data (a Split, (x, y) tensors or a DataLoader: `pipeline.data.as_split`) instead of a run directory.
+"""Check, swap, export, quantize and verify a model of your own with the functions the stages use, taking a model
+and data (a Split, (x, y) tensors or a DataLoader: `pipeline.data.as_split`) instead of a run directory.
 
     from analysis import api
     api.swap(model, (x, y))                                   # the swap stage's numbers (pipeline.relu_swap.swap_report)
     api.check(model, (x, y))                                  # the check stage's per-layer check + swap certificate
     api.export_onnx(model, x[:2], "model.onnx", check_inputs=x)  # the export stage's ONNX, checked against PyTorch
+    api.quantize(relu_model, x_train, "model.int8.onnx", data=(x, y))  # the int8 stage's int8 ONNX and its numbers
     api.verify(relu_model, (x, y), epsilons=[0.01], low=0.0, high=1.0)  # the verify stage's verifiers
 
 The model is given back as it came (device, train/eval mode): the stage functions move it to the CPU and to eval
-mode. Nothing here writes a run directory; `export_onnx` writes only the file it is asked for.
+mode. Nothing here writes a run directory; `export_onnx` and `quantize` write only the files they are asked for.
 """
 
 from __future__ import annotations
@@ -16,22 +17,24 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from pipeline.config import CheckConfig
+from pipeline.config import CheckConfig, QuantizeConfig
 from pipeline.data import as_split
 from pipeline.relu_swap import swap_report, to_relu
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
-from . import check as check_stage
+from . import bounds_check
 
-__all__ = ["swap", "check", "export_onnx", "verify", "to_relu"]
+__all__ = ["swap", "check", "export_onnx", "quantize", "verify", "to_relu"]
 
 
 @contextlib.contextmanager
@@ -58,24 +61,24 @@ def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.devi
 def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_size: int = 2048,
           device: torch.device | str = "cpu") -> dict[str, Any]:
     """The check stage for one model: per gate layer, the measured gap to ReLU against its bounds
-    (`analysis.check.empirical_check`), and the swap certificate against the measured logit change on `data`
-    (`analysis.check.swap_certificate`).
+    (`analysis.bounds_check.empirical_check`), and the swap certificate against the measured logit change on `data`
+    (`analysis.bounds_check.swap_certificate`).
 
-    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.check.verdict`): holds
+    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.bounds_check.verdict`): holds
     when every float32 statement that could be proved held on every sample and every gate is within c/λ of ReLU;
     refused when none could be proved; fails otherwise. `predictions`: the closed-form predictions of per-layer
-    means, a separate diagnostic (`analysis.check.predictions`). A model without gates: verdict None (the swap
+    means, a separate diagnostic (`analysis.bounds_check.predictions`). A model without gates: verdict None (the swap
     changes nothing)."""
     cfg = config or CheckConfig()
     split = as_split(data)
     with _as_given(model):
-        layers = check_stage.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
+        layers = bounds_check.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
         if not layers:
             return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
                     "note": "no gates: the swap leaves this model unchanged"}
-        cert = check_stage.swap_certificate(model, split, batch_size, split.x[:1])
-    return {"layers": layers, "certificate": cert, "verdict": check_stage.verdict(layers, cert),
-            "predictions": check_stage.predictions(layers)}
+        cert = bounds_check.swap_certificate(model, split, batch_size, split.x[:1])
+    return {"layers": layers, "certificate": cert, "verdict": bounds_check.verdict(layers, cert),
+            "predictions": bounds_check.predictions(layers)}
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,
@@ -95,22 +98,106 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
     return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked}
 
 
+def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, data: Any = None,
+             config: QuantizeConfig | None = None, seed: int = 0, example: torch.Tensor | None = None,
+             opset: int = 20) -> dict[str, Any]:
+    """`model` as the int8 stage quantizes it (`quantize.int8.quantize_file`: onnxruntime static quantization, QDQ,
+    per-channel 7-bit weights, int8 activations calibrated by percentile on `calibration_samples` inputs: the
+    `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns its report.
+
+    model: an nn.Module (exported first as `export_onnx` does, checked against PyTorch; an input normalization at the
+        head of an nn.Sequential is folded into its first Linear, as the stage does) or an fp32 ONNX file.
+    calibration: inputs ([N, ...] tensor or array) or anything `as_split` takes (its inputs are used); up to
+        `config.calibration_samples` of them are drawn without replacement with `seed`.
+    data: where the fp32 and int8 models are compared (default: the calibration inputs); with labels, accuracy too.
+    example: the export's trace input for a module (default: the first two calibration inputs).
+
+    The report: `path`, `settings`, per precision (`fp32`, `int8`) the file's bytes, its op counts raw and as
+    onnxruntime optimizes them, the float ops left and whether it runs integer-only (and `accuracy` with labels);
+    `argmax_agreement` and `max_logit_change` (int8 against fp32 on `data`), `size_ratio`, and the SQNR in dB of the
+    output and the smallest of any activation (`sqnr`: per tensor, as quantize/sqnr.csv)."""
+    from pipeline.config import Config
+    from quantize import int8 as int8_mod
+
+    cfg = Config()
+    cfg.seed = seed
+    cfg.quantize = copy.deepcopy(config) if config is not None else QuantizeConfig()
+    path = Path(path)
+    xs = _inputs(calibration)
+    split = as_split(data) if data is not None else None
+    xe = split.x if split is not None else xs
+    with tempfile.TemporaryDirectory(prefix="api-int8-") as tmp:
+        work = Path(tmp)
+        if isinstance(model, nn.Module):
+            src = work / "model.fp32.onnx"
+            with _as_given(model):
+                net = model
+                if cfg.quantize.fold_normalization and isinstance(model, nn.Sequential):
+                    net = export_mod.fold_normalization(copy.deepcopy(model).cpu(), tuple(xs.shape[1:])) or model
+                export_onnx(net, xs[:2] if example is None else example, src, check_inputs=xe[:cfg.quantize.sqnr_samples],
+                            opset=opset)
+        else:
+            src = Path(model)
+            if not src.is_file():
+                raise FileNotFoundError(f"{src}: no such ONNX file")
+        calib = int8_mod.calibration_samples(cfg, xs.cpu())
+        pre = int8_mod.quantize_file(src, path, calib, cfg, work)
+        threads = cfg.quantize.threads
+        logits = {p: ort_util.infer(ort_util.session(f, threads), xe.cpu().numpy()) for p, f in (("fp32", src), ("int8", path))}
+        facts = {}
+        for p, f in (("fp32", src), ("int8", path)):
+            counts = ort_util.optimized_op_counts(f, threads)
+            facts[p] = {"bytes": ort_util.file_bytes(f), "ops": ort_util.op_counts(f), "optimized_ops": counts,
+                        "float_ops": ort_util.float_ops(counts), "integer_only": ort_util.integer_only(counts)}
+            if split is not None:
+                facts[p]["accuracy"] = ort_util.accuracy(logits[p], split.y.numpy())
+        sqnr = int8_mod.sqnr_rows(pre, path, xe[:cfg.quantize.sqnr_samples].cpu().numpy(), work)
+    acts = [r["sqnr_db"] for r in sqnr if r["kind"] == "activation" and isinstance(r["sqnr_db"], float)]
+    q = cfg.quantize
+    return {"path": str(path), "source": str(model) if not isinstance(model, nn.Module) else type(model).__name__,
+            "settings": {"format": "QDQ", "per_channel": q.per_channel, "reduce_range": q.reduce_range,
+                         "activation_type": q.activation_type, "calibration_method": q.calibration_method,
+                         "calibration_samples": len(calib), "keep_removable_activations": q.keep_activations,
+                         "quantize_bias": q.quantize_bias, "seed": seed},
+            **facts, "samples": len(xe),
+            "argmax_agreement": float((logits["fp32"].argmax(-1) == logits["int8"].argmax(-1)).mean()),
+            "max_logit_change": float(np.abs(logits["fp32"] - logits["int8"]).max()),
+            "size_ratio": facts["fp32"]["bytes"] / facts["int8"]["bytes"],
+            "output_sqnr_db": next((r["sqnr_db"] for r in sqnr if r["tensor"] == ort_util.OUTPUT and r["kind"] == "activation"), None),
+            "min_activation_sqnr_db": min(acts) if acts else None, "sqnr": sqnr}
+
+
+def _inputs(data: Any) -> torch.Tensor:
+    """The inputs of `data`: a tensor or array of inputs as they are, anything else through `as_split`."""
+    if isinstance(data, (torch.Tensor, np.ndarray)):
+        x = torch.as_tensor(data)
+        return x.float() if x.is_floating_point() else x
+    return as_split(data).x
+
+
 def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: Any = -math.inf, high: Any = math.inf,
            verifier: str | None = None, timeout_s: float | None = None, samples: int | None = None,
            input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1,
-           device: str | None = None) -> dict[str, Any]:
+           progress: bool = True, device: str | None = None) -> dict[str, Any]:
     """L∞ robustness of the first `samples` examples of `data` at each radius, with the verify stage's verifiers
     through its property loop (`analysis.verification.harness`; "auto" = the staged chain, attack first, then bounds,
     then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
     (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
     read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
     [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
-    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property;
-    `device` where the bounds compute (auto | cpu | cuda | cuda:N).
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
+    `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the bounds
+    compute (auto | cpu | cuda | cuda:N).
 
-    Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error,
-    "certified": {eps: fraction unsat}}. The verify stage itself (VNN-LIB files, instances.csv, witnesses)
-    stays a stage over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder."""
+    A counterexample counts as the verify stage counts it (`Problem.confirm`): a float32 point inside the box whose
+    outputs, computed by onnxruntime on the model's ONNX file (a module is exported to a temporary one, as
+    `from_torch` reads it), strictly violate the property.
+
+    Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error and, for a sat,
+    "counterexample" (the input, float32, shaped like one example) and "output" (onnxruntime's outputs there, float32;
+    None otherwise), "certified": {eps: fraction unsat}}. `analysis.verification.vnnlib.format_witness(x, y)` writes a
+    counterexample in VNN-COMP's form. The verify stage itself (VNN-LIB files, instances.csv, witnesses) stays a stage
+    over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder."""
     from pipeline.config import VerifyConfig
 
     from .verification import harness, registry
@@ -126,19 +213,38 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     split = as_split(data)
     n = min(samples, len(split))
     shape = tuple(input_shape or split.x.shape[1:])
-    if isinstance(model, nn.Module):
-        with _as_given(model):
-            net = read(model, shape)
-            recheck = harness.ModuleRecheck(copy.deepcopy(model).cpu().float(), shape)
-    else:
-        net, recheck = read(model), (harness.OnnxRecheck(model) if isinstance(model, (str, Path)) else None)
-    xs = split.x[:n].double().reshape(n, -1).numpy()
-    tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck,
-                              specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
-             for eps in epsilons for k in range(n)]
-    outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock, device=device or defaults.device)
-    rows = [{"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": o.result.status,
-             "stage": o.result.stage, "seconds": o.result.seconds, "message": o.result.message,
-             "margin_lb": o.result.info.get("margin_lb")} for o in outcomes]
+    with tempfile.TemporaryDirectory(prefix="api-verify-") as tmp:
+        onnx_path = Path(tmp) / "model.onnx"
+        if isinstance(model, nn.Module):
+            with _as_given(model):
+                net = read(model, shape)  # first: an unreadable module is refused with the op and module named
+                proto, _ = export_mod.to_onnx(copy.deepcopy(model).cpu().float(), torch.zeros(1, *shape), opset=20,
+                                              dynamic_batch=False)
+                export_mod.save(proto, onnx_path)
+        elif isinstance(model, (str, Path)):
+            onnx_path = Path(model)
+            net = read(onnx_path)
+        else:  # a ModelProto or its bytes
+            import onnx
+
+            export_mod.save(model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model), onnx_path)
+            net = read(onnx_path)
+        recheck = harness.OnnxRecheck(onnx_path)
+        xs = split.x[:n].double().reshape(n, -1).numpy()
+        tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck,
+                                  specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
+                 for eps in epsilons for k in range(n)]
+        outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock,
+                               progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}",
+                               device=device or defaults.device)
+    rows = []
+    for o in outcomes:
+        res = o.result
+        sat = res.status == "sat" and res.counterexample is not None
+        rows.append({"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": res.status,
+                     "stage": res.stage, "seconds": res.seconds, "message": res.message,
+                     "margin_lb": res.info.get("margin_lb"),
+                     "counterexample": np.asarray(res.counterexample, dtype=np.float32).reshape(shape) if sat else None,
+                     "output": np.asarray(res.output, dtype=np.float32).reshape(-1) if sat else None})
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}
     return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified}

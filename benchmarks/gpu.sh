@@ -1,33 +1,82 @@
 #!/usr/bin/env bash
-# Everything the GPU issue asks to check and time on a lent GPU machine, in one call (the device tool's
-# README: few, full calls). Run from the repository root on the GPU machine:
+# Every GPU goal of the training issue and the verifier's GPU run, in one call of at most 9 minutes on a lent H100/H200
+# (the device tool's README: few, full calls). From the repository root:
 #   bash benchmarks/gpu.sh            # writes into $OUT (the device tool's folder) or ./gpu-out
-# Needs: torch with CUDA, triton (both on the lent machines); onnxsim and the Fashion-MNIST IDX files
-# carried along (put the cp312 onnxsim wheel in .whl/ and the four *-ubyte.gz files in data/fashion_mnist/).
+# Needs torch with CUDA and triton (both on the lent machines); carried along (all git-ignored): the cp312 onnxsim wheel
+# in .whl/, the four Fashion-MNIST *-ubyte.gz files in data/fashion_mnist/, and for the verifier the mnist_fc stand-in in
+# runs/standins/mnist_fc/ (instances.csv, onnx/, vnnlib/: `python -m benchmarks.standins` builds it).
+# Steps in order of what they are for, each under its own time limit: bench (op, kernels, epochs: benchmarks/gpu.py),
+# run (the default `pipeline run`, every stage), verify (benchmarks/gpu_verify.sh), tests (-m cuda), suite (the fast
+# suite). SKIP="compile ..." leaves steps out; compile (torch.compile reduce-overhead against the captured steps) is
+# skipped unless asked for. Files back: at most 8 (the device tool's limit), the verifier's packed in one tar.
 set -uo pipefail
 OUT="${OUT:-gpu-out}"
+SKIP="${SKIP:-compile}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+start=$(date +%s)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PWD"
 else
   export PYTHONPATH="$PWD"
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
-# 1. the cuda-marked tests (Triton kernels compiled, not interpreted), then the whole fast suite
-python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda-tests.log"
-python3 -m pytest -m "not slow" -q -p no:cacheprovider -x --ignore=tests/test_triton_kernel.py tests 2>&1 | tail -30 | tee "$OUT/fast-suite.log"
-# 2. op and epoch ratios against GELU, side by side in one process (results-gpu.json / RESULTS-gpu.md)
-python3 -m benchmarks.run --only gpu --out-dir "$OUT" 2>&1 | tail -40 | tee "$OUT/bench.log"
-# 3. the default run's train + harden on the GPU, and its swap result next to the CPU run's
-/usr/bin/time -v python3 -m pipeline.cli run device=cuda data.root=data out_dir=/tmp/gpu-runs name=default \
-  stages=train,harden,swap 2>&1 | tail -60 | tee "$OUT/default-run.log"
-cp /tmp/gpu-runs/default/swap/swap.json "$OUT/swap.json" 2>/dev/null
-python3 - "$OUT" <<'PY'
-import json, sys
-m = json.load(open("/tmp/gpu-runs/default/manifest.json"))
+skip() { [[ " $SKIP " == *" $1 "* ]]; }
+stamp() { echo "[gpu.sh] $1 at $(( $(date +%s) - start )) s"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton, numpy, onnxruntime; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'onnxruntime', onnxruntime.__version__)"
+  nproc; } 2>&1 | tee "$OUT/device.txt"
+
+# 1. op and epoch ratios against GELU, kernel bandwidth, host time (benchmarks/gpu.py -> gpu.json)
+if ! skip bench; then
+  stamp "benchmarks"
+  timeout "${BENCH_S:-110}" python3 -m benchmarks.gpu "$OUT" --sections op,epochs 2>&1 | tail -25
+fi
+if ! skip compile; then
+  stamp "compile"
+  mkdir -p /tmp/compile-out
+  timeout "${COMPILE_S:-150}" python3 -m benchmarks.gpu /tmp/compile-out --sections compile 2>&1 | tail -8
+  cp /tmp/compile-out/gpu.json "$OUT/compile.json" 2>/dev/null
+fi
+# 2. the default run on the GPU machine, every stage, with the stage times, the epochs' times and the swap result
+if ! skip run; then
+  stamp "default run"
+  rm -rf /tmp/gpu-runs
+  timeout "${RUN_S:-150}" python3 -m pipeline.cli run data.root=data out_dir=/tmp/gpu-runs name=default > /tmp/default-run.log 2>&1
+  tail -60 /tmp/default-run.log > "$OUT/default-run.log"
+  cp /tmp/gpu-runs/default/swap/swap.json "$OUT/swap.json" 2>/dev/null
+  python3 - "$OUT" <<'PY'
+import csv, json, sys
+run = "/tmp/gpu-runs/default"
+m = json.load(open(f"{run}/manifest.json"))
 st = m["stages"]
-print(json.dumps({s: st[s]["seconds"] for s in ("train", "harden", "swap") if s in st}, indent=1))
-json.dump({s: st[s].get("seconds") for s in st}, open(f"{sys.argv[1]}/stage-seconds.json", "w"))
+rows = {s: {"seconds": st[s].get("seconds"), "device": st[s].get("device"), "status": st[s].get("status")} for s in st}
+paths = {s: {v: r.get("training_path") for v, r in (st[s].get("metrics") or {}).items() if isinstance(r, dict) and "training_path" in r}
+         for s in ("train", "harden") if s in st}
+try:
+    epochs = [{k: r[k] for k in ("variant", "epoch", "phase", "seconds")} for r in csv.DictReader(open(f"{run}/train/metrics.csv"))]
+except OSError:
+    epochs = []
+json.dump({"stages": rows, "training_path": paths, "total_s": sum(r["seconds"] or 0 for r in rows.values()), "epochs": epochs},
+          open(f"{sys.argv[1]}/stage-seconds.json", "w"), indent=1)
+print(json.dumps(rows), json.dumps(paths))
 PY
+fi
+# 3. the verifier on the GPU: the mnist_fc stand-in at 30 s per instance (benchmarks/gpu_verify.sh), packed in one file
+if ! skip verify && [ -f benchmarks/gpu_verify.sh ] && [ -d runs/standins/mnist_fc ]; then
+  stamp "verifier"
+  OUT=/tmp/verify-out timeout "${VERIFY_S:-170}" bash benchmarks/gpu_verify.sh 2>&1 | tail -22
+  tar czf "$OUT/verify.tar.gz" -C /tmp verify-out 2>/dev/null
+fi
+# 4. the cuda-marked tests (compiled Triton kernels, whole-step graphs, the compiled op, devices), then the fast suite
+if ! skip tests; then
+  stamp "cuda tests"
+  timeout "${TESTS_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tail -30 > "$OUT/cuda-tests.log"
+  tail -5 "$OUT/cuda-tests.log"
+fi
+if ! skip suite; then
+  stamp "fast suite"
+  timeout "${SUITE_S:-170}" python3 -m pytest -m "not slow" -q -p no:cacheprovider -n 12 --dist loadfile tests 2>&1 \
+    | tail -40 > "$OUT/fast-suite.log"
+  tail -8 "$OUT/fast-suite.log"
+fi
+stamp "done"

@@ -127,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folder", default="runs/standins/mnist_fc", help="the stand-in folder (instances.csv, onnx/, vnnlib/)")
     p.add_argument("--out", default="gpu-verify-out", help="where the (at most 8) result files go")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per instance (wall)")
-    p.add_argument("--jobs", type=int, default=8, help="worker processes (they share the device)")
+    p.add_argument("--jobs", type=int, default=12, help="worker processes (they share the device)")
     p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu | auto")
     p.add_argument("--limit", type=int, default=0, help="only the first N instances (0: all), for a quick check")
     p.add_argument("--reference", default=str(REFERENCE), help="a results.csv to compare verdicts with (same nets)")
     p.add_argument("--options", default="", help="verifier options K=V,... (integers), e.g. rebound=1,refine=0")
+    p.add_argument("--budget", type=float, default=0.0, help="wall seconds for the whole run (0: none): no instance "
+                   "runs past it and one not begun by then counts as a timeout 'not run', so the table comes out inside "
+                   "an outer limit")
     args = p.parse_args(argv)
 
     from analysis.verification.harness import resolve_device
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rows = run_benchmark(folder, out_csv, args.timeout, "auto", "mnist_fc", "wall", instances, log, args.jobs,
-                             None, device, **options)
+                             None, device=device, wall_s=args.budget or None, **options)
     except (BenchmarkError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

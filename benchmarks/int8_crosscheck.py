@@ -21,13 +21,13 @@ from analysis.verification import attack
 from analysis.verification.problem import float32_in_box
 from analysis.verification.readers import from_onnx
 from analysis.verification.vnnlib import read_vnnlib_all
-from analysis.verify import INT8
+from analysis.robustness.properties import is_int8
 from quantize import ort as ort_util
 
 
 def crosscheck(run: Path, restarts: int, samples: int, seed: int = 0) -> dict:
     out = run / "verify"
-    rows = [r for r in csv.DictReader(open(out / "details.csv")) if r["variant"].endswith(INT8)]
+    rows = [r for r in csv.DictReader(open(out / "details.csv")) if is_int8(r["variant"])]
     rng = np.random.default_rng(seed)
     nets, sessions = {}, {}
     checked = {"unsat": 0, "sat": 0, "open": 0}

@@ -112,11 +112,50 @@ def _kernel(sec: dict[str, Any]) -> list[str]:
 
 
 def _gpu(sec: dict[str, Any]) -> list[str]:
+    """The section `benchmarks/gpu_record.py` writes from a `benchmarks/gpu.sh` run (older runs: the op/train tables)."""
     if sec.get("skipped"):
         return ["", f"Skipped: {sec['skipped']}"]
-    lines = ["", f"Device: **{sec['device']}**"]
-    lines += _op({"results": sec["op"]})
-    lines += _train({"results": sec["train"]})
+    lines = ["", f"Device: **{sec['device']}**" + (f" ({'; '.join(sec['device_info'][:2])})" if sec.get("device_info") else "")]
+    if sec.get("train") is not None and "epochs" not in sec:  # the layout before gpu_record
+        return lines + _op({"results": sec["op"]}) + _train({"results": sec["train"]})
+    if sec.get("op"):
+        lines += ["", f"Op: the LambdaGELU module's forward+backward ÷ nn.GELU's (CUDA events, 7 interleaved rounds, "
+                  f"median); host µs per forward+backward without waiting for the GPU; each kernel's device time as a share "
+                  f"of the device-to-device copy ({sec['copy_GBps']:.0f} GB/s, read + write). Path: {sec['op'][0]['training_path']}.", ""]
+        rows = []
+        for c in sec["op"]:
+            r, h, k = c["ratio_vs_gelu"], c["host_us"], c["kernels_ms"]
+            rows.append([c["case"], f"{c['ms']['gelu']:.4f}", f"{r['lambda_gelu']:.3f}×", f"{r['lambda_gelu[frozen]']:.3f}×",
+                         f"≤ {c['goal']:.2f}×", f"{h['gelu']:.0f} / {h['lambda_gelu']:.0f} / {h['lambda_gelu[frozen]']:.0f}",
+                         f"{k['learned']['forward_share_of_copy']:.0%} / {k['learned']['backward_share_of_copy']:.0%}",
+                         f"{k['frozen']['forward_share_of_copy']:.0%} / {k['frozen']['backward_share_of_copy']:.0%}"])
+        lines += _table(["case", "GELU ms", "λ learned", "λ frozen", "goal", "host µs GELU / learned / frozen",
+                         "kernels learned fwd / bwd", "kernels frozen fwd / bwd"], rows)
+    if sec.get("epochs"):
+        lines += ["", "Epochs: the train loop's own `_train_epoch`, interleaved, median of 3 after one warm-up epoch; "
+                  "`cuda_graph` is the default CUDA path (whole-step graphs), `eager` launches every op. ResNet-18 runs on "
+                  "CIFAR-shaped synthetic data (random images, 10 classes): no CIFAR files on the machine.", ""]
+        rows = [[r["setup"], r["path"], str(r["train_examples"]), f"{r['epoch_s']['gelu']:.3f}",
+                 f"{r['ratio_vs_gelu']['lambda_gelu']['median']:.3f}×", f"{r['ratio_vs_gelu']['lambda_gelu[frozen]']['median']:.3f}×"]
+                for r in sec["epochs"]]
+        lines += _table(["model", "path", "examples", "GELU epoch s", "λ learned ÷ GELU", "λ frozen ÷ GELU"], rows)
+    run = sec.get("default_run")
+    if run:
+        lines += ["", f"The default `pipeline run` on this machine: {run['total_s']:.1f} s of stages.", ""]
+        lines += _table(["stage", "seconds", "device"], [[s, f"{v['seconds']:.1f}" if v["seconds"] is not None else "–",
+                                                          str(v.get("device"))] for s, v in run["stages"].items()])
+    v = sec.get("verify")
+    if v:
+        lines += ["", f"Verifier: the mnist_fc stand-in through `pipeline vnncomp` on the GPU, {v['timeout_s']:g} s per instance, "
+                  f"{v['jobs']} worker processes sharing it (`benchmarks/gpu_verify.sh`): {v['decided']}/{v['instances']} decided "
+                  f"(by depth {v['by_net']}), median {v['median_decided_s']} s over the decided, {v['wrong']} wrong, "
+                  f"{v['wall_s']:.0f} s wall; the CPU reference decided {v.get('reference_decided')}."]
+    if sec.get("compile"):
+        lines += ["", "torch.compile(mode=\"reduce-overhead\") against the captured steps, default MLP: "
+                  + ", ".join(f"{k} {r['epoch_s']:.3f} s/epoch (first {r['first_epoch_s']:.0f} s)" for k, r in sec["compile"].items())]
+    for name, t in sec.get("tests", {}).items():
+        lines += ["", f"Tests ({name}): " + ", ".join(f"{v} {k}" for k, v in t["counts"].items())
+                  + (("; failed: " + ", ".join(t["failed"])) if t["failed"] else "")]
     return lines
 
 

@@ -30,7 +30,7 @@ from pipeline.config import Config
 from pipeline.data import Split, dataset_for
 from pipeline.schedule import param_groups
 from pipeline.models import build_model, make_spec
-from pipeline.train import OPTIMIZERS, _train_epoch
+from pipeline.train_loop import OPTIMIZERS, _train_epoch
 
 from .common import paired_ratio, summary
 

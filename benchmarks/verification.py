@@ -218,10 +218,11 @@ def section_certified(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
 
 def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
     """The default verify stage on a copy of the run (its config's verify block reset to today's defaults)."""
-    from analysis.verify import INT8, run_verify
+    from analysis.robustness.properties import is_int8
+    from pipeline.stages.verify import run_verify
     from pipeline.config import VerifyConfig
     from pipeline.rundir import RunDir
-    from pipeline.runner import choose_threads
+    from pipeline.cores import choose_threads
 
     dst = tmp / "stage-run"
     if dst.exists():
@@ -241,8 +242,8 @@ def section_stage(args, run_dir: Path, tmp: Path, log) -> dict[str, Any]:
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - t0
     summary = json.loads((dst / "verify" / "summary.json").read_text())
-    floats = [r for r in summary["table"] if not r["variant"].endswith(INT8)]
-    int8 = [r for r in summary["table"] if r["variant"].endswith(INT8)]
+    floats = [r for r in summary["table"] if not is_int8(r["variant"])]
+    int8 = [r for r in summary["table"] if is_int8(r["variant"])]
     decided = sum(r["sat"] + r["unsat"] for r in floats)
     total = sum(r["properties"] for r in floats)
     log(f"  default verify stage: {seconds:.1f} s, {decided}/{total} ReLU properties decided")

@@ -8,7 +8,7 @@ The library API for a model of your own (README, "Use it on your own model"):
     swap_report(model, (x, y))               # what the swap to ReLU changes
     to_relu(model)                           # every gate -> ReLU
 
-Check, export and verify a model: `analysis.api`. Names resolve on first use, so `import pipeline` stays light.
+Check, export, quantize and verify a model: `analysis.api`. Names resolve on first use, so `import pipeline` stays light.
 """
 
 __version__ = "0.1.0"

@@ -15,11 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
+from . import gates, kernels
 from .config import GateConfig, check_choice
-from .gates import GATES, channel_axis, per_channel
-
-INV_SQRT2 = 1.0 / math.sqrt(2.0)
+from .gates import GATES, Phi, channel_axis, per_channel
 
 
 def with_limits(x: torch.Tensor, lam: torch.Tensor, g: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -31,10 +29,6 @@ def with_limits(x: torch.Tensor, lam: torch.Tensor, g: Callable[[torch.Tensor], 
     return torch.where(inf & (z > 0), x, xs * g(lam * xs))
 
 
-def _phi(z: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.erfc(-z * INV_SQRT2)  # erfc: float32 relative accuracy in the far left tail, where 1 + erf cancels
-
-
 def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
     """λ-GELU(x) = x·Φ(λx). Exports to ONNX as Mul → Gelu → Div (GELU(λx)/λ, the exporter's path)."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
@@ -43,7 +37,7 @@ def lambda_gelu(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return F.gelu(x * lam) / lam
     if not torch.is_grad_enabled():
-        return with_limits(x, lam, _phi)
+        return with_limits(x, lam, Phi)
     if torch.compiler.is_compiling():  # a compiled graph fuses and differentiates the product form itself
         return lambda_gelu_reference(x, lam)
     # training: the chosen kernel (pipeline.kernels), one autograd node per layer
@@ -68,7 +62,7 @@ def lambda_gelu_s(x: torch.Tensor, s: torch.Tensor, t: float) -> torch.Tensor:
 
 def lambda_gelu_reference(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
     """Plain autograd form x·Φ(λx) with its limits at ±∞ (erfc-based); the float64 reference in tests."""
-    return with_limits(x, torch.as_tensor(lam, dtype=x.dtype, device=x.device), _phi)
+    return with_limits(x, torch.as_tensor(lam, dtype=x.dtype, device=x.device), Phi)
 
 
 def lambda_from_s(s: torch.Tensor, t: float) -> torch.Tensor:
@@ -103,6 +97,10 @@ class GELU(Gate):
         return F.gelu(x)
 
 
+def _sync_frozen_after_load(module: "HardenableGate", _incompatible_keys) -> None:
+    module._sync_frozen()
+
+
 class HardenableGate(Gate):
     """x·g(λx) with learnable λ = 1 + softplus(s/t), and a frozen mode for annealing.
 
@@ -118,7 +116,7 @@ class HardenableGate(Gate):
         self.register_buffer("lam_fixed", torch.ones_like(s.detach()))
         self.register_buffer("frozen", torch.tensor(False))
         self._frozen = False  # the buffer's value on the host: forward must not read a GPU buffer every step
-        self.register_load_state_dict_post_hook(lambda module, _: module._sync_frozen())
+        self.register_load_state_dict_post_hook(_sync_frozen_after_load)  # a module-level function: the model pickles
 
     def _sync_frozen(self) -> None:
         self._frozen = bool(self.frozen)
@@ -146,10 +144,21 @@ class HardenableGate(Gate):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Training goes through a fused kernel where one serves this gate: λ from s inside the op while s is
-        # learned, the frozen λ buffer while annealing; otherwise the gate's own expression.
+        # learned, the frozen λ buffer while annealing; otherwise the gate's own expression. On CUDA the
+        # Triton kernel takes s or λ flat ([1] or [C] along `channel_axis`): no view, no broadcast per call.
+        if x.is_cuda and torch.compiler.is_compiling() and torch.is_grad_enabled():
+            # torch.compile: the Triton kernels as a torch.library op it traces into (pipeline/kernels/gate_op.py)
+            y = kernels.gate_compiled(x, self.lam_fixed if self._frozen else self.s, self.temperature, self.GATE,
+                                      self._frozen, channel_axis(x))
+            if y is not None:
+                return y
         if _kernel_path(x):
-            y = (kernels.apply_frozen(x, per_channel(self.lam_fixed, x), self.GATE) if self._frozen
-                 else kernels.apply_s(x, per_channel(self.s, x), self.temperature, self.GATE))
+            if x.is_cuda:
+                y = kernels.gate_cuda(x, self.lam_fixed if self._frozen else self.s, self.temperature, self.GATE,
+                                      self._frozen, channel_axis(x))
+            else:
+                y = (kernels.apply_frozen(x, per_channel(self.lam_fixed, x), self.GATE) if self._frozen
+                     else kernels.apply_s(x, per_channel(self.s, x), self.temperature, self.GATE))
             if y is not None:
                 return y
         return self.expression(x, self._lam_for(x))
@@ -168,23 +177,27 @@ class LambdaGELU(HardenableGate):
 # Each is a step as λ → ∞ (g(−∞) = 0, g(+∞) = 1), so the same hardening and swap apply.
 
 
-def lambda_swish(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
-    """x·σ(λx) (= SiLU(λx)/λ). Kept as a product: autograd's ∂/∂λ of SiLU(λx)/λ is a difference of two
-    terms ≈ x/λ that cancel for λx ≫ 1, while the product gives x²·σ'(λx) directly. ONNX: Mul → Sigmoid → Mul."""
+def lambda_gate(x: torch.Tensor, lam: torch.Tensor | float, gate: str) -> torch.Tensor:
+    """x·g(λx) for the family `gate`, kept as a product: autograd's ∂/∂λ of F(λx)/λ is a difference of two terms
+    ≈ x/λ that cancel for λx ≫ 1, while the product gives x²·g'(λx) directly. Traced for ONNX as Mul → g's ops →
+    Mul (`GateFamily.onnx`); otherwise with its limits at λx = ±∞ (`with_limits`)."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
+    g = GATES[gate].g
     if torch.jit.is_tracing():
-        return x * torch.sigmoid(lam * x)
-    return with_limits(x, lam, torch.sigmoid)
+        return x * g(lam * x)
+    return with_limits(x, lam, g)
+
+
+def lambda_swish(x: torch.Tensor, lam: torch.Tensor | float) -> torch.Tensor:
+    """x·σ(λx) (= SiLU(λx)/λ, kept as a product: `lambda_gate`). ONNX: Mul → Sigmoid → Mul."""
+    return lambda_gate(x, lam, "sigmoid")
 
 
 def lambda_serf(x: torch.Tensor, lam: torch.Tensor | float = 1.0) -> torch.Tensor:
     """x·erf(softplus(λx)); SERF at λ = 1. Stable for any |x|: softplus is the identity above 20 and
     log1p(eˣ) below, and every factor of the autograd derivative is bounded (erf' = 2/√π·e^{−s²} ≤ 2/√π,
     σ ≤ 1), so no inf·0 at |x| = 1e4. ONNX: Mul → Softplus → Erf → Mul."""
-    lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
-    if torch.jit.is_tracing():
-        return x * torch.erf(F.softplus(lam * x))
-    return with_limits(x, lam, lambda z: torch.erf(F.softplus(z)))
+    return lambda_gate(x, lam, "serf")
 
 
 def serf(x: torch.Tensor) -> torch.Tensor:
@@ -370,6 +383,30 @@ def linked(base: ActivationSpec) -> ActivationSpec:
 # Linked neurons for every activation above: linked_<name> = (g(z), g(−z)); linked_relu is CReLU.
 ACTIVATIONS.update({f"linked_{name}": linked(spec) for name, spec in list(ACTIVATIONS.items())})
 
+_from_families: dict[str, list[str]] = {}  # gate family -> the registry names its registration added
+
+
+def _family_changed(name: str, fam: gates.GateFamily | None) -> None:
+    """A registered gate family (`pipeline.gates.register`) gets its hardenable activation, `fam.hardenable`, and the
+    linked pair where the registry has none: x·g(λx) as `lambda_gate` computes it, its autograd expression in
+    training (`GateFamily.kernel` says whether a fused kernel serves it). An unregistered family loses them."""
+    for act in _from_families.pop(name, []):
+        ACTIVATIONS.pop(act, None)
+        globals().pop(f"Lambda_{name}", None)
+    if fam is not None and fam.hardenable is not None and fam.hardenable not in ACTIVATIONS:
+        cls = type(f"Lambda_{fam.name}", (HardenableGate,), {
+            "__module__": __name__, "__doc__": f"x·g(λx) of the gate family {fam.name!r} ({fam.label}).", "GATE": fam.name,
+            "expression": staticmethod(functools.partial(_family_expression, gate=fam.name))})
+        globals()[cls.__name__] = cls  # found by name (pickle) in this process
+        spec = gate_spec(cls)
+        ACTIVATIONS[fam.hardenable], ACTIVATIONS[f"linked_{fam.hardenable}"] = spec, linked(spec)
+        _from_families[name] = [fam.hardenable, f"linked_{fam.hardenable}"]
+    activation_types.cache_clear()
+
+
+def _family_expression(x: torch.Tensor, lam: torch.Tensor, gate: str) -> torch.Tensor:
+    return lambda_gate(x, lam, gate)
+
 
 def check_names(variants: list[str]) -> None:
     for v in variants:
@@ -388,15 +425,12 @@ def build_activation(name: str, ctx: GateContext) -> nn.Module:
 # ---------------------------------------------------------------------------------------------
 # Walking a model: which modules are gates, and where the activation sites are
 
-# torch's own modules that are gates of a family here: λ = 1 (nn.GELU only in its exact erf form).
-NATIVE_GATES: dict[type[nn.Module], str] = {nn.GELU: "phi", nn.SiLU: "sigmoid", nn.Mish: "mish"}
-
-
 def gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
     """(gate family, λ as a flat float64 tensor) when `m` is a gate the swap turns into ReLU, else None.
 
     A gate is a module whose class declares its family in `GATE` (the project's gates, or a user's module
-    computing x·g(λx) with its λ in `.lam`, λ = 1 without one), or one of torch's `NATIVE_GATES`."""
+    computing x·g(λx) with its λ in `.lam`, λ = 1 without one), or a torch module a family names as its own at
+    λ = 1 (`GateFamily.modules`: nn.GELU in its exact erf form, nn.SiLU, nn.Mish)."""
     fam = getattr(type(m), "GATE", None)
     if fam is not None:
         if fam not in GATES:
@@ -404,7 +438,7 @@ def gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
         lam = getattr(m, "lam", None)
         return fam, (torch.ones(1, dtype=torch.float64) if lam is None
                      else torch.as_tensor(lam).detach().to(torch.float64).reshape(-1).cpu())
-    fam = NATIVE_GATES.get(type(m))
+    fam = gates.of_module(type(m))
     if fam is not None and getattr(m, "approximate", "none") == "none":
         return fam, torch.ones(1, dtype=torch.float64)
     return None
@@ -412,8 +446,10 @@ def gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
 
 @functools.lru_cache(maxsize=1)
 def activation_types() -> tuple[type[nn.Module], ...]:
-    """Module classes that are activations: every class the registry builds, torch's native gates, ReLU."""
-    return tuple({spec.module for spec in ACTIVATIONS.values()} | set(NATIVE_GATES) | {nn.ReLU, Linked})
+    """Module classes that are activations: every class the registry builds, the gate families' torch modules, ReLU.
+    Cached; a change to the registry or to the families clears it."""
+    native = {cls for fam in GATES.values() for cls in fam.modules}
+    return tuple({spec.module for spec in ACTIVATIONS.values()} | native | {nn.ReLU, Linked})
 
 
 def activation_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -443,3 +479,6 @@ def hardness_parameters(model: nn.Module) -> list[nn.Parameter]:
     for g in hardenable_gates(model):
         seen.setdefault(id(g.s), g.s)
     return list(seen.values())
+
+
+gates.on_change(_family_changed)  # last: it needs the registry and `activation_types`

@@ -10,7 +10,7 @@ from torch import nn
 
 from .errors import CheckpointError
 from .models import build_model
-from .rundir import atomic_path
+from .atomic_io import atomic_path
 
 FORMAT = 1
 REQUIRED = ("format", "spec", "state_dict")
@@ -35,6 +35,12 @@ def load_payload(path: Path, map_location: str | torch.device = "cpu") -> dict[s
     if payload["format"] != FORMAT:
         raise CheckpointError(f"checkpoint {path} has format {payload['format']}, this version reads {FORMAT}", path)
     return payload
+
+
+def load_module(path: Path) -> nn.Module:
+    """The model of a checkpoint alone, on the CPU in eval mode (picklable as `functools.partial(load_module, path)`:
+    a worker process rebuilds it from the file, since a module with closures does not pickle)."""
+    return load_model(path)[0]
 
 
 def load_model(path: Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:

@@ -1,4 +1,6 @@
-"""`pipeline` command line: parses arguments and calls library functions, nothing else."""
+"""`pipeline` command line: parses arguments and calls library functions, nothing else. With the runner and the stages
+(`pipeline/stages/`) it is the top layer: each command imports what it calls (`analysis`, `quantize`) when it runs, so
+`pipeline --help` stays fast."""
 
 from __future__ import annotations
 
@@ -15,19 +17,6 @@ from typing import Iterator
 
 from . import config as config_mod
 from .errors import PipelineError
-from .runner import validate
-from .stages import resolve
-
-# Commands whose logic lives above pipeline/ (analysis, quantize), named like the stage registry's
-# targets: pipeline's own modules never import those packages, the CLI resolves these on use.
-TARGETS = {
-    "report": "analysis.paper:write_report",
-    "analyze": "analysis.analyze:analyze",
-    "analyze_write": "analysis.analyze:write",
-    "vnncomp": "analysis.verification.vnncomp:main",
-    "vnncomp_merge": "analysis.verification.vnncomp:merge_shards",
-    "vnncomp_summary": "analysis.verification.vnncomp:summary",
-}
 
 EPILOG = """examples:
   pipeline run                                   # default: Fashion-MNIST, MLP 4x256, λ-GELU + GELU baseline
@@ -132,10 +121,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_vnncomp(args: argparse.Namespace) -> int:
-    return resolve(TARGETS["vnncomp"])(args.args)
+    from analysis.verification import vnncomp
+
+    return vnncomp.main(args.args)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from .runner import validate
+
     print(json.dumps(validate(config_mod.load(args.config, args.overrides)).to_dict(), indent=2))
     return 0
 
@@ -144,7 +137,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import distributed
-    from .sweep import Sweep, parse_axis, parse_shard, read_sweep, run_sweep
+    from .shards import parse_shard
+    from .sweep import Sweep, parse_axis, read_sweep, run_sweep
 
     if args.spec and "=" in args.spec and not Path(args.spec).exists():  # `pipeline sweep key=value ...` without a file
         args.overrides.insert(0, args.spec)
@@ -164,7 +158,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         summary = run_sweep(sweep, axes, out_dir=args.out, dry_run=args.dry_run, shard=shard)
         if args.report and not args.dry_run and world.main:
-            print(f"report: {resolve(TARGETS['report'])([summary['out_dir']])}")
+            from analysis.paper import write_report
+
+            print(f"report: {write_report([summary['out_dir']])}")
     finally:
         distributed.shutdown()
     return 1 if any(p["status"] == "failed" for p in summary["points"]) else 0
@@ -173,27 +169,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from analysis.paper import write_report
+    from analysis.verification import vnncomp
+
     # a VNN-COMP benchmark folder (instances.csv) gets its shards' results merged; run directories get the report
     bench = [p for p in args.paths if Path(p, "instances.csv").is_file()]
     for folder in bench:
-        merged = resolve(TARGETS["vnncomp_merge"])(folder)
+        merged = vnncomp.merge_shards(folder)
         if merged is None:
             raise PipelineError(f"{folder} holds no results.shard-K-of-N.csv: run `pipeline vnncomp {folder} --shard K/N` first")
         out, rows = merged
-        print(f"{resolve(TARGETS['vnncomp_summary'])(rows)}; merged into {out}")
+        print(f"{vnncomp.summary(rows)}; merged into {out}")
     runs = [p for p in args.paths if p not in bench]
     if runs or not bench:
-        print(f"report: {resolve(TARGETS['report'])(runs, out=args.out, title=args.title)}")
+        print(f"report: {write_report(runs, out=args.out, title=args.title)}")
     return 0
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from analysis import analyze
+
     if args.run and not Path(args.run, "config.json").is_file():
         raise PipelineError(f"{args.run} is not a run directory (no config.json); use --out DIR for a plain folder")
     out = Path(args.run, "analysis") if args.run else (Path(args.out) if args.out else None)
-    res = resolve(TARGETS["analyze_write"])(out) if out else resolve(TARGETS["analyze"])()
+    res = analyze.write(out) if out else analyze.analyze()
     print(res["markdown"])
     if out:
         print(f"written: {out / 'analysis.md'}, {out / 'analysis.json'}")

@@ -86,6 +86,11 @@ class TrainConfig:
     # reference runs: two runs that differ only in summation order then agree to ~1e-12, not to float32 noise)
     precision: Literal["fp32", "bf16", "fp64"] = "fp32"
     compile: bool = False  # torch.compile the model (inductor; falls back with a warning where it cannot)
+    # torch.compile's mode: reduce-overhead captures the compiled forward and backward as CUDA graphs
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    # Whole training steps as CUDA graphs (pipeline/step_graph.py): auto = on CUDA whenever the step allows it
+    # (one process, the split on the GPU, no augmentation, no torch.compile), off = eager launches
+    cuda_graph: Literal["auto", "off"] = "auto"
 
 
 @dataclass
@@ -113,7 +118,8 @@ class HardenConfig:
 
 @dataclass
 class CheckConfig:
-    """Per-layer empirical check of the bounds on the real validation pre-activations."""
+    """Per-layer empirical check of the bounds on the real validation pre-activations (pipeline/stages/check.py;
+    analysis/bounds_check.py)."""
 
     soft_delta: float = 1e-3  # "soft" band: pre-activations with g(λx) in (δ, 1 − δ)
     band: float = 3.0  # |λx| < band estimates the pre-activation density at 0 (for the closed-form comparison)
@@ -125,7 +131,7 @@ class CheckConfig:
 
 @dataclass
 class ExportConfig:
-    """fp32 ONNX export (quantize/export.py)."""
+    """fp32 ONNX export (the stage: pipeline/stages/export.py; the library: quantize/export.py)."""
 
     opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
     # onnxruntime and PyTorch are each checked against float64 with the bound float32 rounding can account for in
@@ -138,7 +144,7 @@ class ExportConfig:
 
 @dataclass
 class QuantizeConfig:
-    """onnxruntime static int8 quantization and its measurements (quantize/int8.py)."""
+    """onnxruntime static int8 quantization and its measurements (pipeline/stages/int8.py; quantize/int8.py)."""
 
     calibration_samples: int = 1024  # training examples fed through the CalibrationDataReader
     # percentile (onnxruntime's, 99.999%): on the default run its finer activation grids left the int8 verifier less
@@ -163,7 +169,7 @@ class QuantizeConfig:
 
 @dataclass
 class SparsityConfig:
-    """APoZ and dead-unit pruning (analysis/sparsity.py)."""
+    """APoZ and dead-unit pruning (pipeline/stages/sparsity.py; analysis/sparsity.py)."""
 
     split: Literal["val", "test"] = "val"  # where APoZ and dead units are counted (the linked-neurons study uses test)
     prune: bool = True  # remove dead units, check and export the pruned model
@@ -173,7 +179,7 @@ class SparsityConfig:
 
 @dataclass
 class VerifyConfig:
-    """L∞ robustness of every variant (analysis/verify.py): the swapped float ReLU model decided by a staged
+    """L∞ robustness of every variant (pipeline/stages/verify.py): the swapped float ReLU model decided by a staged
     verifier (attack, CROWN, α-CROWN, branch and bound), the smooth model certified through its gates and via the swap."""
 
     samples: int = 5  # the first N validation examples, the same for every variant
@@ -199,7 +205,6 @@ class VerifyConfig:
     # pool's start and the last answer the int8 part took 31 s at 30 (default run), so 28 keeps it within 30 s. More
     # time decides little there: the open int8 properties are bound by the rounding (docs/architecture.md)
     int8_budget_s: float = 28.0
-    probe_smooth: bool = False  # also try Marabou's ONNX reader on the smooth ONNX files of the export stage
     # where the verifiers compute: auto (a GPU when there is one, else the CPU) | cpu | cuda | cuda:N. On a GPU the
     # worker processes share it for their bound passes and searches; the MILP and the re-checks stay on the CPU
     device: str = "auto"
@@ -347,10 +352,21 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+# Keys an earlier version had, which a run directory's config.json may still hold: read from a file with the value it
+# had by default, one is dropped; set to anything else (or as an override), it is refused with why it went.
+RETIRED = {"verify.probe_smooth": (False, "the verify stage's Marabou probe of the smooth ONNX files was removed; the "
+                                          "marabou verifier reads ONNX files (verify.verifiers=auto,marabou)")}
+
+
 def _set(obj: Any, dotted: str, value: Any, prefix: str = "", text: bool = True) -> None:
     head, _, rest = dotted.partition(".")
     fields = _fields(obj)
     full = f"{prefix}{head}"
+    if f"{prefix}{dotted}" in RETIRED:
+        default, why = RETIRED[f"{prefix}{dotted}"]
+        if not text and value == default:
+            return
+        raise ConfigError(f"{prefix}{dotted} is no longer a setting: {why}")
     if head not in fields:
         raise ConfigError(
             f"unknown config key {full!r}; valid keys here: {', '.join(sorted(fields))}"
@@ -436,7 +452,7 @@ def check_choice(key: str, value: str, choices: Any) -> None:
 
 def validate(cfg: Config) -> Config:
     """Field and cross-field checks. Names in the registries are checked beside them, and a stage with its own
-    validation hook (verify: `analysis.verify.validate_config`) checks its section there
+    validation hook (verify: `pipeline.stages.verify.validate_config`) checks its section there
     (`pipeline.runner.validate` runs them all; this module imports nothing else from the project)."""
     need(len(cfg.variants) > 0, "variants must name at least one activation, e.g. variants=lambda_gelu,gelu")
     need(len(set(cfg.variants)) == len(cfg.variants), f"variants has duplicates: {cfg.variants}")

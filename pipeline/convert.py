@@ -21,8 +21,10 @@ walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What beco
 Everything else that is an activation is listed in `report.left` with its reason, never skipped silently:
 nn.GELU(approximate='tanh') (x·Φ̃(x) with a tanh Φ̃: not the family Algorithm 1 bounds), activations that
 are no gate (Tanh, ELU, PReLU, ...), unknown activation classes (a leaf module whose class name says it is
-one), and, when an `example` input is given, F.gelu / F.silu / F.mish called inside some forward (not a
-module, so nothing can replace or swap it). `strict=True` raises `ConvertError` instead of leaving any.
+one), and F.gelu / F.silu / F.mish called inside some forward (not a module, so nothing can replace or swap it),
+found by one watched forward (`pipeline.probe`) on `example`, or on a zero batch read from the first layer; when
+neither can run, `report.probe` says so and names `example=`. `strict=True` raises `ConvertError` instead of
+leaving any (and when the forward could not be watched).
 
 The converted model is not the same function: λ starts at `gate.init_lambda` (λ = 1 + softplus(s/t) is
 never exactly 1), so a pretrained model wants an init_lambda close to 1 and some fine-tuning.
@@ -37,23 +39,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from . import render
+from . import gates, render
 from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of
 from .gates import channel_axis
 from .config import GateConfig
 from .errors import PipelineError
-from .relu_swap import replace_modules, to_relu
+from .probe import function_name, gate_function, smooth_calls
+from .relu_swap import replace_modules, sync_fused_activation, to_relu
 
 __all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hardenable_for"]
 
 FilterFn = Callable[[nn.Module, str], bool]
 
-# Functions that are gates when a module holds them as an attribute (F.gelu in its exact form).
-FUNCTIONAL_GATES: dict[Callable, str] = {F.gelu: "phi", F.silu: "sigmoid", F.mish: "mish"}
 # torch modules from nn.modules.activation that are no pointwise activation (attention, normalizations).
 NOT_ACTIVATIONS = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.Identity)
 # A user's leaf module whose class name says "activation": reported when nothing else knows it.
@@ -81,6 +80,9 @@ class ConvertReport:
     kept: list[Site] = field(default_factory=list)  # hardenable already
     left: list[Site] = field(default_factory=list)  # activations that were not converted, with the reason
     filtered: list[Site] = field(default_factory=list)  # convertible, excluded by filter_fn
+    # how gate functions called inside forward() were looked for (`pipeline.probe`), or why they were not
+    probe: str = ""
+    probed: bool = False  # a forward was run and watched: `left` holds every such call it made
 
     @property
     def unknown_types(self) -> list[str]:
@@ -88,14 +90,15 @@ class ConvertReport:
         return sorted({s.source for s in self.left})
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: [asdict(s) for s in getattr(self, k)] for k in ("converted", "kept", "left", "filtered")}
+        return {**{k: [asdict(s) for s in getattr(self, k)] for k in ("converted", "kept", "left", "filtered")},
+                "probe": self.probe, "probed": self.probed}
 
     def __str__(self) -> str:
         rows = [[s.fqn or "(root)", s.source, kind if s.target is None else f"{kind} → {s.target}", s.reason]
                 for kind in ("converted", "kept", "left", "filtered") for s in getattr(self, kind)]
         head = (f"{len(self.converted)} converted, {len(self.kept)} already hardenable, {len(self.left)} left, "
                 f"{len(self.filtered)} excluded by filter_fn")
-        return head + ("\n\n" + render.table(["site", "was", "now", "why"], rows) if rows else "")
+        return head + f"\n{self.probe}" + ("\n\n" + render.table(["site", "was", "now", "why"], rows) if rows else "")
 
 
 def hardenable_for(family: str) -> str | None:
@@ -107,13 +110,6 @@ def hardenable_for(family: str) -> str | None:
 def _type_name(obj: Any) -> str:
     cls = obj if isinstance(obj, type) else type(obj)
     return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn") else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _function_name(fn: Any) -> str:
-    if isinstance(fn, functools.partial):
-        kw = ", ".join(f"{k}={v!r}" for k, v in fn.keywords.items())
-        return f"partial(F.{fn.func.__name__}{', ' + kw if kw else ''})"
-    return f"F.{getattr(fn, '__name__', repr(fn))}"
 
 
 def _classify(m: nn.Module) -> tuple[str, str]:
@@ -138,16 +134,11 @@ def _classify(m: nn.Module) -> tuple[str, str]:
     return "other", ""
 
 
-def _gate_function(fn: Any) -> str | None:
-    """The family of a gate function (by identity: attribute values need not be hashable)."""
-    return next((fam for f, fam in FUNCTIONAL_GATES.items() if fn is f), None)
-
-
 def _classify_function(fn: Any) -> tuple[str, str]:
     """(kind, detail) of a module attribute's value: ("gate", family), ("left", reason) or ("other", "")."""
-    if _gate_function(fn) is not None:
-        return "gate", _gate_function(fn)
-    if isinstance(fn, functools.partial) and _gate_function(fn.func) is not None:
+    if gate_function(fn) is not None:
+        return "gate", gate_function(fn)
+    if isinstance(fn, functools.partial) and gate_function(fn.func) is not None:
         if fn.keywords.get("approximate", "none") != "none":
             return "left", "GELU with approximate='tanh' is not x·Φ(x): no λ form"
         return "left", "a partial of a gate function: not converted (hold the plain function or a module)"
@@ -167,43 +158,10 @@ class _Probe(nn.Module):
         return self.inner(x)
 
 
-class _Calls(TorchFunctionMode):
-    """Records F.gelu / F.silu / F.mish calls made by the forward of a module that is no activation."""
-
-    def __init__(self, stack: list[tuple[str, nn.Module]]):
-        super().__init__()
-        self.stack, self.found = stack, {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _gate_function(func) is not None and self.stack:
-            fqn, owner = self.stack[-1]
-            if not isinstance(owner, _Probe) and _classify(owner)[0] == "other":
-                form = kwargs.get("approximate", "none")
-                self.found.setdefault((fqn, _function_name(func) + (f"(approximate={form!r})" if form != "none" else "")), None)
-        return func(*args, **kwargs)
-
-
-def _probe_forward(model: nn.Module, example: Any) -> set[tuple[str, str]]:
-    """One no-grad forward on `example` with every module's fqn on a stack; returns the gate functions called
-    inside forward() of modules that are no activation, as (fqn, name)."""
-    stack: list[tuple[str, nn.Module]] = []
-    handles = []
-    for name, m in model.named_modules():
-        handles.append(m.register_forward_pre_hook(lambda mod, _, name=name: stack.append((name, mod))))
-        handles.append(m.register_forward_hook(lambda *_: stack.pop() and None))  # None: keep the output
-    calls = _Calls(stack)
-    modes = {m: m.training for m in model.modules()}
-    model.eval()  # no running-statistics update, no dropout
-    try:
-        with torch.no_grad(), calls:
-            model(*example) if isinstance(example, tuple) else model(example)
-    finally:
-        for h in handles:
-            h.remove()
-        for m, training in modes.items():
-            m.training = training
-    return set(calls.found)
+def _reported_elsewhere(m: nn.Module) -> bool:
+    """A call inside this module's forward is no finding of the probe: the module is a planned site, or an
+    activation module the walk already converted, kept or reported."""
+    return isinstance(m, _Probe) or _classify(m)[0] != "other"
 
 
 def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: FilterFn | None = None, *,
@@ -216,8 +174,10 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
     inplace: change `model` itself (else a deep copy is converted and returned).
     strict: raise ConvertError when any activation is left.
     example: an input batch (a tensor, or a tuple of forward's arguments). Needed for
-        granularity="channel" (each site's width is read from it); with it, gate functions called inside a
-        forward are reported too.
+        granularity="channel" (each site's width is read from it). Gate functions called inside a forward are
+        found by one forward on it; without it, on a zero batch read from the first layer (`pipeline.probe`):
+        an nn.Linear or nn.Embedding first. Where neither is possible the report says so (`report.probe`) and
+        names example=, since such a call can be seen no other way.
     """
     gate = gate or GateConfig()
     if gate.granularity == "channel" and example is None:
@@ -251,11 +211,11 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
             if fkind == "gate":
                 sites.append((afqn, fdetail, m, attr))
             elif fkind == "left":
-                report.left.append(Site(afqn, _function_name(value), None, fdetail))
+                report.left.append(Site(afqn, function_name(value), None, fdetail))
 
     chosen = []
     for fqn, fam, obj, attr in sites:
-        source = _function_name(getattr(obj, attr)) if attr else _type_name(obj)
+        source = function_name(getattr(obj, attr)) if attr else _type_name(obj)
         target = hardenable_for(fam)
         if not accept(obj, fqn):
             report.filtered.append(Site(fqn, source, target, "excluded by filter_fn"))
@@ -265,18 +225,26 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
         else:
             chosen.append((fqn, obj, attr, source, target))
 
-    # 2. Probe (with an example): each site's width, and gate functions called inside a forward.
+    # 2. Probe: each site's width (with an example), and gate functions called inside a forward. Every planned site
+    # is probed, so a filtered attribute's calls are not reported again.
     widths: dict[str, int] = {}
-    if example is not None:  # every planned site is probed, so a filtered attribute's calls are not reported again
-        where = {fqn: (obj, attr) for fqn, _, obj, attr in sites}
-        probes = {fqn: _Probe(getattr(obj, attr) if attr else obj) for fqn, (obj, attr) in where.items()}
-        _install(root, where, lambda fqn, _: probes[fqn])
-        try:
-            for fqn, name in sorted(_probe_forward(root, example)):
-                report.left.append(Site(fqn, name, None, "called inside forward(): not a module, so nothing can harden or "
+    where = {fqn: (obj, attr) for fqn, _, obj, attr in sites}
+    probes = {fqn: _Probe(getattr(obj, attr) if attr else obj) for fqn, (obj, attr) in where.items()}
+    _install(root, where, lambda fqn, _: probes[fqn])
+    try:
+        found = smooth_calls(root, example, _reported_elsewhere)
+    finally:
+        _install(root, where, lambda fqn, _: probes[fqn].inner)
+    report.probed = found.calls is not None
+    if found.calls is None:
+        report.probe = (f"Gate functions called inside forward() were not looked for: {found.how}. Pass example=<an input "
+                        "batch> to find them (x = F.gelu(x) in a forward is no module: nothing can harden or swap it).")
+    else:
+        report.probe = f"Gate functions called inside forward(): looked for by one forward on {found.how}."
+        for c in sorted(found.calls, key=lambda c: (c.fqn, c.name)):
+            report.left.append(Site(c.fqn, c.name, None, "called inside forward(): not a module, so nothing can harden or "
                                                          "swap it (hold it as a module or attribute, e.g. self.act = nn.GELU())"))
-        finally:
-            _install(root, where, lambda fqn, _: probes[fqn].inner)
+    if example is not None:
         for fqn, p in ((fqn, probes[fqn]) for fqn, *_ in chosen):
             if gate.granularity == "channel" and len(p.widths) != 1:
                 raise ConvertError(f"{fqn}: " + ("not reached by the example's forward" if not p.widths else
@@ -294,10 +262,13 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
         gates[fqn] = g if param is None else g.to(param.device, param.dtype if param.is_floating_point() else None)
         report.converted.append(Site(fqn, source, target))
     root = _install(root, {fqn: (obj, attr) for fqn, obj, attr, _, _ in chosen}, lambda fqn, _: gates[fqn])
+    sync_fused_activation(root)  # a transformer layer's fused kernel would compute GELU itself, ignoring the new gate
 
     if strict and report.left:
         raise ConvertError(f"{len(report.left)} activation(s) left: " +
                            "; ".join(f"{s.fqn or '(root)'} ({s.source}): {s.reason}" for s in report.left))
+    if strict and not report.probed:
+        raise ConvertError(report.probe)
     return root, report
 
 

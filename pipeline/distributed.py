@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError, PipelineError, TrainingError
+from .errors import PipelineError
 
 T = TypeVar("T")
 
@@ -48,23 +48,10 @@ class World:
 
 def resolve_device(name: str) -> torch.device:
     """`device=auto|cpu|cuda|cuda:N` to a torch device; under torchrun `cuda` is this process's GPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
+    from .devices import resolve
+
     w = world()
-    if name == "cuda" and w.distributed:  # one GPU per torchrun process
-        name = f"cuda:{w.local_rank}"
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
-                          f"cuda:{torch.cuda.device_count() - 1} or device=auto")
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
-    return dev
+    return resolve(name, w.local_rank if w.distributed else None)
 
 
 def world() -> World:

@@ -1,17 +1,24 @@
-"""Gate families: the one place that knows a gate's identity, its constants, λ_target and the channel axis.
+"""Gate families: the one place that knows a gate, as one object per family (`GateFamily`).
 
 A self-gated activation is f_λ(x) = x·g(λx) with a smooth step g (g(−∞) = 0, g(+∞) = 1), so f_λ → ReLU
 as λ → ∞. A family is named by its gate g ("phi" for λ-GELU, "sigmoid" for λ-Swish, ...); activation
-modules declare it in their `GATE` class attribute, and everything else (λ_target, the per-layer check,
-the swap certificate, the sympy derivations in `analysis/theory/symbolic.py`) looks it up here.
+modules declare it in their `GATE` class attribute. Everything that needs to know what a gate is reads its
+family here: the activations (`pipeline/activations.py`: g, its torch modules and functions, and the hardenable
+activation a registered family gets), the kernels (`kernel`), λ_target, the per-layer check, the swap certificate
+(the constants, `curvature`), the sympy derivations (`analysis/theory/symbolic.py`: `sym`), the verifier's
+relaxations (`relaxation`, `inflections`, `tail_peaks`) and its ONNX reader (`onnx`), and `pipeline.convert`
+(`modules`, `functions`). Adding a family is one call, `register(GateFamily(...))`: tests/test_gate_family.py
+registers a new one and runs it through every stage of a pipeline run.
 
 Per family, three constants, each a bound over a power of λ:
   a: E∞(λ) = ∫|H(x) − g(λx)| dx = a/λ                (the λ-GELU paper's criterion, `gate_l1`)
   b: ∫|ReLU(x) − f_λ(x)| dx = b/λ²                     (`act_l1`)
   c: sup_x |ReLU(x) − f_λ(x)| = c/λ                    (`sup`: what a swap changes per unit)
 a and b in closed form where one exists, scipy quadrature of the two tails otherwise; c always from the tails
-(`tail_peaks`, computed once per family and nudged up so that it is a sound upper bound). The sympy derivations
-in `analysis/theory/symbolic.py` are tested against these numbers.
+(`tail_peaks`, computed once per family and nudged up so that it is a sound upper bound; `sup_constant`). The sympy
+derivations in `analysis/theory/symbolic.py` are tested against these numbers.
+
+Φ (the standard normal CDF, from erfc) and its constants are written here once (`Phi`, `INV_SQRT2`, `INV_SQRT_2PI`).
 """
 
 from __future__ import annotations
@@ -23,13 +30,24 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy import integrate, optimize, special
+from torch import nn
 
 CRITERIA = ("gate_l1", "act_l1", "sup")
 QUAD_RTOL = 1e-12  # scipy quad's relative tolerance for the gates without closed forms (SERF, Mish)
 # A peak found by a bounded search is the function's value at the best point found, at most the true maximum:
 # the reported maximum is raised by this relative amount (far above the search's xatol² and float64 rounding).
 PEAK_NUDGE = 1e-12
+
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def Phi(y: torch.Tensor) -> torch.Tensor:
+    """The standard normal CDF Φ(y) = erfc(−y/√2)/2: erfc keeps float32 relative accuracy in the far left tail, where
+    1 + erf cancels. The one torch Φ of the project (the gate of λ-GELU, its kernels' reference, the relaxations)."""
+    return 0.5 * torch.erfc(-y * INV_SQRT2)
 
 
 @dataclass(frozen=True)
@@ -49,12 +67,34 @@ class GateBounds:
 
 
 @dataclass(frozen=True)
+class Relaxation:
+    """What the verifier's linear relaxations of F(y) = y·g(y) need beyond g (`analysis/verification/relaxations.py`).
+    F has exactly two inflection points y₁ < y₂ (F'' < 0, > 0, < 0 on the three pieces), one in each bracket."""
+
+    dF: Callable[[torch.Tensor], torch.Tensor]  # F'(y) = g(y) + y·g'(y), float64 tensors
+    d2F_sign: Callable[[torch.Tensor], torch.Tensor]  # a function with the sign of F''
+    inflection_brackets: tuple[tuple[float, float], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class OnnxPattern:
+    """How a gate module exports to ONNX and how the verifier's reader reads it back as one gate node. `ops` is the
+    chain of one-input ops the exporter writes: applied to λx, they compute g (and a Mul by x makes the gate), or,
+    with `whole`, F(y) = y·g(y) itself (λ-GELU's Mul → Gelu → Div, F(λx)/λ)."""
+
+    ops: tuple[str, ...]
+    whole: bool = False
+
+
+@dataclass(frozen=True)
 class GateFamily:
-    """One gate g of the family x·g(λx)."""
+    """One gate g of the family x·g(λx): everything the project knows about it."""
 
     name: str
     label: str
-    g: Callable[[torch.Tensor], torch.Tensor]  # g(y) on tensors, accurate in both tails (the float64 reference)
+    # g(y) on tensors, accurate in both tails (the float64 reference), with finite gradients everywhere (training
+    # differentiates it); traced for ONNX, it writes the ops of `onnx`
+    g: Callable[[torch.Tensor], torch.Tensor]
     sym: Callable[[Any], Any]  # g(y) as a sympy expression (sympy is imported by the caller's first use)
     upper_tail: Callable[[float], float]  # 1 − g(u) for u ≥ 0: the x > 0 side, where f_λ falls short of ReLU
     lower_tail: Callable[[float], float]  # g(−u) for u ≥ 0: the x < 0 side, where f_λ is below 0
@@ -64,10 +104,23 @@ class GateFamily:
     tail_series: Callable[[Any], tuple[Any, Any]] | None = None
     # No closed forms (and g(−y) ≠ 1 − g(y)): sympy builds the expressions, mpmath does the integrals.
     numeric: bool = False
+    # 1 − g(y) on tensors without cancellation; None: g(−y) (a symmetric gate, g(−y) = 1 − g(y))
+    complement: Callable[[torch.Tensor], torch.Tensor] | None = None
+    relaxation: Relaxation | None = None  # None: the verifier has no relaxation of it (and does not read it)
+    onnx: OnnxPattern | None = None  # None: no pattern the verifier's reader knows
+    kernel: str | None = None  # the fused kernels' id for it (`pipeline.kernels`); None: its autograd expression
+    modules: tuple[type[nn.Module], ...] = ()  # torch modules that compute x·g(x) (λ = 1; nn.GELU in its erf form)
+    functions: tuple[Callable, ...] = ()  # torch functions that do (a module attribute `self.act = F.gelu`)
+    # The registry name of its hardenable activation; `register` adds one (`pipeline.activations`) where none exists.
+    hardenable: str | None = None
 
     def f(self, x: torch.Tensor, lam: torch.Tensor | float = 1.0) -> torch.Tensor:
         """f_λ(x) = x·g(λx)."""
         return x * self.g(lam * x)
+
+    def one_minus_g(self, y: torch.Tensor) -> torch.Tensor:
+        """1 − g(y) on tensors, accurate where g(y) is near 1."""
+        return self.complement(y) if self.complement is not None else self.g(-y)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,10 +129,6 @@ class GateFamily:
 
 def _softplus(u: float) -> float:
     return float(np.logaddexp(0.0, u))
-
-
-def _phi(y: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.erfc(-y / math.sqrt(2.0))  # erfc keeps the left tail accurate
 
 
 def _sym_phi(y):
@@ -116,21 +165,43 @@ def _sigmoid_tail(u: float) -> float:
     return float(special.expit(-u))
 
 
+def _serf(y: torch.Tensor) -> torch.Tensor:
+    return torch.erf(F.softplus(y))
+
+
+def _serf_dF(y: torch.Tensor) -> torch.Tensor:
+    s = F.softplus(y)
+    return torch.erf(s) + y * (2.0 / math.sqrt(math.pi)) * torch.exp(-s * s) * torch.sigmoid(y)
+
+
 GATES: dict[str, GateFamily] = {
-    # E∞ = 2/(λ√(2π)), 1/(2λ²); c = max_u u·Φ(−u) ≈ 0.169971 (both tails are Φ(−u))
-    "phi": GateFamily("phi", "λ-GELU  x·Φ(λx)", _phi, _sym_phi, _phi_tail, _phi_tail,
-                      l1=lambda: (2.0 / math.sqrt(2 * math.pi), 0.5)),
-    # E∞ = 2·ln2/λ, π²/(6λ²); c = W(1/e) (u·σ(−u) is largest where u − 1 = e^{−u}); 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku}
+    # E∞ = 2/(λ√(2π)), 1/(2λ²); c = max_u u·Φ(−u) ≈ 0.169971 (both tails are Φ(−u)); F'' = φ(y)(2 − y²): inflections ±√2
+    "phi": GateFamily("phi", "λ-GELU  x·Φ(λx)", Phi, _sym_phi, _phi_tail, _phi_tail,
+                      l1=lambda: (2.0 / math.sqrt(2 * math.pi), 0.5),
+                      relaxation=Relaxation(lambda y: Phi(y) + y * INV_SQRT_2PI * torch.exp(-0.5 * y * y), lambda y: 2.0 - y * y,
+                                            ((-3.0, -1.0), (1.0, 3.0))),
+                      onnx=OnnxPattern(("Gelu",), whole=True), kernel="phi", modules=(nn.GELU,), functions=(F.gelu,),
+                      hardenable="lambda_gelu"),
+    # E∞ = 2·ln2/λ, π²/(6λ²); c = W(1/e) (u·σ(−u) is largest where u − 1 = e^{−u}); 1/(1 + e^u) = Σ (−1)^{k+1} e^{−ku};
+    # F'' = σ'(y)(2 − y·tanh(y/2)): inflections ±2.3994
     "sigmoid": GateFamily("sigmoid", "λ-Swish  x·σ(λx)", torch.sigmoid, _sym_sigmoid, _sigmoid_tail, _sigmoid_tail,
-                          l1=lambda: (2 * math.log(2), math.pi**2 / 6), tail_series=lambda k: ((-1) ** (k + 1), k)),
-    # erf(softplus(y)): not symmetric (g(0) = erf(ln 2) ≈ 0.673), so the two sides differ
-    "serf": GateFamily("serf", "λ-SERF  x·erf(softplus(λx))", lambda y: torch.erf(torch.nn.functional.softplus(y)), _sym_serf,
+                          l1=lambda: (2 * math.log(2), math.pi**2 / 6), tail_series=lambda k: ((-1) ** (k + 1), k),
+                          relaxation=Relaxation(lambda y: torch.sigmoid(y) * (1.0 + y * torch.sigmoid(-y)),
+                                                lambda y: 2.0 - y * torch.tanh(y / 2), ((-4.0, -1.0), (1.0, 4.0))),
+                          onnx=OnnxPattern(("Sigmoid",)), kernel="sigmoid", modules=(nn.SiLU,), functions=(F.silu,),
+                          hardenable="lambda_swish"),
+    # erf(softplus(y)): not symmetric (g(0) = erf(ln 2) ≈ 0.673), so the two sides differ; with s = softplus(y),
+    # F'' = (2/√π)·e^{−s²}·σ(y)·(2 + y(1 − σ(y) − 2sσ(y))): inflections ≈ −2.2565, 1.0960
+    "serf": GateFamily("serf", "λ-SERF  x·erf(softplus(λx))", _serf, _sym_serf,
                        lambda u: float(special.erfc(_softplus(u))), lambda u: float(special.erf(math.log1p(math.exp(-u)))),
-                       numeric=True),
+                       numeric=True, complement=lambda y: torch.erfc(F.softplus(y)),
+                       relaxation=Relaxation(_serf_dF, lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * F.softplus(y) * torch.sigmoid(y)),
+                                             ((-4.0, -1.0), (0.5, 2.0))),
+                       onnx=OnnxPattern(("Softplus", "Erf")), hardenable="lambda_serf"),
     # tanh(softplus(y)): 1 − tanh(s) = 2σ(−2s)
     "mish": GateFamily("mish", "λ-Mish  x·tanh(softplus(λx))", lambda y: torch.tanh(torch.nn.functional.softplus(y)), _sym_mish,
                        lambda u: 2.0 * float(special.expit(-2.0 * _softplus(u))), lambda u: math.tanh(math.log1p(math.exp(-u))),
-                       numeric=True),
+                       numeric=True, modules=(nn.Mish,), functions=(F.mish,)),
 }
 
 
@@ -141,12 +212,47 @@ def family(name: str) -> GateFamily:
         raise ValueError(f"unknown gate {name!r}; registered gates: {', '.join(GATES)}") from None
 
 
+# Called with (name, family) after `register` and (name, None) after `unregister`: the registries built on the
+# families (`pipeline.activations`, the sympy caches of `analysis.theory.symbolic`) follow them.
+_listeners: list[Callable[[str, GateFamily | None], None]] = []
+
+
+def on_change(listener: Callable[[str, GateFamily | None], None]) -> None:
+    """Call `listener(name, family)` for every family registered now and later, and `listener(name, None)` when one
+    is unregistered."""
+    _listeners.append(listener)
+    for name, fam in list(GATES.items()):
+        listener(name, fam)
+
+
+def _changed(name: str, fam: GateFamily | None) -> None:
+    for cache in (tail_peaks, gate_bounds, curvature, inflections):
+        cache.cache_clear()
+    for listener in _listeners:
+        listener(name, fam)
+
+
 def register(fam: GateFamily) -> None:
-    """Add (or replace) a gate family; cached constants of a replaced one are dropped."""
+    """Add (or replace) a gate family: its constants are derived on first use, and every registry built on the
+    families follows (a hardenable activation named `fam.hardenable` where the registry has none)."""
     GATES[fam.name] = fam
-    tail_peaks.cache_clear()
-    gate_bounds.cache_clear()
-    curvature.cache_clear()
+    _changed(fam.name, fam)
+
+
+def unregister(name: str) -> None:
+    """Remove a gate family that `register` added (tests use this), and what the registries built on it."""
+    GATES.pop(name, None)
+    _changed(name, None)
+
+
+def of_module(cls: type) -> str | None:
+    """The family whose gate a torch module class computes at λ = 1 (`GateFamily.modules`), or None."""
+    return next((fam.name for fam in GATES.values() if cls in fam.modules), None)
+
+
+def of_function(fn: Callable) -> str | None:
+    """The family whose gate a torch function computes at λ = 1 (`GateFamily.functions`), or None."""
+    return next((fam.name for fam in GATES.values() if any(fn is f for f in fam.functions)), None)
 
 
 class TailPeaks(NamedTuple):
@@ -186,6 +292,22 @@ def gate_bounds(gate: str = "phi") -> GateBounds:
         b = quad(lambda u: u * fam.upper_tail(u)) + quad(lambda u: u * fam.lower_tail(u))
     peaks = tail_peaks(gate)
     return GateBounds(a, b, max(peaks.upper[1], peaks.lower[1]))
+
+
+@functools.lru_cache(maxsize=None)
+def inflections(gate: str = "phi") -> tuple[float, float]:
+    """The two inflection points y₁ < y₂ of F(y) = y·g(y) (the roots of `Relaxation.d2F_sign` in its brackets, by
+    Brent's method to float64 precision), computed once: F' is monotone between them (the relaxations' pieces)."""
+    rel = family(gate).relaxation
+    if rel is None:
+        raise ValueError(f"gate {gate!r} has no relaxation data (GateFamily.relaxation)")
+
+    def sign_at(v: float) -> float:
+        return float(rel.d2F_sign(torch.tensor(v, dtype=torch.float64)))
+
+    y1, y2 = (float(optimize.brentq(sign_at, a, b, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=200))
+              for a, b in rel.inflection_brackets)
+    return y1, y2
 
 
 CURVATURE_MARGIN = 0.01  # the grid maxima below, raised by this relative amount

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from .rundir import atomic_path
+from .atomic_io import atomic_path
 
 
 def fmt(v: Any, digits: int = 4) -> str:

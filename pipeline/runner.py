@@ -1,14 +1,12 @@
-"""The stage runner: runs the selected stages of a run in order over its run directory, recording status,
-times, outputs (sha256) and metrics in the manifest; finished stages are skipped and an interrupted one
-resumes (the stage itself picks up its partial work).
+"""The stage runner: runs the selected stages of a run (`pipeline/stages/`) in order over its run directory,
+recording status, times, outputs (sha256) and metrics in the manifest; finished stages are skipped and an interrupted
+one resumes (the stage itself picks up its partial work). With the stages and the CLI it is the top layer.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -18,9 +16,11 @@ from . import config as config_mod
 from .config import Config
 from .config import validate as validate_fields
 from .data import dataset_for
+from .cores import choose_threads
 from .errors import CheckpointError, PipelineError
-from .rundir import RunDir, hold, now, release
-from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, resolve, selected
+from .atomic_io import hold, release
+from .rundir import RunDir, now
+from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, selected
 
 
 def validate(cfg: Config) -> Config:
@@ -34,7 +34,7 @@ def validate(cfg: Config) -> Config:
     check_names(cfg.stages)
     for stage in STAGES.values():
         if stage.validate:
-            resolve(stage.validate)(cfg)
+            stage.validate(cfg)
     return cfg
 
 
@@ -61,7 +61,8 @@ FIRST_STAGE = first_readers()
 # listed still reads them.
 TUNABLE = {"train.lr": ("train", "harden"), "train.grad_clip": ("train", "harden"),
            "train.divergence_factor": ("train", "harden"), "train.precision": ("train", "harden"),
-           "train.compile": ("train", "harden"), "data.eval_batch_size": tuple(STAGES)}
+           "train.compile": ("train", "harden"), "train.compile_mode": ("train", "harden"),
+           "train.cuda_graph": ("train", "harden"), "data.eval_batch_size": tuple(STAGES)}
 FREE = {"stages", "device", "threads"}  # what to run, and where: never changes a result's meaning
 NEVER = {"name", "out_dir"}
 
@@ -131,35 +132,6 @@ def _reopen(path: str, overrides: list[str] | None, redo: list[str] | None) -> R
     return run
 
 
-def _busy_cores(window: float = 0.5) -> float | None:
-    """How many cores other work keeps busy right now: /proc/stat's non-idle share over `window` seconds, times
-    the core count (None where /proc/stat is not there). The load average would remember a job that just ended."""
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields), idle
-
-    try:
-        t0, i0 = sample()
-        time.sleep(window)
-        t1, i1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    return (1 - (i1 - i0) / max(t1 - t0, 1)) * (os.cpu_count() or 1)
-
-
-def choose_threads(threads: int) -> int:
-    """`threads`, or for 0 the cores this process may use minus the cores other work keeps busy now (at least 1):
-    on 2 cores with another job running, two threads would wait on each other at every parallel region."""
-    if threads:
-        return threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = _busy_cores()
-    if busy is None:
-        busy = os.getloadavg()[0]
-    return max(1, min(cores, int(cores - busy + 0.5)))
-
-
 def run_pipeline(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the selected stages (`_run_stages`) holding the run directory, which is let go at the end: `create`
     and `resume` took it already, a direct caller takes it here."""
@@ -179,7 +151,9 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
     world = distributed.world()
     mark = run.mark_stage if world.main else (lambda *a, **k: None)
     log = log if world.main else (lambda msg: None)
-    device = str(distributed.resolve_device(cfg.device))
+    resolved = distributed.resolve_device(cfg.device)  # once per run; every stage reads it from run.device
+    run.device = resolved
+    device = str(resolved)
     threads = choose_threads(cfg.threads)
     torch.set_num_threads(threads)
     results: dict[str, Any] = {}
@@ -208,9 +182,9 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
         # What the stage directory held when the stage first started (a resumed stage keeps its first snapshot),
         # so the manifest records every file the stage wrote, across interruptions.
         before = (run.manifest()["stages"].get(name, {}).get("before") or run.snapshot(stage.directory)) if world.main else {}
-        mark(name, status="running", started=now(), device=device, threads=threads, seed=cfg.seed, before=before)
+        mark(name, status="running", started=now(), device=stage.device(device, cfg), threads=threads, seed=cfg.seed, before=before)
         try:
-            metrics = stage.fn()(cfg, run)
+            metrics = stage.run(cfg, run)
         except CheckpointError as exc:  # name the stage that wrote the file, so the advice leads to a correct run
             writer = run.writer_of(exc.path) if world.main and exc.path else None
             msg = f"{exc}; rerun the stage that wrote it: `pipeline run --resume {run.path} --redo {writer or name}`"

@@ -41,9 +41,11 @@ from typing import Any
 
 from . import config as config_mod
 from . import distributed, runner
+from .atomic_io import atomic_write_json
 from .errors import ConfigError, PipelineError
-from .rundir import RunDir, atomic_write_json
+from .rundir import RunDir
 from .runner import validate
+from .shards import in_shard
 from .stages import selected
 
 DEFAULT_STAGES = ["train", "harden", "swap"]
@@ -168,26 +170,13 @@ def expand(sweep: Sweep, extra_axes: dict[str, list[str]] | None = None) -> list
     return list(seen.values())  # identical points (same name, same overrides) run once
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """`K/N` with 0 ≤ K < N: shard K of N (Slurm array task ids and Kubernetes completion indexes start at 0)."""
-    k, sep, n = text.partition("/")
-    try:
-        shard = int(k), int(n)
-    except ValueError:
-        shard = (-1, 0)
-    if not sep or not 0 <= shard[0] < shard[1]:
-        raise ConfigError(f"--shard {text!r} must look like K/N with 0 <= K < N (e.g. --shard 0/4 ... --shard 3/4)")
-    return shard
-
-
 def shard_points(points: list[Point], shard: tuple[int, int] | None) -> list[Point]:
     """The points of shard (K, N): index in the name-sorted grid ≡ K (mod N), in the grid's own order.
     Disjoint for K = 0..N−1 and covering the grid; balanced to within one point; the same on every machine
     (names are unique in a grid, so the order does not depend on how blocks are listed)."""
     if shard is None:
         return points
-    k, n = shard
-    mine = {p.name for i, p in enumerate(sorted(points, key=lambda p: p.name)) if i % n == k}
+    mine = {p.name for i, p in enumerate(sorted(points, key=lambda p: p.name)) if in_shard(i, shard)}
     return [p for p in points if p.name in mine]
 
 

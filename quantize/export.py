@@ -1,8 +1,6 @@
-"""The export stage: every model of the run to one self-contained fp32 ONNX file.
-
-For each variant: the smooth best checkpoint (`train/<v>/best.pt`, form "smooth") and its swapped
-ReLU model (`swap/<v>/relu.pt`, form "relu"); a ReLU-baseline variant has only the "relu" form.
-Files land in `export/<variant>/<form>/model.onnx`; `export/export.json` lists them with their checks.
+"""A model to one self-contained fp32 ONNX file, checked against a float64 run of it: what the export stage
+(`pipeline/stages/export.py`), the int8 and sparsity stages, the verify stage's ReLU files (`export_for_verifiers`) and
+`analysis.api.export_onnx` write.
 
 Decisions (see also docs/architecture.md, "Pitfalls"):
 - Exporter: `torch.onnx.export(..., dynamo=False)`, the TorchScript tracer. The dynamo exporter
@@ -25,7 +23,6 @@ Decisions (see also docs/architecture.md, "Pitfalls"):
 from __future__ import annotations
 
 import copy
-import io
 import json
 import warnings
 from pathlib import Path
@@ -36,84 +33,19 @@ import onnx
 import torch
 from torch import nn
 
-from pipeline import checkpoint, render
-from pipeline.config import Config
-from pipeline.data import dataset_for
-from pipeline.errors import PipelineError
-from pipeline.rundir import RunDir, atomic_path, atomic_write_json
+from pipeline.atomic_io import atomic_path
+from pipeline.devices import cpu_model
+# The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
+from pipeline.onnx_io import ExportError, to_onnx  # noqa: F401
 
 from . import ort as ort_util
 from . import rounding
-from .mha import mha_fastpath
 
 # Slack on top of the derived rounding bound (quantize/rounding.py), absolute and times max|logit|: the defaults
 # of export.atol and export.rtol. None is needed where every op has a rule; they are for ops that have none.
 FP32_ATOL = 0.0
 FP32_RTOL = 0.0
 EXPORTER = "torch.onnx.export(dynamo=False)"
-
-
-class ExportError(PipelineError):
-    pass
-
-
-def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
-    """(variant, form, checkpoint) for every model the run exports, in a fixed order."""
-    out = []
-    for v in cfg.variants:
-        record = run.variant(v)
-        if record.smooth:
-            out.append((v, "smooth", run.file("train", v, "best.pt")))
-        if record.swapped_to is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
-            out.append((v, "relu", run.file("swap", v, "relu.pt")))
-    return out
-
-
-def to_onnx(model: nn.Module, example: torch.Tensor, opset: int, simplify: bool = True,
-            metadata: dict[str, str] | None = None, dynamic_batch: bool = True) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Trace `model` (eval mode, CPU) to an ONNX ModelProto; onnxsim; checks. The batch axis is symbolic
-    unless `dynamic_batch=False` (verifiers want a fixed batch of 1: pass a batch-1 example).
-
-    Returns the model and facts about it (node counts before and after onnxsim).
-    """
-    model = model.eval().cpu()
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad(), mha_fastpath(False):
-        # Expected and harmless here: the legacy-exporter deprecation notice, and tracer notes about
-        # λ being a constant / the frozen flag being read once (both are fixed in an exported model).
-        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
-        warnings.filterwarnings("ignore", message=".*feature will be removed.*")
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        torch.onnx.export(model, (example.cpu(),), buf, dynamo=False, opset_version=opset,
-                          input_names=[ort_util.INPUT], output_names=[ort_util.OUTPUT], do_constant_folding=True,
-                          dynamic_axes={ort_util.INPUT: {0: "batch"}, ort_util.OUTPUT: {0: "batch"}} if dynamic_batch else None)
-    proto = onnx.load_from_string(buf.getvalue())
-    facts: dict[str, Any] = {"nodes_traced": len(proto.graph.node)}
-    if simplify:
-        from onnxsim import simplify as onnxsim_simplify
-
-        simplified, ok = onnxsim_simplify(proto)
-        if not ok:
-            raise ExportError("onnxsim could not validate the simplified graph; rerun with export.simplify=false")
-        proto = simplified
-    facts["nodes"] = len(proto.graph.node)
-    for key, value in (metadata or {}).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    proto.doc_string = "inputs in natural units (normalization is the graph's first Mul/Add or folded into its first Gemm); output: logits"
-    check_graph(proto, dynamic_batch)
-    return proto, facts
-
-
-def check_graph(proto: onnx.ModelProto, dynamic_batch: bool = True) -> None:
-    """Full ONNX check, single file, and (unless fixed on purpose) a symbolic batch dimension on input and output."""
-    onnx.checker.check_model(proto, full_check=True)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-        raise ExportError("exported graph refers to external data; it must be one self-contained file")
-    for vi in (proto.graph.input[0], proto.graph.output[0]) if dynamic_batch else ():
-        dim0 = vi.type.tensor_type.shape.dim[0]
-        if not dim0.dim_param:
-            raise ExportError(f"{vi.name}: batch axis is fixed at {dim0.dim_value}, expected a symbolic 'batch'")
 
 
 def save(proto: onnx.ModelProto, path: Path) -> None:
@@ -132,7 +64,7 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
     PyTorch beyond its bound says the bound missed something in this network (the ops without a rule are listed
     in `unmodelled_ops`): a warning, not an error, since the export is not at fault.
     """
-    model = model.eval().cpu()
+    model = cpu_model(model).eval()  # the caller's model stays where it is
     ref32 = model(x).numpy()  # x may exceed a fixed-batch graph's batch: `infer` feeds it in slices
     got = ort_util.infer(ort_util.session(path, threads), x.numpy())
     b = rounding.forward_bound(model, x)
@@ -217,44 +149,3 @@ def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict
             "input_shape": json.dumps(spec["input_shape"]), "num_classes": str(spec["num_classes"]),
             "input_units": "natural (the data's own units; normalization is inside the graph)",
             "input_low": json.dumps(info.input_low), "input_high": json.dumps(info.input_high)}
-
-
-def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
-    ds = dataset_for(cfg)
-    ecfg = cfg.export
-    xval = ds.val.x[:ecfg.check_samples]
-    models: dict[str, dict[str, Any]] = {}
-    for variant, form, src in sources(cfg, run):
-        model, payload = checkpoint.load_model(src)
-        proto, facts = to_onnx(model, xval[:2], ecfg.opset, ecfg.simplify, metadata_for(payload, variant, form, ds.info))
-        path = run.file("export", variant, form, "model.onnx")
-        save(proto, path)
-        check = compare(path, model, xval, ecfg.atol, ecfg.rtol, cfg.quantize.threads)
-        models.setdefault(variant, {})[form] = {
-            "path": str(path.relative_to(run.path)), "source": str(Path(src).relative_to(run.path)),
-            "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **check,
-        }
-    result = {"exporter": EXPORTER, "opset": ecfg.opset, "simplified": ecfg.simplify, "atol": ecfg.atol, "rtol": ecfg.rtol,
-              "torch": torch.__version__, "onnx": onnx.__version__, "models": models}
-    atomic_write_json(run.file("export", "export.json"), result)
-    return result
-
-
-def report_section(cfg: Config, run: RunDir) -> str | None:
-    """The export stage's section of report.md: every graph, its ops and its check against PyTorch."""
-    e = run.read_json("export", "export.json")
-    if e is None:
-        return None
-    rows = [[v, form, ", ".join(f"{op}×{n}" for op, n in m["ops"].items()), m["bytes"], m["ort_vs_fp64"], m["torch_vs_fp64"],
-             m["bound_max"], m["ort_bound_ratio"], m["argmax_agreement"]] for v, forms in e["models"].items() for form, m in forms.items()]
-    slack = f" plus export.atol {e['atol']:g} + export.rtol {e['rtol']:g}·max|logit|" if e["atol"] or e["rtol"] else ""
-    return "\n\n".join([
-        "## ONNX export (fp32)",
-        f"Exporter {e['exporter']}, opset {e['opset']}, onnxsim {'on' if e['simplified'] else 'off'}; inputs in natural units "
-        f"(the normalization is inside each graph). Each graph is checked on validation inputs: onnxruntime and PyTorch "
-        f"each against a float64 run of the model, every output within the bound float32 rounding can account for in "
-        f"this network (quantize/rounding.py){slack}. The share column is onnxruntime's largest error as a fraction of "
-        f"its bound.",
-        render.table(["variant", "form", "ops", "bytes", "max |Δlogit| onnxruntime vs float64", "PyTorch vs float64",
-                      "largest bound", "share of bound", "argmax agreement"], rows),
-    ])

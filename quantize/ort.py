@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-INPUT = "input"  # graph input and output names every exported model uses
-OUTPUT = "logits"
+# Sessions, flat and batched inference and the graphs' input/output names live with the exporter (`pipeline.onnx_io`).
+from pipeline.onnx_io import INPUT, OUTPUT, as_input, forward_flat, infer, io_names, session, session_options  # noqa: F401
 
 # Ops that compute on integer tensors in onnxruntime's optimized graph (com.microsoft and ONNX).
 INTEGER_OPS = frozenset({
@@ -35,61 +35,6 @@ INTEGER_OPS = frozenset({
 BOUNDARY_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})  # float <-> int8 at the graph's edges
 # Data movement only: they run on whatever type flows through (int8 between Q/DQ).
 LAYOUT_OPS = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool"})
-
-
-def session_options(threads: int = 1, optimized_path: Path | None = None,
-                    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = level
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    so.log_severity_level = 3  # the "optimized model is hardware specific" warning is expected here
-    if optimized_path is not None:
-        so.optimized_model_filepath = str(optimized_path)
-    return so
-
-
-def session(path: Path | str, threads: int = 1, optimized_path: Path | None = None) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), session_options(threads, optimized_path), providers=["CPUExecutionProvider"])
-
-
-def as_input(x: np.ndarray) -> np.ndarray:
-    """Float inputs as contiguous float32; integer inputs (token ids) keep their int64 type."""
-    x = np.asarray(x)
-    return np.ascontiguousarray(x, dtype=np.float32 if np.issubdtype(x.dtype, np.floating) else np.int64)
-
-
-def io_names(sess: ort.InferenceSession) -> tuple[str, str]:
-    """The graph's first input and first output (ours are INPUT/OUTPUT; a VNN-COMP model names its own)."""
-    return sess.get_inputs()[0].name, sess.get_outputs()[0].name
-
-
-def infer(sess: ort.InferenceSession, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
-    """Logits for all of x ([N, ...]), in batches; shape [N, K] (or [N, T, V] for a language model)."""
-    x = as_input(x)
-    inp, out = io_names(sess)
-    fixed = sess.get_inputs()[0].shape[0]
-    if isinstance(fixed, int) and fixed > 0:  # a fixed-batch graph (verifier exports take one input at a time)
-        batch_size = fixed
-    return np.concatenate([sess.run([out], {inp: x[i:i + batch_size]})[0] for i in range(0, len(x), batch_size)])
-
-
-def forward_flat(sess: ort.InferenceSession | Path | str, x: np.ndarray) -> np.ndarray:
-    """One flat input (C-order, as VNN-LIB numbers X_i) through a model; the flat float64 output.
-
-    The input is reshaped to the graph's declared input shape (a free dimension counts as 1) and cast to
-    its element type, so fixed-batch verifier graphs and our dynamic-batch ones both work.
-    """
-    if not isinstance(sess, ort.InferenceSession):
-        sess = session(sess)
-    meta = sess.get_inputs()[0]
-    shape = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape]
-    dtype = np.float64 if meta.type == "tensor(double)" else np.float32
-    feed = np.asarray(x, dtype=np.float64).reshape(shape).astype(dtype)
-    return np.asarray(sess.run([io_names(sess)[1]], {meta.name: feed})[0], dtype=np.float64).reshape(-1)
 
 
 def accuracy(logits: np.ndarray, y: np.ndarray) -> float:

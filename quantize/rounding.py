@@ -5,16 +5,18 @@ The model runs once in float64 (the reference) with every op's float32 rounding 
 standard model of floating point (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 2-3) bounds
 what one float32 op adds to its result y, whatever the engine's summation order, blocking or FMA use:
 
-  a sum or dot product of n terms (Linear, Conv, MatMul, a reduction)  γ_n·(|W|·|x| + |b|),  γ_n = n·u/(1 − n·u)
+  a sum or dot product of n terms (Linear, Conv, MatMul, a reduction)  γ_n·(|W|·|x| + |b|) + (2n − 1)·2⁻¹²⁶
   an elementwise add or mul                                            γ_1·|y| (one rounding)
   erf, erfc, tanh, sigmoid (bounded; library accuracy is absolute)     ULPS·u·(|y| + 1)
   exp, log, sqrt, rsqrt, pow                                           ULPS·u·|y|
   an activation (GELU, SiLU, the project's gates, ...), any formula    ULPS·u·(|y| + |x|)
   ReLU, max, clamp, pooling by max, data movement                      0 (exact)
 
-with u = 2⁻²⁴. Each op's term r is injected as y + ε⊙r with ε = 0, and the bound on output k is, to first
-order in u, Σ over ops Σ over elements |∂y_k/∂ε|·r (FPTaylor's first-order term, Solovyev et al., TOPLAS
-2018): the local errors carried to the output by the network's actual Jacobian. Weight norms, widths and
+with u = 2⁻²⁴ and γ_n = n·u/(1 − n·u) (`pipeline.numerics`, the home of u, γ_n, ULPS and the dot product's bound
+`dot_error`, which says why this first-order bound takes no slack for its float64 evaluation). Each op's term r
+is injected as y + ε⊙r with ε = 0, and the bound on output k is, to first order in u, Σ over ops Σ over elements
+|∂y_k/∂ε|·r (FPTaylor's first-order term, Solovyev et al., TOPLAS 2018): the local errors carried to the output by
+the network's actual Jacobian. Weight norms, widths and
 depth enter through |W|·|x|, n and that Jacobian. Not covered by first order: a ReLU whose input lies
 within rounding of 0 can switch; the output then moves by at most that rounding times the downstream gain,
 which the worst-case γ_n (n·u, against the ~√n·u that real sums show) covers many times over. Soundness is
@@ -43,23 +45,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .mha import mha_fastpath
+from pipeline.numerics import ULPS, U, dot_error, gamma
+from pipeline.onnx_io import mha_fastpath
 
-U = 2.0 ** -24  # float32 unit roundoff, round to nearest
-# Accuracy assumed of a float32 transcendental function, in ulps: SLEEF's u10/u35 functions (PyTorch) are within
-# 3.5 ulp, ATen's vectorized erf (Abramowitz-Stegun 7.1.26) within 1.5e-7 absolute (2.5 ulp of 1); twice that.
-ULPS = 8
+# A first-order bound (O(u) terms) takes no slack for the float64 evaluation of γ_n (`pipeline.numerics`).
+FIRST_ORDER = 1.0
 MAX_OUTPUTS = 64  # output coordinates per sample that get a bound (one backward pass each); more are subsampled evenly
 CHUNK_ELEMENTS = 1 << 22  # float64 elements of traced activations per chunk of samples (memory: ~4 copies of this)
-
-
-def gamma(n: int | float | torch.Tensor) -> Any:
-    """γ_n = n·u/(1 − n·u): the relative error bound of a float32 sum of n terms (Higham, Lemma 3.1); ∞ once
-    n·u ≥ 1/2, where the lemma claims nothing. The one home of γ_n (the swap certificate uses it too)."""
-    nu = n * U
-    if isinstance(nu, torch.Tensor):
-        return torch.where(nu < 0.5, nu / (1 - nu), torch.full_like(nu, math.inf))
-    return nu / (1 - nu) if nu < 0.5 else math.inf
 
 
 @dataclass
@@ -247,9 +239,14 @@ def _move(tr, func, args, kwargs):
     return out
 
 
+def _sum(n, m):
+    """The rounding of a float32 sum of n terms of magnitude m (`pipeline.numerics.dot_error`)."""
+    return dot_error(n, m, FIRST_ORDER)
+
+
 def _affine(tr, y, m, n):
-    """An op of an affine chain: its term is γ over the chain's terms, times the chain's magnitude."""
-    return tr.inject(y, gamma(n) * m, m, n)
+    """An op of an affine chain: its term is the sum's bound over the chain's terms and magnitude."""
+    return tr.inject(y, _sum(n, m), m, n)
 
 
 def _linear(tr, func, args, kwargs):
@@ -281,7 +278,7 @@ def _matmul(tr, func, args, kwargs):
     with torch.no_grad():
         m = func(tr.mag(a), tr.mag(b))
     if tr.data(a) and tr.data(b):  # two data operands (attention): a product, no chain to fold into
-        return tr.inject(y, gamma(k) * m, m, k)
+        return tr.inject(y, _sum(k, m), m, k)
     return _affine(tr, y, m, max(tr.terms(a), tr.terms(b)) + k)
 
 
@@ -303,12 +300,12 @@ def _add(tr, func, args, kwargs):
             # A residual add: an engine may fuse it into the accumulation of the Gemm on either side, never into
             # what follows, so it ends both chains (each side's own terms, the other side's value).
             m = torch.maximum(tr.mag(a) + alpha * b.detach().abs(), a.detach().abs() + alpha * tr.mag(b))
-            return tr.register(tr.inject(y, gamma(n) * m, m, n) if not _inplace(func) else _inject_inplace(tr, y, gamma(n) * m),
+            return tr.register(tr.inject(y, _sum(n, m), m, n) if not _inplace(func) else _inject_inplace(tr, y, _sum(n, m)),
                                y.detach().abs(), 0)
         m = tr.mag(a) + alpha * tr.mag(b)
     m = torch.broadcast_to(torch.as_tensor(m, dtype=y.dtype), y.shape)
     if _inplace(func):
-        return tr.register(_inject_inplace(tr, y, gamma(n) * m), m, n)
+        return tr.register(_inject_inplace(tr, y, _sum(n, m)), m, n)
     return _affine(tr, y, m, n)
 
 

@@ -19,15 +19,16 @@ import torch
 
 import pipeline.checkpoint as checkpoint_mod
 import pipeline.distributed as distributed
-import pipeline.rundir as rundir
-import pipeline.train as train_mod
+import pipeline.atomic_io as atomic_io
+import pipeline.stages.train as train_stage
+import pipeline.train_loop as train_mod
 from pipeline.cli import main
 
 
 def _spy(out: Path, rank: int) -> tuple[list[str], dict[str, torch.nn.Module]]:
     writes: list[str] = []
     models: dict[str, torch.nn.Module] = {}
-    write_bytes, atomic_path, wrap = rundir.atomic_write_bytes, rundir.atomic_path, distributed.wrap
+    write_bytes, atomic_path, wrap = atomic_io.atomic_write_bytes, atomic_io.atomic_path, distributed.wrap
 
     def spy_bytes(path, data):
         writes.append(str(path))
@@ -48,8 +49,8 @@ def _spy(out: Path, rank: int) -> tuple[list[str], dict[str, torch.nn.Module]]:
         return wrap(model, device, find_unused)
 
     # Every writer in the package ends in one of these two (text/json/csv call atomic_write_bytes).
-    rundir.atomic_write_bytes = train_mod.atomic_write_bytes = spy_bytes
-    rundir.atomic_path = checkpoint_mod.atomic_path = spy_path
+    atomic_io.atomic_write_bytes = train_mod.atomic_write_bytes = train_stage.atomic_write_bytes = spy_bytes
+    atomic_io.atomic_path = checkpoint_mod.atomic_path = spy_path
     distributed.wrap = spy_wrap
     return writes, models
 

@@ -52,7 +52,7 @@ def trained(activation: str, model: str = "mlp", epochs: int = 15, lam: float | 
 def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir:
     """A run directory holding train/<v>/best.pt and swap/<v>/relu.pt for each variant, as the
     train/harden/swap stages would leave it, so a later stage can be called directly."""
-    from pipeline import checkpoint, records
+    from pipeline import checkpoint, variant_record as records
     from pipeline.config import Config
     from pipeline.rundir import RunDir
     from pipeline.relu_swap import relu_spec, to_relu

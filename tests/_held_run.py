@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-import pipeline.train as train_mod
+import pipeline.train_loop as train_mod
 from pipeline.cli import main
 
 if __name__ == "__main__":

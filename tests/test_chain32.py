@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.check import swap_certificate
+from analysis.bounds_check import swap_certificate
 from analysis.theory.certificate import chain32
 from pipeline.activations import LambdaGELU
 from pipeline.data import Split
@@ -96,3 +96,21 @@ def test_the_jacobian_statement_is_tighter_than_the_boxes_and_holds():
     assert box["pass"] and jac["pass"] and jac["samples"] == 250
     assert jac["bound_to_change"]["median"] < 0.75 * box["bound_to_change"]["median"]
     assert jac["certified_fraction"] >= box["certified_fraction"]
+
+
+def test_a_linear_layer_without_bias_is_read():
+    """A bias-free Linear (its zero bias made on the weight's device and dtype): the bound holds on random inputs."""
+    import torch
+    from torch import nn
+
+    from analysis.theory.certificate import chain32
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 5, bias=False), nn.ReLU(), nn.Linear(5, 3, bias=False))
+    x = torch.randn(40, 6)
+    bound = chain32.rounding_bound(net, x)
+    with torch.no_grad():
+        exact = net.double()(x.double())
+        net.float()
+        err = (net(x).double() - exact).abs()
+    assert bound is not None and (err <= bound).all()

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from analysis import check
-from analysis.check import empirical_check, swap_certificate
+from analysis import bounds_check as check
+from pipeline.stages import check as check_stage
+from analysis.bounds_check import empirical_check, swap_certificate
 from pipeline.activations import GELU, LambdaGELU, gate_sites, lambda_gelu
 from pipeline.data import Split
 from pipeline.gates import gate_bounds
@@ -134,7 +135,7 @@ def test_certificate_report_names_the_smallest_slack_and_how_loose_each_bound_is
         assert 250 <= r["samples"] <= 300 and 1.0 <= r["median"] <= r["max"], (key, r)  # samples the swap changed
     p = cert["per_sample"]  # real arithmetic against a float32 change: no ratio floor, but never tighter than δ̃ + ε̃
     assert p["bound_to_change"]["median"] > 0 and p["top1_kept_in_real_arithmetic"] >= cert["float32"]["certified_fraction"]
-    text = "\n".join(check.certificate_lines(cert))
+    text = "\n".join(check_stage.certificate_lines(cert))
     assert "largest margin" not in text and f"smallest slack, bound minus measured change: {-cert['float32']['max_excess']:.3g}" in text
     assert "× the measured change" in text and "says nothing about float32 runs" in text
     for key in ("float32", "float32_global", "float32_jacobian"):  # what the float32 statements are about, in words
@@ -155,7 +156,7 @@ def test_certificate_verdict_fails_for_a_gate_that_lies_about_its_lambda():
     assert cert["float32"]["pass"]  # the per-sample bound uses the module's own outputs: still sound
     g = cert["float32_global"]
     assert g["status"] == "sound" and not g["pass"] and g["violations"] == 64 and g["certified_fraction"] is None
-    text = "\n".join(check.certificate_lines(cert))
+    text = "\n".join(check_stage.certificate_lines(cert))
     assert "float32_global" in text and "**violated** on 64 of 64" in text and "nothing is claimed" in text
 
 
@@ -182,7 +183,7 @@ def test_refusals_are_reported_as_refusals():
     for key in ("global", "per_sample", "float32", "float32_global", "float32_jacobian"):
         assert cert[key]["status"] == "refused" and "`sin`" in cert[key]["reason"], key
     assert "bound_max" not in cert  # nothing for readers of the old key either
-    text = "\n".join(check.certificate_lines(cert))
+    text = "\n".join(check_stage.certificate_lines(cert))
     assert "provably" not in text and text.count("refused") == 5
 
 
@@ -192,14 +193,14 @@ def test_check_stage_on_a_linked_gelu_run(tmp_path):
 
     nets = {"linked_gelu": trained("linked_gelu", epochs=3), "lambda_gelu": trained("lambda_gelu", epochs=3, lam=160.0)}
     run = make_run(tmp_path, nets)
-    metrics = check.run_check(run.cfg, run)
+    metrics = check_stage.run_check(run.cfg, run)
     b = json.loads(run.file("check", "bounds.json").read_text())
     linked = b["variants"]["linked_gelu"]["certificate"]
     assert linked["global"]["bound_max"] >= linked["measured_max_logit_change"] > 0.01
     assert linked["float32"]["pass"] and linked["float32"]["certified_fraction"] < 1.0
     assert metrics["lambda_gelu"]["certificate"] == {"global": "pass", "float32": "pass", "float32_global": "pass",
                                                      "float32_jacobian": "pass"}
-    section = check.report_section(run.cfg, run)
+    section = check_stage.report_section(run.cfg, run)
     assert "### `linked_gelu`" in section and "holds on all" in section
 
 

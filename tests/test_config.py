@@ -45,6 +45,21 @@ def test_errors_are_one_line_and_name_the_fix(override, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_retired_key_in_an_old_config_json_is_dropped_and_refused_when_set():
+    """verify.probe_smooth (the verify stage's Marabou probe, removed): a run directory's config.json from before holds
+    its default, and still opens; set to anything, as a file value or an override, it is one line saying why it went."""
+    from pipeline.config import from_dict
+
+    old = config.Config().to_dict()
+    old["verify"]["probe_smooth"] = False
+    assert from_dict(old).to_dict() == config.Config().to_dict()
+    old["verify"]["probe_smooth"] = True
+    for make in (lambda: from_dict(old), lambda: config.apply_overrides(config.Config(), ["verify.probe_smooth=false"])):
+        with pytest.raises(ConfigError, match="verify.probe_smooth is no longer a setting.*marabou verifier") as e:
+            make()
+        assert "\n" not in str(e.value)
+
+
 def test_toml_and_yaml_files(tmp_path):
     (tmp_path / "a.toml").write_text('seed = 3\n[train]\nepochs = 4\n[data]\nname = "digits"\n')
     (tmp_path / "b.yaml").write_text("seed: 3\ntrain:\n  epochs: 4\ndata:\n  name: digits\n")

@@ -19,6 +19,7 @@ from analysis import api
 from pipeline import GateConfig, Hardener, swap_report, to_gates, to_relu
 from pipeline.activations import HardenableGate, LambdaGELU, LambdaSwish, gate_sites
 from pipeline.convert import ConvertError
+from pipeline.relu_swap import SwapError
 from pipeline.gates import lambda_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,8 +188,12 @@ def test_what_is_left_is_reported_with_its_reason_never_skipped():
     with pytest.raises(ConvertError) as e:
         to_gates(zoo, strict=True)
     assert "activation(s) left" in str(e.value) and "tanh_gelu" in str(e.value) and "\n" not in str(e.value)
-    relu = to_relu(model)  # the inverse: every gate, converted ones and the untouched nn.Mish, becomes ReLU
-    assert gate_sites(relu) == [] and isinstance(relu.mlp.act_fn, nn.ReLU)
+    with pytest.raises(SwapError) as e:  # the swap would leave F.silu, the partial and tanh-GELU computing smooth gates
+        to_relu(model)
+    msg = str(e.value)
+    assert "F.silu in `(root)` (Zoo)" in msg and "in `tanh_gelu` (GELU)" in msg and "\n" not in msg
+    relu = to_relu(nn.Sequential(model.mlp, nn.Mish()))  # the inverse: every gate, converted ones and an nn.Mish, becomes ReLU
+    assert gate_sites(relu) == [] and isinstance(relu[0].act_fn, nn.ReLU) and isinstance(relu[1], nn.ReLU)
 
 
 def test_filter_inplace_and_channel_granularity():

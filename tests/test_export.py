@@ -12,6 +12,7 @@ import torch
 from quantize import export as ex
 from quantize import ort as ort_util
 from quantize import rounding
+from pipeline.stages import export as export_stage
 
 from _digits import digits, make_run, trained
 
@@ -145,7 +146,7 @@ def test_a_folded_normalization_that_rounds_otherwise_than_pytorch_passes(tmp_pa
 
 def test_export_stage(nets, tmp_path):
     run = make_run(tmp_path, {"lambda_gelu": nets[("lambda_gelu", "mlp")], "relu": nets[("relu", "mlp")]})
-    result = ex.run_export(run.cfg, run)
+    result = export_stage.run_export(run.cfg, run)
     saved = json.loads(run.file("export", "export.json").read_text())
     assert saved["opset"] == OPSET and saved["exporter"] == ex.EXPORTER
     assert saved["atol"] == ex.FP32_ATOL == 0 and saved["rtol"] == ex.FP32_RTOL == 0

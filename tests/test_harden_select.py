@@ -67,6 +67,23 @@ def test_the_harden_section_sets_the_targets():
         Hardener(_model())
 
 
+def test_in_a_run_the_hardener_reads_e_s_and_the_target_from_the_variants_record():
+    """λ_target and e_s are decided once per run (`records.decide`) and read: a record that says otherwise than the
+    config (here on purpose) is what the schedule follows, and a record of another gate family is refused."""
+    import dataclasses
+
+    from pipeline import variant_record as records
+    from pipeline.config import TrainConfig
+
+    record = dataclasses.replace(records.decide("lambda_gelu", HardenConfig(), TrainConfig(epochs=8)),
+                                 lambda_target=40.0, switch_epoch=3)
+    h = Hardener(_model(), HardenConfig(), 8, record=record)
+    assert h.targets == [40.0] * len(h.gates) and h.switch == 3
+    assert [h.start_epoch(e) for e in (3, 4)] == ["learn", "anneal"]
+    with pytest.raises(ValueError, match="not for this model's 'phi' gates"):
+        Hardener(_model(), HardenConfig(), 8, record=dataclasses.replace(record, gate="sigmoid"))
+
+
 def test_per_step_schedule_ends_each_epoch_where_the_per_epoch_one_is():
     a, b = Hardener(_model(), epochs=6), Hardener(_model(), epochs=6)
     for e in range(1, 7):

@@ -16,6 +16,8 @@ from quantize import export as ex
 from quantize import int8 as q8
 from quantize import ort as ort_util
 from quantize import rounding
+from pipeline.stages import export as export_stage
+from pipeline.stages import int8 as int8_stage
 
 from _digits import digits, make_run, trained
 
@@ -194,8 +196,8 @@ def test_block_median_survives_load_longer_than_half_the_run():
 
 def test_int8_stage(nets, tmp_path):
     run = make_run(tmp_path, {"lambda_gelu": nets[("lambda_gelu", "mlp")], "relu": nets[("relu", "mlp")]})
-    ex.run_export(run.cfg, run)
-    result = q8.run_int8(run.cfg, run)
+    export_stage.run_export(run.cfg, run)
+    result = int8_stage.run_int8(run.cfg, run)
     saved = json.loads(run.file("quantize", "quantize.json").read_text())
     assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "percentile"
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from analysis import check
+from analysis import bounds_check as check
 from pipeline import progress
 from pipeline.activations import LambdaGELU
 from pipeline.data import Split

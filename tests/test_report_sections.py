@@ -9,7 +9,9 @@ import csv
 
 import pytest
 
-from pipeline import lambda_stats, records, render, train
+from pipeline import lambda_stats, render
+from pipeline import variant_record as records
+from pipeline.stages import train
 from pipeline.config import Config
 from pipeline.rundir import RunDir
 
@@ -75,7 +77,7 @@ def test_layers_that_anneal_to_one_lambda_stay_distinguishable():
 
 
 def test_the_gate_error_legend_covers_no_bar():
-    from analysis.check import layers_figure
+    from analysis.bounds_check import layers_figure
 
     layer = {"layer": 0, "gate_error": 1e-3, "gate_error_predicted": 1.1e-3, "max_gap_module": 1e-3, "sup_bound": 1.1e-3}
     fig = layers_figure({"lambda_gelu": [layer, {**layer, "layer": 1}], "gelu": [layer, {**layer, "layer": 1}]})
@@ -86,7 +88,7 @@ def test_the_gate_error_legend_covers_no_bar():
 
 
 def test_the_sparsity_section_links_the_apoz_histograms(tmp_path):
-    from analysis import sparsity
+    from pipeline.stages import sparsity
 
     run = _run(tmp_path)
     summary = {"split": "val", "samples": 10, "variants": {"lambda_gelu": {
@@ -94,6 +96,27 @@ def test_the_sparsity_section_links_the_apoz_histograms(tmp_path):
     (run.dir("sparsity") / "sparsity.json").write_text(__import__("json").dumps(summary))
     section = sparsity.report_section(run.cfg, run)
     assert "](../sparsity/lambda_gelu/apoz_hist.png)" in section
+
+
+def test_a_stage_json_is_read_one_way_and_a_corrupt_one_names_its_writer(tmp_path):
+    """RunDir.read_json: None before the stage wrote the file (its section is left out), the JSON after, and for a
+    corrupt file one line naming the --redo of the stage the manifest says wrote it."""
+    from pipeline.errors import RunDirError
+    from pipeline.stages import int8
+
+    run = _run(tmp_path)
+    assert run.read_json("quantize", "quantize.json") is None and int8.report_section(run.cfg, run) is None
+    path = run.dir("quantize") / "quantize.json"
+    path.write_text('{"metric": "accuracy"}')
+    assert run.read_json("quantize", "quantize.json") == {"metric": "accuracy"}
+    run.mark_stage("int8", status="done", outputs={"quantize/quantize.json": "0" * 64})
+    path.write_text('{"metric": ')
+    with pytest.raises(RunDirError, match=r"quantize\.json is corrupt .*--redo int8`$") as e:
+        run.read_json("quantize", "quantize.json")
+    assert "\n" not in str(e.value)
+    run.mark_stage("int8", status="done", outputs={})  # no record of the writer: the fix still names the way
+    with pytest.raises(RunDirError, match=r"rerun the stage that writes quantize/ \(`pipeline stages` lists them\)"):
+        run.read_json("quantize", "quantize.json")
 
 
 def test_a_per_feature_input_range_is_summarised_not_pasted():

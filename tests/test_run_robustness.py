@@ -19,7 +19,8 @@ import pytest
 
 from pipeline import checkpoint
 from pipeline.cli import main
-from pipeline.rundir import FILE_MODE, sha256
+from pipeline.atomic_io import FILE_MODE
+from pipeline.rundir import sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-c", str(ROOT / "configs" / "digits-tiny.toml")]
@@ -272,19 +273,20 @@ def test_progress_lines_go_to_a_redirected_log(tmp_path):
 def test_auto_threads_leave_the_busy_cores_alone(monkeypatch):
     """threads=0 counts the cores other work keeps busy now (not the load average, which remembers a job that
     just ended): all cores when idle, one when a competitor fills every core."""
-    from pipeline import runner
+    from pipeline import cores as cores_mod
 
     cores = len(os.sched_getaffinity(0))
-    monkeypatch.setattr(runner, "_busy_cores", lambda: 0.02)
-    assert runner.choose_threads(0) == cores and runner.choose_threads(3) == 3
-    monkeypatch.setattr(runner, "_busy_cores", lambda: float(cores))
-    assert runner.choose_threads(0) == 1
+    monkeypatch.setattr(cores_mod, "busy_cores", lambda: 0.02)
+    assert cores_mod.choose_threads(0) == cores and cores_mod.choose_threads(3) == 3
+    monkeypatch.setattr(cores_mod, "busy_cores", lambda: float(cores))
+    assert cores_mod.choose_threads(0) == 1
     monkeypatch.undo()  # the real sampler reads /proc/stat: a share of the machine's cores
-    assert 0.0 <= runner._busy_cores() <= (os.cpu_count() or 1) + 1e-9
+    assert 0.0 <= cores_mod.busy_cores() <= (os.cpu_count() or 1) + 1e-9
 
 
 def test_atomic_path_writes_under_the_destinations_own_name_and_leaves_nothing(tmp_path):
-    from pipeline.rundir import RunDir, atomic_path
+    from pipeline.atomic_io import atomic_path
+    from pipeline.rundir import RunDir
 
     dest = tmp_path / "train" / "best.pt"
     with atomic_path(dest) as tmp:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from analysis import sparsity as sp
+from pipeline.stages import sparsity as sparsity_stage
 from pipeline.activations import Gate, Linked
 from pipeline.data import Split
 from pipeline.config import GateConfig, ModelConfig
@@ -133,7 +134,7 @@ def test_sparsity_stage(nets, tmp_path, capsys):
     lam = copy.deepcopy(lam)
     _kill(lam.fc1, [1, 2])  # dead in the smooth model too, so the swapped model has dead units for sure
     run = make_run(tmp_path, {"lambda_gelu": (lam, lam_spec), "relu": nets[("relu", "cnn")]})
-    result = sp.run_sparsity(run.cfg, run)
+    result = sparsity_stage.run_sparsity(run.cfg, run)
     log = capsys.readouterr().out  # stderr is no terminal here: progress goes to the log as lines
     for v in ("lambda_gelu", "relu"):
         assert f"sparsity {v}: APoZ on" in log and f"sparsity {v}: provably dead" in log and f"sparsity {v}: done" in log
@@ -170,7 +171,7 @@ def test_unit_axis_of_token_sequences_is_the_feature_axis():
 def test_stage_notes_what_it_cannot_measure_or_prune(nets, tmp_path):
     tanh_spec = make_spec(ModelConfig(name="mlp", hidden=[8]), "tanh", GateConfig(), digits().info)
     run = make_run(tmp_path, {"tanh": (build_model(tanh_spec).eval(), tanh_spec), "linked_relu": nets[("linked_relu", "mlp")]})
-    saved = sp.run_sparsity(run.cfg, run)["variants"]
+    saved = sparsity_stage.run_sparsity(run.cfg, run)["variants"]
     assert "no APoZ" in saved["tanh"]["note"] and saved["tanh"]["layers"] == {}  # no exact zeros without a ReLU form
     linked = saved["linked_relu"]
     assert linked["units"] == 2 * (64 + 32) and "not pruned" in linked["pruning"]["note"]

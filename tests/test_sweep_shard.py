@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.errors import ConfigError
-from pipeline.sweep import Block, Sweep, expand, parse_shard, run_sweep, shard_points
+from pipeline.shards import parse_shard
+from pipeline.sweep import Block, Sweep, expand, run_sweep, shard_points
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "digits-tiny.toml")

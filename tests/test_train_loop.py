@@ -1,4 +1,4 @@
-"""The train stage's loop (`pipeline.train`) against a plain float64 loop written here: one epoch's updates, its
+"""The train stage's loop (`pipeline.train_loop`) against a plain float64 loop written here: one epoch's updates, its
 mean loss and accuracy, the untrained loss, the first non-finite batch; the divergence rule and the selection
 rule on hand-made cases; a hardened run's loop ends at λ_target with the record it was given."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline import train
+from pipeline import train_loop as train
 from pipeline.config import Config
 from pipeline.data import Split
 
@@ -117,7 +117,7 @@ def test_selection_ties_go_to_the_later_epoch_and_hardened_epochs_win():
 
 def test_a_variant_ends_at_its_records_lambda_target(tmp_path):
     """train_variant over both phases: the last epoch's λ is the record's λ_target, the history covers every epoch."""
-    from pipeline import records
+    from pipeline import variant_record as records
     from pipeline.rundir import RunDir
     from tests._digits import digits
 

@@ -222,3 +222,30 @@ def test_transformer_bound_passes_and_branch_and_bound_stay_on_the_graphs_device
         status, _, msg, stats = bab(b, spec, list(range(len(spec.disjuncts))), expired, lambda: 30.0,
                                     Settings(batch=4, steps=2), lambda x: x)
     assert status in ("unsat", "timeout") and stats["rounds"] >= 1, (status, msg, stats)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_on_a_gpu_the_bounds_and_branch_and_bound_match_the_cpu():
+    """The same property on the CPU and on the GPU: CROWN and α-CROWN bounds equal to float64 rounding, branch and
+    bound gives the same verdict, and its tensors stay on the GPU (bab's store, the Bounder's intervals)."""
+    net, spec = _case()
+    rows, owner = Spec.from_disjuncts(spec.disjuncts)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        b = Bounder(net.to(dev), spec.lb, spec.ub)
+        b.crown()
+        crown = b.spec_bounds(Spec(rows.C.to(dev), rows.d.to(dev)))
+        b.alpha_intermediate(steps=3)
+        assert all(l.device.type == dev for l, _ in b.pre)
+        status, _, _, stats = bab(b, spec, list(range(len(spec.disjuncts))), lambda: False, lambda: 30.0,
+                                  Settings(batch=4, steps=3))
+        out[dev] = (crown.cpu(), [(l.cpu(), u.cpu()) for l, u in b.pre], status)
+    torch.testing.assert_close(out["cuda"][0], out["cpu"][0], rtol=1e-9, atol=1e-9)
+    for (lc, uc), (lg, ug) in zip(out["cpu"][1], out["cuda"][1]):
+        torch.testing.assert_close(lg, lc, rtol=1e-6, atol=1e-6)  # α-CROWN's Adam path may differ in summation order
+        torch.testing.assert_close(ug, uc, rtol=1e-6, atol=1e-6)
+    assert out["cuda"][2] == out["cpu"][2]

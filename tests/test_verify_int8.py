@@ -24,6 +24,7 @@ from analysis.verification.vnnlib import robustness_spec, write_vnnlib
 from pipeline.config import Config
 from quantize import ort as ort_util
 from quantize.int8 import quantize_file
+from _onnx import make_model
 
 SUM_TOL = 1e-9  # float64 summation slack of the bounds themselves (values here are O(1))
 SAMPLES = 3000
@@ -156,7 +157,7 @@ def _qdq_model(scale: float, zero: int, dtype: int) -> onnx.ModelProto:
                            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["logits"])], "qdq",
                           [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", 4])],
                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 4])], [s, zp])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    return make_model(g, 19)
 
 
 @pytest.mark.parametrize("scale,zero,dtype", [(1 / 255, -128, TensorProto.INT8), (0.0173, 37, TensorProto.UINT8),
@@ -262,7 +263,7 @@ def _qdq_matmul(w_int: np.ndarray) -> onnx.ModelProto:
              helper.make_node("QuantizeLinear", ["v", "s", "z"], ["q2"]), helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["logits"])]
     g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", 3])],
                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 2])], [s, z, w, ws, wz])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    return make_model(g, 19)
 
 
 def test_a_matmul_on_dequantized_weights_is_read_and_8bit_ones_refused_with_the_fix(tmp_path):
@@ -292,14 +293,16 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
 
     from _digits import make_run, trained
     from analysis.verification.vnncomp import read_results
-    from analysis.verify import read_rows, report_section, run_verify, validate_config
+    from analysis.robustness.properties import read_rows
+    from pipeline.stages.verify import run_verify, validate_config
+    from pipeline.stages.verify_report import report_section
     from pipeline.config import ConfigError, apply_overrides
-    from quantize import export as ex
-    from quantize import int8 as q8
+    from pipeline.stages import export as export_stage
+    from pipeline.stages import int8 as int8_stage
 
     run = make_run(tmp_path, {"relu": trained("relu")})
-    ex.run_export(run.cfg, run)
-    q8.run_int8(run.cfg, run)
+    export_stage.run_export(run.cfg, run)
+    int8_stage.run_int8(run.cfg, run)
     v = run.cfg.verify
     v.samples, v.epsilons, v.smooth, v.budget_s, v.int8_budget_s = 3, [0.01, 0.2], False, 30.0, INT8_BUDGET_S
     run_verify(run.cfg, run)
@@ -329,6 +332,12 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
     assert all(c["carries_over"] for c in chain)
     md = report_section(run.cfg, run)
     assert "int8 models:" in md and f"own budget of {INT8_BUDGET_S:g} s" in md
+    # the report says why the int8 rows count more ReLU units than the float rows: the clamps' two per unit
+    assert "two ReLUs per requantized unit" in md and "| 212 |" in md and "| 96 |" in md
+    from PIL import Image
+
+    with Image.open(run.file("report", "verify_fractions.png")) as im:  # the figure: float ReLU and int8 panels
+        assert im.size[0] > 2 * im.size[1]
     with pytest.raises(ConfigError, match="int8_budget_s"):
         validate_config(apply_overrides(run.cfg, ["verify.int8_budget_s=0"]))
 

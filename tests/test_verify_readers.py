@@ -19,6 +19,7 @@ from analysis.verification.graph import Graph
 from analysis.verification.ops import Concat, Conv, Gate, Linear, ReLU, Scale, Sum, UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch, module_path, supported_ops
 from quantize.export import export_for_verifiers
+from _onnx import make_model
 
 # float32 onnxruntime vs the float64 graph read from the same file
 FLOAT32_ATOL = 1e-5
@@ -30,7 +31,7 @@ def _save(tmp_path, nodes, inits, in_shape, out_shape, name="g.onnx", opset=20):
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
                               [numpy_helper.from_array(a, n) for n, a in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    model = make_model(graph, opset)
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / name
     onnx.save(model, path)
@@ -202,7 +203,7 @@ def _one_node_model(tmp_path, op, **kw):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])])
     path = tmp_path / "bad.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    onnx.save(make_model(graph, 20), path)
     return path
 
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from _digits import trained
 from analysis.verification.stability import check_by_sampling, stable_units
-from pipeline.swap import to_relu
+from pipeline.relu_swap import to_relu
 
 
 def test_stable_units_of_a_trained_model_hold_on_samples():
@@ -35,10 +35,10 @@ def test_a_unit_dead_by_construction_is_found_and_ibp_counts_agree_on_a_point_bo
     assert point[0]["dead"] + point[0]["active"] == 4 == point[0]["dead_ibp"] + point[0]["active_ibp"]
 
 
-def test_sparsity_stage_counts_provable_units_per_layer_and_per_channel():
+def test_sparsity_stage_countsprovably_stable_units_per_layer_and_per_channel():
     from types import SimpleNamespace
 
-    from analysis.sparsity import _provable
+    from analysis.sparsity import provably_stable
 
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Flatten(), nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
@@ -46,7 +46,7 @@ def test_sparsity_stage_counts_provable_units_per_layer_and_per_channel():
         mlp[1].bias[1] = -100.0
     info = SimpleNamespace(input_shape=(3,), input_low=0.0, input_high=1.0)
     layers = {"2": {"units": 4}}
-    out = _provable(mlp, info, layers)
+    out = provably_stable(mlp, info, layers)
     ref = stable_units(mlp, (3,), 0.0, 1.0)[0]
     assert out["provably_dead"] == layers["2"]["provably_dead"] == ref["dead"] >= 1 and ref["dead_mask"][1]
     assert out["provably_dead_ibp"] == ref["dead_ibp"]
@@ -54,7 +54,7 @@ def test_sparsity_stage_counts_provable_units_per_layer_and_per_channel():
     with torch.no_grad():
         cnn[0].bias.copy_(torch.tensor([-100.0, 100.0]))  # channel 0 dead, channel 1 always active everywhere
     layers = {"1": {"units": 2}}  # APoZ counts conv channels
-    out = _provable(cnn, SimpleNamespace(input_shape=(1, 4, 4), input_low=0.0, input_high=1.0), layers)
+    out = provably_stable(cnn, SimpleNamespace(input_shape=(1, 4, 4), input_low=0.0, input_high=1.0), layers)
     assert (layers["1"]["provably_dead"], layers["1"]["provably_active"]) == (1, 1)
-    unbounded = _provable(mlp, SimpleNamespace(input_shape=(3,), input_low=float("-inf"), input_high=1.0), {"2": {"units": 4}})
+    unbounded = provably_stable(mlp, SimpleNamespace(input_shape=(3,), input_low=float("-inf"), input_high=1.0), {"2": {"units": 4}})
     assert unbounded["provable_note"].startswith("not computed: the input domain is unbounded")

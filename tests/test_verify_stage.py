@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from _digits import digits, make_run, trained
-from analysis import verify as verify_mod
+from pipeline.stages import verify as verify_mod
 from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.bounds import Bounder
 from analysis.verification.vnncomp import read_results, witness_path
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib, robustness_spec
-from analysis.verify import read_rows, report_section, run_verify, validate_config
+from analysis.robustness.properties import read_rows
+from pipeline.stages.verify import run_verify, validate_config
+from pipeline.stages.verify_report import report_section
 from pipeline.config import Config, ConfigError, apply_overrides
 from pipeline.stages import STAGES
 from quantize.ort import forward_flat
@@ -88,6 +90,21 @@ def test_stage_is_registered_before_report_and_config_is_checked():
         with pytest.raises(ConfigError, match=match) as e:
             validate_config(apply_overrides(Config(), [override]))
         assert "\n" not in str(e.value)
+
+
+def test_a_variant_named_like_an_int8_row_is_refused():
+    """Whether a row is an int8 model's is decided by its name (`is_int8`): a variant whose own name ends so would be
+    read as one, so the stage's check refuses it (unless the int8 rows are off)."""
+    from analysis.robustness.properties import int8_name, is_int8
+
+    assert is_int8(int8_name("relu")) and not is_int8("relu") and not is_int8("int8_relu")
+    cfg = Config()
+    cfg.variants = ["relu", int8_name("relu")]
+    with pytest.raises(ConfigError, match="relu-int8.*verify.int8=false") as e:
+        validate_config(cfg)
+    assert "\n" not in str(e.value)
+    cfg.verify.int8 = False
+    validate_config(cfg)
 
 
 def test_vnncomp_layout_and_instances_point_to_files(done):
@@ -211,6 +228,19 @@ def test_report_section_has_one_table_with_every_network(done):
     assert "| lambda_gelu swapped to ReLU |" in md and "| gelu swapped to ReLU |" in md and "| relu (ReLU from the start) |" in md
     assert "| lambda_gelu smooth |" in md and "| gelu smooth |" in md and "via the swap: ReLU margin minus" in md
     assert "| 100% (0% sat) |" in md  # eps 0.01 is certified for every network
+    # the unstable columns say they are means and show them to one decimal, as details.csv gives them
+    assert "| mean unstable (IBP) | mean unstable (tight) |" in md and "**mean**" in md
+    rows = [r for r in _rows(run) if r["stage"] != "clean"]
+    for variant in ("lambda_gelu", "relu"):
+        for eps in EPSILONS:
+            sel = [r for r in rows if r["variant"] == variant and float(r["eps"]) == eps and r["verifier"] == "auto"
+                   and r["unstable_ibp"] != ""]
+            if sel:
+                ibp = sum(int(r["unstable_ibp"]) for r in sel) / len(sel)
+                tight = sum(int(r["unstable_tight"]) for r in sel) / len(sel)
+                assert f"| {ibp:.1f} | {tight:.1f} | 96 |" in md, (variant, eps, ibp, tight)
+    assert "two ReLUs per requantized unit" not in md  # no int8 model here
+    assert (run.file("report") / "verify_fractions.png").is_file() and "verify_fractions.png" in md
 
 
 def test_rerun_keeps_finished_properties(done):

@@ -675,3 +675,31 @@ def test_the_first_call_in_a_fresh_process_keeps_its_budget():
                          check=True)
     seconds = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(seconds[n] <= 0.3 + FIRST_CALL_OVERRUN_S for n in names), seconds
+
+
+def test_a_search_cut_short_goes_on_from_its_open_domains_in_the_next_call():
+    """bab(resume=): a timed-out call leaves its open domains (the batch in flight included) and the next call on the
+    same Bounder goes on from them: the domains add up, no root is bounded twice, and the verdict is the one-call
+    verdict."""
+    net, spec, b = _three_layer_case(7, 10, 0.8)  # 8 rounds of batch 4 in one call
+    every = list(range(len(spec.disjuncts)))
+    whole, _, _, full = bab(b, spec, every, lambda: False, lambda: 30.0, Settings(batch=4, steps=3))
+    assert whole in ("sat", "unsat") and full["rounds"] >= 3
+    net, spec, b = _three_layer_case(7, 10, 0.8)
+    resume: dict = {}
+    calls = {"n": 0}
+    status, total = "timeout", 0
+    for turn in range(100):
+        limit = {"n": 0}
+
+        def expired():  # each call stops after a few checks of the clock: a short turn of a stage budget
+            limit["n"] += 1
+            return limit["n"] > 8
+
+        status, _, msg, stats = bab(b, spec, every, expired, lambda: 30.0, Settings(batch=4, steps=3), resume=resume)
+        calls["n"] += 1
+        if status != "timeout":
+            break
+        assert resume["store"] is not None and len(resume["store"]) > 0, msg
+    assert status == whole and calls["n"] >= 2
+    assert stats.get("resumed", 0) == calls["n"] - 1 and resume == {}

@@ -21,6 +21,7 @@ from analysis.verification.vnncomp import FIELDS, format_results, main, read_res
 from analysis.verification.vnnlib import (parse_witness, read_vnnlib, write_instances_csv, write_robustness_benchmark)
 from quantize.export import export_for_verifiers
 from quantize.ort import forward_flat
+from _onnx import make_model
 
 TIMEOUT_S = 20
 
@@ -128,7 +129,7 @@ def test_unsupported_onnx_op_is_one_line(small, capsys):
     graph = helper.make_graph([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Erf", ["f"], ["y"], name="erf1")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), small / "onnx" / "net.onnx")
+    onnx.save(make_model(graph, 17), small / "onnx" / "net.onnx")
     with pytest.raises(NotImplementedError):
         from_onnx(small / "onnx" / "net.onnx")
     _fails_one_line(small, capsys, "Erf (node 'erf1') is not read: Erf is read only in SERF")  # the form met, not a contradiction
@@ -316,3 +317,14 @@ def test_the_gpu_script_runs_its_path_on_the_cpu(folder, tmp_path, capsys):
     flipped = {(r["onnx"], r["vnnlib"]): ("unsat" if r["result"] == "sat" else "sat") for r in got[:1]}
     _, summary = gpu_verify.table(got, flipped, 1.0, 5.0, "cpu", 1)
     assert summary["wrong"] == 1 and summary["contradictions"][0][:2] == (got[0]["onnx"], got[0]["vnnlib"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_benchmark_folder_on_the_gpu_gives_the_cpus_verdicts(folder, tmp_path):
+    """Two worker processes sharing the GPU answer every instance as the CPU does; the witnesses are the model's."""
+    root, rows = folder
+    cpu = run_benchmark(root, tmp_path / "cpu.csv", jobs=1, device="cpu")
+    gpu = run_benchmark(root, tmp_path / "gpu.csv", jobs=2, device="cuda")
+    assert [r["result"] for r in gpu] == [r["result"] for r in cpu]
+    assert all(witness_path(tmp_path / "gpu.csv", r["onnx"], r["vnnlib"]).is_file() == (r["result"] == "sat") for r in gpu)

@@ -15,16 +15,16 @@
   layerwise λ profiles between init modes, averaged over seeds.
 - The side-by-side with the paper's own numbers (PAPER_TABLE1, PAPER_TABLE2 below).
 
-A run contributes one record per variant (`records.py`); everything is computed from `config.json`,
+A run contributes one record per variant (`runs.py`); everything is computed from `config.json`,
 `manifest.json` (each variant's record, the selected checkpoint's hardness), `train/metrics.csv` and
 `swap/swap.json`, so it works on runs from any machine, and on the run directories of several sweep shards
-together. The package: `records` (reading runs), `reference` (the paper's numbers), `tables`, `figures`, `report`.
+together. The package: `runs` (reading runs), `reference` (the paper's numbers), `tables`, `figures`, `report`.
 """
 
 from __future__ import annotations
 
 from .figures import plot_figure3, plot_table, plot_tc_heatmap
-from .records import LABELS, MODES, Collection, Record, collect, read_run, run_dirs
+from .runs import LABELS, MODES, Collection, Record, collect, read_run, run_dirs
 from .reference import PAPER_ROW, PAPER_TABLE1, PAPER_TABLE2, PAPER_TC, paper_row
 from .report import write_report
 from .tables import (ACT_LABELS, COMPARISON_HEADER, COMPARISONS, ROW_KINDS, TABLE1_HEADER, TABLE2_HEADER, comparison_cells,

@@ -12,7 +12,7 @@ import numpy as np
 
 from pipeline import render
 
-from .records import MODES, Record
+from .runs import MODES, Record
 from .tables import spearman_curves
 
 def plot_table(header: list[str], cells: list[list[str]], path: Path, title: str) -> Path:

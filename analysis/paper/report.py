@@ -14,12 +14,12 @@ import numpy as np
 
 from pipeline import lambda_stats, render
 from pipeline.errors import PipelineError
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from .. import studies
 from ..stats import CONFIDENCE
 from .figures import plot_figure3, plot_table, plot_tc_heatmap
-from .records import MODES, Record, _by_benchmark, _learned_tc, collect, run_dirs
+from .runs import MODES, Record, _by_benchmark, _learned_tc, collect, run_dirs
 from .reference import PAPER_TC
 from .tables import (COMPARISON_HEADER, ROW_KINDS, TABLE1_HEADER, TABLE2_HEADER, _num, comparison_cells, comparisons,
                      side_by_side, spearman_curves, support_lines, table1, table1_cells, table2, table2_cells, tc_grid)

@@ -17,7 +17,7 @@ from pipeline import lambda_stats
 from pipeline.evaluate import METRICS
 
 from ..stats import mean_ci as _stats
-from .records import MODES, Collection, Record, _by_benchmark, _learned_tc
+from .runs import MODES, Collection, Record, _by_benchmark, _learned_tc
 from .reference import PAPER_TABLE1, PAPER_TABLE2, PAPER_TC, paper_row
 
 def table1(col: Collection) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
-from pipeline import render
+from pipeline import gates, render
 
 from . import properties, symbolic
 
@@ -35,7 +35,7 @@ xp = sp.Symbol("x", positive=True)
 
 
 def _Phi(y: sp.Expr) -> sp.Expr:
-    return (1 + sp.erf(y / sp.sqrt(2))) / 2
+    return gates.family("phi").sym(y)  # λ-GELU's gate, as its family writes it
 
 
 def _phi(y: sp.Expr) -> sp.Expr:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
-from pipeline import render
+from pipeline import gates, render
 
 ActivationFn = Callable[[torch.Tensor], torch.Tensor]
 SympyForm = Callable[[sp.Symbol], sp.Expr]
@@ -54,7 +54,7 @@ LAMBDA_GRID = (1, 2, 10, 160)
 
 
 def _lambda_gelu(lam: float) -> ActivationFn:
-    return lambda x: x * 0.5 * torch.erfc(-lam * x / math.sqrt(2.0))
+    return lambda x: gates.family("phi").f(x, lam)  # x·Φ(λx), Φ from erfc (`pipeline.gates.Phi`)
 
 
 def default_activations() -> dict[str, ActivationFn]:
@@ -76,6 +76,10 @@ def default_activations() -> dict[str, ActivationFn]:
     return acts
 
 
+def _sp_phi(y: sp.Expr) -> sp.Expr:
+    return gates.family("phi").sym(y)  # Φ as λ-GELU's family writes it
+
+
 def _sp_softplus(x: sp.Expr) -> sp.Expr:
     return sp.log(1 + sp.exp(x))
 
@@ -87,7 +91,7 @@ def default_sympy_forms() -> dict[str, SympyForm]:
         "elu": lambda x: sp.Piecewise((sp.exp(x) - 1, x < 0), (x, True)),
         "selu": lambda x: sp.Float(SELU_SCALE, 30) * sp.Piecewise((sp.Float(SELU_ALPHA, 30) * (sp.exp(x) - 1), x < 0), (x, True)),
         "softplus": _sp_softplus,
-        "gelu": lambda x: x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
+        "gelu": lambda x: x * _sp_phi(x),
         "gelu_tanh": lambda x: x / 2 * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (x + sp.Rational(44715, 10**6) * x**3))),
         "silu": lambda x: x / (1 + sp.exp(-x)),
         "mish": lambda x: x * sp.tanh(_sp_softplus(x)),
@@ -95,7 +99,7 @@ def default_sympy_forms() -> dict[str, SympyForm]:
         "hardswish": lambda x: sp.Piecewise((0, x <= -3), (x * (x + 3) / 6, x < 3), (x, True)),
     }
     for lam in LAMBDA_GRID:
-        forms[f"lambda_gelu_{lam}"] = lambda x, lam=lam: x * (1 + sp.erf(lam * x / sp.sqrt(2))) / 2
+        forms[f"lambda_gelu_{lam}"] = lambda x, lam=lam: x * _sp_phi(lam * x)
     return forms
 
 

@@ -82,12 +82,8 @@ def _float(v) -> sp.Float:
 
 
 def register_gate(fam: gates.GateFamily) -> None:
-    """Add a gate family (to `pipeline.gates`); replacing an existing name clears the derivation caches."""
-    replacing = fam.name in GATES
+    """Add a gate family (`pipeline.gates.register`); the derivation caches follow every change (`_family_changed`)."""
     gates.register(fam)
-    if replacing:
-        for fn in _CACHED:
-            fn.cache_clear()
 
 
 def _gate(name: str) -> gates.GateFamily:
@@ -345,6 +341,23 @@ def lipschitz_constant(gate: str = "phi") -> LipschitzConstant:
 
 
 _CACHED = [_check_symmetric, gate_l1_bound, act_l1_bound, sup_constant, lambda_target_expr, activation_minimum, lipschitz_constant]
+
+
+_KNOWN: set[str] = set()  # the family names seen: a new name needs no clearing, a replaced or removed one does
+
+
+def _family_changed(name: str, fam: gates.GateFamily | None) -> None:
+    """A family replaced or removed: its derivations (cached by name) are derived again on first use."""
+    if name in _KNOWN:
+        for fn in _CACHED:
+            fn.cache_clear()
+    if fam is None:
+        _KNOWN.discard(name)
+    else:
+        _KNOWN.add(name)
+
+
+gates.on_change(_family_changed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Verification tools, one file per concept (the verify stage itself is `analysis/verify.py`):
+"""Verification tools, one file per concept (the verify stage itself is `pipeline/stages/verify.py`):
 
 - ops, graph: the graph IR (affine ops, ReLU and the smooth gates, the int8 roundings; a DAG of nodes);
 - nonlinear: a transformer's ops (exp, reciprocal, rsqrt, sqrt, square, a LayerNorm's variance, products of two

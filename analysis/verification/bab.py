@@ -355,6 +355,19 @@ class _Search:
         out.scatter_(1, units[rows], signs.repeat(P, 1))
         return out, rows
 
+    def initial_alpha(self) -> list[torch.Tensor]:
+        """The root's lower slopes per ReLU site [R, n_s]: for each row the slopes α-CROWN optimized for it
+        (`Bounder.spec_slopes`, matched by the row's coefficients), CROWN's where it has none (α,β-CROWN also starts
+        branch and bound from α-CROWN's slopes)."""
+        crown = [self.b.relaxation(site)[0].expand(self.R, -1) for site in self.relu_sites]
+        if self.b.spec_slopes is None:
+            return crown
+        C0, slopes = self.b.spec_slopes
+        same = (self.C[:, None, :] == C0[None].to(self.C)).all(-1)  # [R, R0]
+        has, j = same.any(1), same.to(torch.int8).argmax(1)
+        return [torch.where(has[:, None], slopes[site][j].to(a.dtype), a) if site in slopes else a
+                for site, a in zip(self.relu_sites, crown)]
+
     def per_site(self, t: torch.Tensor) -> list[torch.Tensor]:
         """A tensor over the concatenated units (last axis) as views per ReLU site."""
         return list(torch.split(t, self.sizes, dim=-1))
@@ -488,23 +501,22 @@ class _Store:
 def bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
         settings: Settings | None = None,
         confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
-        refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
-    with _flush_denormals():
-        return _bab(b, spec, disjuncts, expired, left, settings, confirm, refiner)
-
-
-def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
-         settings: Settings | None = None,
-         confirm: Callable[[np.ndarray], np.ndarray | None] | None = None,
-         refiner: Any = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
+        refiner: Any = None, resume: dict[str, Any] | None = None) -> tuple[str, np.ndarray | None, str, dict[str, Any]]:
     """Decide the disjuncts `disjuncts` of `spec` ({A y ≤ b} all empty?) on the merged graph of `b` over its box, by
     splitting its ReLUs (other activations keep their relaxations; a graph of ReLUs only is decided completely).
     `confirm(x)`: the counterexample as it is reported (rounded to float32 and re-checked), or None when the float64
     point does not survive that; the search then goes on. `refiner` (`refine.Refiner`, running beside the search):
-    what it has found is applied to `b`'s intervals before each round. Returns ("unsat" | "sat" | "timeout" |
-    "unknown", counterexample or None, message, statistics)."""
-    s = settings or Settings()
-    confirm = confirm or (lambda x: x)
+    what it has found is applied to `b`'s intervals before each round. `resume`: a dict the caller keeps between calls
+    on the same Bounder (a stage budget's turns): a search that timed out leaves its open domains there and the next
+    call goes on from them instead of from the root. Returns ("unsat" | "sat" | "timeout" | "unknown", counterexample
+    or None, message, statistics)."""
+    with _flush_denormals():
+        return _bab(b, spec, disjuncts, expired, left, settings or Settings(), confirm or (lambda x: x), refiner,
+                    {} if resume is None else resume)
+
+
+def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool], left: Callable[[], float],
+         s: Settings, confirm: Callable[[np.ndarray], np.ndarray | None], refiner: Any, resume: dict[str, Any]):
     if b.net.smooth:
         raise ValueError("branch and bound here splits ReLUs; the network has smooth gates")
     search = _Search(b, spec, disjuncts, s, expired)
@@ -519,39 +531,50 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
     batch = s.batch or default_batch(b, R, U, s.sharers)
     stats["batch"] = batch
     store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
-    STORE_ = search.store
+    store_dt = search.store
 
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
     zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
-    init_alpha = torch.cat([b.relaxation(site)[0].expand(R, -1).to(STORE_) for site in search.relu_sites], -1)[None]
-    init_beta = torch.zeros(1, R, U, dtype=STORE_, device=dev)
-    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), STORE_), "beta": ((R, U), STORE_), "lower": ((R,), DTYPE),
+    init_alpha = torch.cat(search.initial_alpha(), -1).to(store_dt)[None]
+    init_beta = torch.zeros(1, R, U, dtype=store_dt, device=dev)
+    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), store_dt), "beta": ((R, U), store_dt), "lower": ((R,), DTYPE),
               "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
     if s.rebound:  # each domain's own intervals (float64: a closing decision's re-check rests on them)
         fields |= {"pre_l": ((U,), DTYPE), "pre_u": ((U,), DTYPE)}
-    store = _Store(fields, dev)
     root_pre = [b.pre[site] for site in search.relu_sites]
+    key = (tuple(disjuncts), R, U, s.rebound, dev)
+    resumed = resume.get("key") == key and resume.get("store") is not None
+    if resumed:  # the open domains a timed-out call left (every one of them still holds on the same box)
+        store, stats = resume["store"], {**resume["stats"], "resumed": resume["stats"].get("resumed", 0) + 1}
+    else:
+        store = _Store(fields, dev)
+    resume.clear()
 
-    def timeout(*in_flight: torch.Tensor):
-        low = min([store.min_lower()] + [float(t.min()) for t in in_flight if t.numel()])
+    def timeout(in_flight: dict[str, torch.Tensor] | None = None):
+        if in_flight is not None:
+            store.append(in_flight)  # a batch cut short goes back: its parents are open
+        resume.update(key=key, store=store, stats=stats)
+        low = store.min_lower()
         stats["global_lower"] = low
-        return "timeout", None, (f"branch and bound: {len(store) + sum(t.shape[0] for t in in_flight)} domains open "
-                                 f"after {stats['domains']} (global lower bound {low:.4g})"), stats
+        return "timeout", None, (f"branch and bound: {len(store)} domains open after {stats['domains']} "
+                                 f"(global lower bound {low:.4g})"), stats
 
-    try:
-        r = search.bound(search.per_site(zero), search.per_site(init_alpha), search.per_site(init_beta), s.steps, True)
-    except _Expired:
-        return "timeout", None, "branch and bound: the budget ran out inside the root's bound", stats
-    stats["domains"] += 1
-    keep = ~r.closed
-    root = {"splits": zero[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
-            "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep],
-            "depth": torch.zeros(1, dtype=torch.int32, device=dev)[keep]}
-    if s.rebound:
-        root |= {"pre_l": torch.cat([l for l, _ in root_pre])[None][keep], "pre_u": torch.cat([u for _, u in root_pre])[None][keep]}
-    store.append(root)
+    if not resumed:
+        try:
+            r = search.bound(search.per_site(zero), search.per_site(init_alpha), search.per_site(init_beta), s.steps, True)
+        except _Expired:
+            return "timeout", None, "branch and bound: the budget ran out inside the root's bound", stats
+        stats["domains"] += 1
+        keep = ~r.closed
+        root = {"splits": zero[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
+                "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep],
+                "depth": torch.zeros(1, dtype=torch.int32, device=dev)[keep]}
+        if s.rebound:
+            root |= {"pre_l": torch.cat([l for l, _ in root_pre])[None][keep],
+                     "pre_u": torch.cat([u for _, u in root_pre])[None][keep]}
+        store.append(root)
     while len(store):
         if expired():
             return timeout()
@@ -571,7 +594,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
                 pick = search.choose(p["scores"], p["splits"], p["alpha"], p["beta"], p["lower"],
                                      (p["pre_l"], p["pre_u"]) if s.rebound else None)
             except _Expired:
-                return timeout(p["lower"])
+                return timeout(p)
             units, leaf = pick.clamp(min=0)[:, None], pick < 0
         if bool(leaf.any()):  # no unstable unit left: the LP over this activation pattern decides (on the host)
             for i in torch.nonzero(leaf).flatten().tolist():
@@ -601,7 +624,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             r = search.bound(search.per_site(splits), search.per_site(p["alpha"][parent]),
                              search.per_site(p["beta"][parent]), s.steps, True, p["lower"][parent], pre)
         except _Expired:
-            return timeout(p["lower"])
+            return timeout(p)
         stats["domains"] += splits.shape[0]
         stats["rounds"] += 1
         with torch.no_grad():

@@ -156,6 +156,8 @@ class Bounder:
         self.expired = expired or (lambda: False)
         self.sites = self.net.activations  # node id of each activation site
         self.alpha_done: set[int] = set()  # sites whose bounds α-CROWN has optimized (alpha_intermediate)
+        # (rows C, {ReLU site: slopes [rows, n]}) of the last `alpha_spec`: the lower slopes of each row's best bound
+        self.spec_slopes: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
         self.site_of = {k: s for s, k in enumerate(self.sites)}
         self.site_input = [self.net.nodes[k].inputs[0] for k in self.sites]
         self._ancestors: dict[int, set[int]] = {}
@@ -414,10 +416,10 @@ class Bounder:
     # -- α-CROWN ---------------------------------------------------------------------------------
     def _optimize(self, A: torch.Tensor, node: int, steps: int, lr: float,
                   objective: Callable[[torch.Tensor], torch.Tensor], done: Callable[[torch.Tensor], bool],
-                  until: Callable[[], bool] | None = None) -> torch.Tensor:
+                  until: Callable[[], bool] | None = None, keep: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Maximize objective(lower bounds of A·h) over the slopes of the sites node `node` depends on, until the
         steps are done, the budget ends or `until()`; returns the elementwise best lower bounds seen (each iterate
-        is sound, so their max is)."""
+        is sound, so their max is). `keep` receives each ReLU site's slopes [rows, n] of each row's best bound."""
         stop = self._stop(until)
         sites = [s for s in self.sites_before(node) if self.optimizable(s)]
         rows = A.shape[0]
@@ -427,8 +429,17 @@ class Bounder:
             for p in (slopes[s] if isinstance(slopes[s], tuple) else (slopes[s],)):
                 p.requires_grad_(True)
                 params.append(p)
+        relu = [s for s in sites if isinstance(self.op(s), ReLU)]
+
+        def remember(better: torch.Tensor | None) -> None:  # the slopes of each row's best bound so far
+            if keep is not None:
+                for s in relu:
+                    keep[s] = slopes[s].detach().clone() if better is None else \
+                        torch.where(better[:, None], slopes[s].detach(), keep[s])
+
         with torch.no_grad():
             best = self.backward(A, node, None, exact=True)
+        remember(None)
         if not params or done(best):
             return best
         opt = Adam(params, lr=lr)
@@ -437,6 +448,7 @@ class Bounder:
                 break
             # every iterate is sound (a coarser bisection only widens the slack), so the running max is too
             bound = self.backward(A, node, slopes, exact=False)
+            remember(bound.detach() > best)
             best = torch.maximum(best, bound.detach())
             if done(best):
                 break
@@ -447,7 +459,9 @@ class Bounder:
                 for s in sites:
                     self._project(s, slopes[s])
         with torch.no_grad():  # the final slopes, with the exact (sound) intercepts
-            best = torch.maximum(best, self.backward(A, node, {s: _detach(v) for s, v in slopes.items()}, exact=True))
+            final = self.backward(A, node, {s: _detach(v) for s, v in slopes.items()}, exact=True)
+            remember(final > best)
+            best = torch.maximum(best, final)
         return best
 
     def _stop(self, until: Callable[[], bool] | None) -> Callable[[], bool]:
@@ -496,8 +510,10 @@ class Bounder:
             # each disjunct is excluded by its best row: push that row up, no further than 0 (then it is done)
             return per_disjunct(b).clamp(max=0).sum() + 1e-3 * b.clamp(max=0).sum()
 
+        keep: dict[int, torch.Tensor] = {}
         best = self._optimize(spec.C, self.net.output, steps, lr, objective=lambda b: objective(b + spec.d),
-                              done=lambda b: bool(torch.all(per_disjunct(b + spec.d) > 0)))
+                              done=lambda b: bool(torch.all(per_disjunct(b + spec.d) > 0)), keep=keep)
+        self.spec_slopes = (spec.C, keep)  # branch and bound starts its rows from them (α,β-CROWN's warm start)
         return best + spec.d
 
     def result(self) -> BoxBounds:

@@ -21,6 +21,8 @@ this process for every outcome as it arrives (provisional ones too), so callers 
 `device` ("cpu", "cuda", "cuda:N"; `resolve_device` turns "auto" into one): where every problem's bound passes and
 branch and bound compute. On a GPU the worker processes share it (each its own CUDA context); the MILP, the attack's
 re-checks and onnxruntime stay on the CPU cores of the worker that asked.
+
+`progress="name"` shows the final answers as they come (`pipeline.progress`): a bar on a terminal, else a line each.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from pipeline.shards import in_shard, parse_shard
 
 from .graph import Graph
 from .problem import DECISIVE, RESULTS, Budget, Problem, Result
@@ -87,9 +91,9 @@ class FileTask(Task):
         problem = Problem(specs, network=cache[key], onnx=Path(self.onnx), vnnlib_path=Path(self.vnnlib))
         skey = ("session", str(self.onnx))
         if skey not in cache:
-            from quantize import ort as ort_util
+            from pipeline import onnx_io  # onnxruntime, imported on first use
 
-            cache[skey] = ort_util.session(self.onnx)
+            cache[skey] = onnx_io.session(self.onnx)
         problem.cache["session"] = cache[skey]
         for k in range(len(specs)):
             problem.check_shapes(k)
@@ -110,20 +114,20 @@ class SpecTask(Task):
 
 
 class ModuleRecheck:
-    """Re-checks a candidate on a torch module in float32. Given a checkpoint (`pipeline.checkpoint`), it travels to
-    worker processes as the path and loads the model there on first use (a module with closures does not pickle)."""
+    """Re-checks a candidate on a torch module in float32. Given `load`, a picklable function that builds the module
+    again (`functools.partial(pipeline.checkpoint.load_module, path)`), it travels to worker processes as that
+    function and loads the model there on first use (a module with closures does not pickle)."""
 
-    def __init__(self, model: torch.nn.Module | None, input_shape: Sequence[int], checkpoint: str | Path | None = None):
-        self.model, self.input_shape, self.checkpoint = model, tuple(input_shape), checkpoint
+    def __init__(self, model: torch.nn.Module | None, input_shape: Sequence[int],
+                 load: Callable[[], torch.nn.Module] | None = None):
+        self.model, self.input_shape, self.load = model, tuple(input_shape), load
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "model": None} if self.checkpoint is not None else self.__dict__
+        return {**self.__dict__, "model": None} if self.load is not None else self.__dict__
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.model is None:
-            from pipeline.checkpoint import load_model
-
-            self.model = load_model(self.checkpoint)[0]
+            self.model = self.load()
         with torch.no_grad():
             x = torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(1, *self.input_shape)
             return self.model.eval()(x).double().numpy().reshape(-1)
@@ -139,11 +143,11 @@ class OnnxRecheck:
         return {"path": self.path, "_session": None}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        from quantize import ort as ort_util
+        from pipeline import onnx_io  # onnxruntime, imported on first use
 
         if self._session is None:
-            self._session = ort_util.session(self.path)
-        return ort_util.forward_flat(self._session, x)
+            self._session = onnx_io.session(self.path)
+        return onnx_io.forward_flat(self._session, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +157,9 @@ class OnnxRecheck:
 @dataclass(frozen=True)
 class PerTask:
     timeout: float  # for tasks without their own
+    # wall seconds for all tasks together (None: no such limit): no task runs past it, one not begun by then is a
+    # timeout that says it was not run (a measurement that must end inside another limit, benchmarks/gpu_verify.py)
+    wall_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,7 @@ class Outcome:
 def resolve_device(name: str) -> str:
     """"auto" | "cpu" | "cuda" | "cuda:N" → the device the verifiers compute on ("auto": a GPU when there is one);
     ValueError (one line naming the choices) for anything else or for CUDA on a machine without it."""
-    from pipeline.distributed import resolve_device as resolve
+    from pipeline.devices import resolve
     from pipeline.errors import PipelineError
 
     try:
@@ -221,12 +228,15 @@ def _closeness(result: Result) -> float:
 
 
 def _run_per_task(indexed: Iterable[tuple[int, Task]], limits: PerTask, clock: str, options: dict[str, Any],
-                  emit: Callable[[Outcome], None], device: str = "cpu") -> None:
+                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf) -> None:
     cache: dict[Any, Any] = {}
     for i, task in indexed:
         problems: dict[int, tuple[Problem, float]] = {}
-        result, prepare = _solve(task, cache, problems, i, task.timeout if task.timeout is not None else limits.timeout,
-                                 clock, options, device)
+        seconds = min(task.timeout if task.timeout is not None else limits.timeout, deadline - Budget.read("wall"))
+        if seconds <= 0:
+            emit(Outcome(i, task.key, Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
+            continue
+        result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
         emit(Outcome(i, task.key, result, prepare))
 
 
@@ -245,7 +255,8 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
             seconds = min(limit, left / (len(open_) - n))
             if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
                 # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
-                # Problem each turn, so only a longer turn can decide more)
+                # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
+                # left, but the links before it run again, so a turn no longer than the last decides little more)
                 prev = last.get(i)
                 result = prev if prev is not None else Result("timeout", 0.0, message="not run: the stage budget was spent")
                 emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))
@@ -282,7 +293,7 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
                     except queue_mod.Empty:
                         return
                     yield item
-            _run_per_task(pull(), limits, clock, options, out.put, device)
+            _run_per_task(pull(), limits, clock, options, out.put, device, deadline)
         else:
             _run_rounds(work, limits, deadline, clock, options, out.put, device)
     except BaseException as e:  # reported to the parent, which fails every task this worker still held
@@ -293,9 +304,12 @@ def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float
 
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
-        device: str = "cpu") -> list[Outcome]:
+        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
     """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
-    `device` is where they compute ("auto" resolved here)."""
+    `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
+    (`label(key)` names the task in its line)."""
+    from pipeline.progress import Progress
+
     options = dict(options or {})
     device = resolve_device(device)
     jobs = max(1, min(int(jobs), len(tasks)))
@@ -303,21 +317,28 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
         options.setdefault("sharers", jobs)
     on_done = on_done or (lambda o: None)
     final: dict[int, Outcome] = {}
+    bar = Progress(progress, len(tasks), "property") if progress else None
 
     def emit(o: Outcome) -> None:
         if o.final:
             final[o.index] = o
+            if bar is not None:
+                bar.step(line=f"    {progress}: {len(final)}/{len(tasks)} {label(o.key)}: {o.result.status} "
+                              f"({o.result.seconds:.2f} s{', ' + o.result.stage if o.result.stage else ''})")
         on_done(o)
 
     indexed = list(enumerate(tasks))
-    deadline = Budget.read("wall") + (limits.seconds if isinstance(limits, StageBudget) else math.inf)
+    total = limits.seconds if isinstance(limits, StageBudget) else limits.wall_s
+    deadline = Budget.read("wall") + (math.inf if total is None else total)
     if jobs == 1:
         if isinstance(limits, StageBudget):
             _run_rounds(indexed, limits, deadline, clock, options, emit, device)
         else:
-            _run_per_task(indexed, limits, clock, options, emit, device)
+            _run_per_task(indexed, limits, clock, options, emit, device, deadline)
     else:
         _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device)
+    if bar is not None:
+        bar.close()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
         if i not in final:
             final[i] = Outcome(i, task.key, Result("error", 0.0, message="its worker process stopped before answering"), 0.0)
@@ -365,13 +386,11 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
 
 def shard(items: Sequence[Any], spec: str | None) -> list[int]:
     """Indices of the items in shard "K/N" (those with index ≡ K mod N): N shards are disjoint and cover every item.
-    "K/N" is read as `pipeline sweep --shard` reads it (`pipeline.sweep.parse_shard`)."""
-    from pipeline.sweep import parse_shard
-
+    "K/N" is read as `pipeline sweep --shard` reads it (`pipeline.shards`)."""
     if not spec:
         return list(range(len(items)))
-    k, n = parse_shard(spec)
-    return [i for i in range(len(items)) if i % n == k]
+    part = parse_shard(spec)
+    return [i for i in range(len(items)) if in_shard(i, part)]
 
 
 def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:

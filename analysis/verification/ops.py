@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.numerics import U
+
 DTYPE = torch.float64
 
 
@@ -771,7 +773,7 @@ class QuantizedInput(Activation):
     def _pre(self, x: torch.Tensor, side: str) -> torch.Tensor:
         if self.pre_scale is None:
             return x
-        from quantize.rounding import gamma
+        from pipeline.numerics import gamma
 
         a, b = self.pre_scale.to(x.dtype), self.pre_shift.to(x.dtype)
         t = x * a + b
@@ -794,7 +796,7 @@ class QuantizedInput(Activation):
     def grid(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(step, slack): a value is fl32(s·k), k = q − z an integer: within 2⁻²⁴·|y| of s·k."""
         top = self.scale * torch.maximum((self.qmin - self.zero).abs(), (self.qmax - self.zero).abs())
-        return self.scale, top * 2.0 ** -24
+        return self.scale, top * U
 
     def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lo = torch.minimum(self.value(l[None], "low")[0], self.value(u[None], "low")[0])  # a < 0 reverses the ends

@@ -127,11 +127,11 @@ class Problem:
         if self._recheck is not None:
             return np.asarray(self._recheck(x), dtype=np.float64).reshape(-1)
         if isinstance(self.onnx, (str, Path)):
-            from quantize import ort as ort_util
+            from pipeline import onnx_io  # onnxruntime, imported on first use
 
             if "session" not in self.cache:
-                self.cache["session"] = ort_util.session(self.onnx)
-            return ort_util.forward_flat(self.cache["session"], x)
+                self.cache["session"] = onnx_io.session(self.onnx)
+            return onnx_io.forward_flat(self.cache["session"], x)
         return self.network.forward(x).cpu().numpy()
 
     def check_shapes(self, k: int) -> None:

@@ -12,12 +12,14 @@ whose output is quantized with scale s, zero point z and range [q_min, q_max], t
 
     y = clamp(v + e, lo, hi),   lo = s·(q_min − z),  hi = s·(q_max − z),  |e| ≤ E,
 
-    E = s/2 + e_b + γ_{n+8}·(S + e_b) + 2u·s·(|z| + 1),   S = Σ_j |W_j|·m_j + |b|,   e_b = s_x·s_w/2 + 3u·|b|,
+    E = s/2 + e_b + γ_{n+8}·(S + e_b) + d + 2u·s·(|z| + 1),   S = Σ_j |W_j|·m_j + |b|,   e_b = s_x·s_w/2 + 3u·|b|,
 
-u = 2⁻²⁴, γ_k = k·u/(1 − k·u) (`quantize.rounding.gamma`), n the terms of the sum: s/2 is the rounding to the grid;
-e_b the bias's rounding to int32 (0 when the bias is already an int32 tensor or the weights are float); γ_{n+8}
-covers a float32 sum of n products of float32-dequantized factors (γ_{n+3}), or the int32 sum's conversion and the
-requantization multiply by fl(fl(s_x·s_w)/s) (γ_5), with room; the last term is the zero point's float32 add. Every
+u = 2⁻²⁴, γ_k = k·u/(1 − k·u), n the terms of the sum: s/2 is the rounding to the grid; e_b the bias's rounding to
+int32 (0 when the bias is already an int32 tensor or the weights are float); γ_{n+8}·(S + e_b) + d is the float32
+dot product's bound of `pipeline.numerics.dot_error` over n + 8 terms (d its underflow term, (2n + 15)·2⁻¹²⁶,
+which E ≥ s/2 absorbs in float64): it covers a float32 sum of n products of float32-dequantized factors (γ_{n+3}),
+or the int32 sum's conversion and the requantization multiply by fl(fl(s_x·s_w)/s) (γ_5), with room enough for
+the bound's own float64 evaluation (no `GAMMA_SLACK`); the last term is the zero point's float32 add. Every
 term but s/2 acts before the rounding: y = clamp(s·k, lo, hi) with k = round(t/s), |t − v| ≤ E − s/2. The graph gets
 an `ops.Rounding` node (s·k within v ± E, which knows its grid: exact where v's interval fits in one cell) and the
 clamp as two ReLUs (lo + ReLU(w − lo) − ReLU(w − hi)), which branch and bound splits like any ReLU. A ReLU absorbed
@@ -59,10 +61,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from quantize.rounding import U, gamma
+from pipeline.numerics import U, dot_error, gamma
 
 from .nonlinear import _Bilinear
 
+REQUANT_EXTRA = 8  # the requantized sum's roundings beyond its n terms: the module docstring's γ_{n+8}
+NO_SLACK = 1.0  # γ_{n+8} has room for the bound's own float64 evaluation: no GAMMA_SLACK
 INT_RANGES = {3: (-128, 127), 2: (0, 255)}  # ONNX TensorProto.INT8 = 3, TensorProto.UINT8 = 2
 INT32_MAX = 2 ** 31 - 1
 
@@ -101,7 +105,7 @@ def affine_error(op, in_range: tuple[torch.Tensor, torch.Tensor], terms: int, bi
     of its output: e_b + γ_{n+8}·(S + e_b) (the module docstring's bound without the output grid's terms)."""
     S, c = magnitude(op, in_range)
     e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c
-    return e_b + gamma(terms + 8) * (S + e_b)
+    return e_b + dot_error(terms + REQUANT_EXTRA, S + e_b, NO_SLACK)
 
 
 def requant_error(op, in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray,

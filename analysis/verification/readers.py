@@ -39,6 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import gates
+from pipeline.gates import GateFamily
+from pipeline.numerics import U
+
 from .graph import Graph, Node
 from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
 from .ops import (Affine, Concat, Conv, Gate, Linear, Op, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
@@ -106,7 +110,7 @@ class Grid:
 class Pending:
     """The inner part of a gate x·g(λx) (σ(λx), softplus(λx), erf(softplus(λx))): read only as part of the gate."""
 
-    kind: str
+    ops: tuple[str, ...]  # the ops read so far of a gate family's chain (`gate_patterns`)
     arg: Value
     onnx_node: Any
 
@@ -216,9 +220,9 @@ class OnnxReader:
 
     def unknown_op(self) -> UnsupportedModel:
         node = self.node
-        e = UnsupportedModel(f"unsupported ONNX op {node.op_type} ({_where(node)}); the verifier reads {ONNX_OPS}",
+        e = UnsupportedModel(f"unsupported ONNX op {node.op_type} ({_where(node)}); the verifier reads {', '.join(readable_ops())}",
                              node=node.name or None, op=node.op_type, what=f"the op {node.op_type}",
-                             fix=f"replace it by ops the verifier reads ({ONNX_OPS})")
+                             fix=f"replace it by ops the verifier reads ({', '.join(readable_ops())})")
         e.onnx_node, e.why = node, ""  # type: ignore[attr-defined]
         return e
 
@@ -233,7 +237,7 @@ class OnnxReader:
                 for k, v in enumerate(CONSTANT_OPS[node.op_type](self, [self.consts.get(i) if i else None for i in node.input])):
                     self.consts[node.output[k]] = np.asarray(v)
                 continue
-            handler = HANDLERS.get(node.op_type)
+            handler = HANDLERS.get(node.op_type) or _gate_handler(node.op_type)
             if handler is None:
                 raise self.unknown_op()
             handler(self)
@@ -241,8 +245,6 @@ class OnnxReader:
         out = self.vals.get(self.graph.output[0].name)
         if isinstance(out, Value) and out.node in self.grids and not isinstance(self.nodes[out.node].op, QuantizedInput):
             # the output's DequantizeLinear runs in float32: one rounding, relative 2⁻²⁴, of a value within the grid's range
-            from .quantized import U
-
             g = self.grids[out.node]
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
@@ -567,10 +569,11 @@ def _two_variables(r: OnnxReader, op: str, a: str, b: str) -> None:
     if op == "Mul":
         va, vb = r.vals.get(a), r.vals.get(b)
         pend, other = (va, vb) if isinstance(va, Pending) else (vb, va)
-        if isinstance(pend, Pending) and isinstance(other, Value) and pend.kind in ("sigmoid", "serf"):
+        fam = gate_patterns().get(pend.ops) if isinstance(pend, Pending) else None
+        if fam is not None and not fam.onnx.whole and isinstance(other, Value):
             lam = _lambda_of(r, pend.arg, other)
             if lam is not None:
-                r.set(r.add(Gate(pend.kind, lam, source=r.node.name), [other], other.shape))
+                r.set(r.add(Gate(fam.name, lam, source=r.node.name), [other], other.shape))
                 return
     x, y = r.var(a), r.var(b)
     shape = _broadcast(r, x.shape, y.shape)
@@ -923,23 +926,42 @@ def _dequantize_var(r: OnnxReader) -> None:
     r.set(Value(out.node, x.shape, Float(U * np.maximum(np.abs(lo), np.abs(hi)), lo.copy(), hi.copy()) if r.int8 else None))
 
 
-@handles("Gelu")
-def _gelu(r: OnnxReader) -> None:
-    if r.attr("approximate", "none") not in ("none", b"none"):
-        raise r.unsupported("the tanh approximation of GELU", what="Gelu with approximate='tanh'",
-                            fix="use nn.GELU() (the exact form)")
-    x = r.var(r.node.input[0])
-    r.set(r.add(Gate("phi", np.ones(numel(x.shape)), source=r.node.name), [x], x.shape))
+# -- gates: the ONNX patterns of the gate families (`pipeline.gates.GateFamily.onnx`) -------------------------
+
+def gate_patterns() -> dict[tuple[str, ...], GateFamily]:
+    """The op chains read as gates, of every family the verifier can bound (it has an ONNX pattern and relaxation
+    data), registered now: a chain computes g(λx) (then x·g(λx) is its Mul by x) or, `whole`, F(λx) itself."""
+    return {fam.onnx.ops: fam for fam in gates.GATES.values() if fam.onnx is not None and fam.relaxation is not None}
 
 
-@handles("Sigmoid", "Softplus", "Erf")
-def _gate_part(r: OnnxReader) -> None:
+def readable_ops() -> list[str]:
+    """Every op type the reader reads (the handlers' and the gate patterns')."""
+    return sorted({*HANDLERS, *(op for ops in gate_patterns() for op in ops)})
+
+
+def _gate_handler(op: str) -> Callable[[OnnxReader], None] | None:
+    return _gate_op if any(op in ops for ops in gate_patterns()) else None
+
+
+def _gate_op(r: OnnxReader) -> None:
+    """One op of a gate's chain: a whole chain of a `whole` pattern (Gelu) is the gate at λ = 1, which `_fold_gate`
+    turns into x·g(λx) when it sits between Mul(λ) and Div(λ); any other part is Pending until its Mul by x."""
     op, src = r.node.op_type, r.vals.get(r.node.input[0])
-    if op == "Erf":
-        if not (isinstance(src, Pending) and src.kind == "softplus"):
-            raise r.unsupported("Erf is read only in SERF's erf(softplus(λx))", what="an Erf outside SERF's gate")
-        return r.set(Pending("serf", src.arg, r.node))
-    r.set(Pending(op.lower(), r.var(r.node.input[0]), r.node))
+    ops, arg = ((*src.ops, op), src.arg) if isinstance(src, Pending) else ((op,), r.var(r.node.input[0]))
+    patterns = gate_patterns()
+    if not any(p[:len(ops)] == ops for p in patterns):
+        known = "; ".join(" → ".join(p) for p in patterns)
+        raise r.unsupported(f"{op} is read only as a part of a gate x·g(λx) ({known})",
+                            what=f"a {op} outside a gate x·g(λx)")
+    fam = patterns.get(ops)
+    if fam is not None and fam.onnx.whole:
+        approximate = r.attr("approximate", "none")
+        if approximate not in ("none", b"none"):
+            form = approximate.decode() if isinstance(approximate, bytes) else approximate
+            raise r.unsupported(f"the {form} approximation of {op.upper()}", what=f"{op} with approximate='{form}'",
+                                fix="use the exact form (nn.GELU())")
+        return r.set(r.add(Gate(fam.name, np.ones(numel(arg.shape)), source=r.node.name), [arg], arg.shape))
+    r.set(Pending(ops, arg, r.node))
 
 
 def _image(r: OnnxReader, x: Value, what: str) -> tuple[int, int, int]:
@@ -1055,12 +1077,12 @@ def _concat(r: OnnxReader) -> None:
     r.set(r.add(op, [p for p in parts if isinstance(p, Value)], op.out_shape))
 
 
-ONNX_OPS = ", ".join(sorted(HANDLERS))
 
 
 def supported_ops() -> dict[str, str]:
-    """The ONNX op types the reader reads on a variable (the engine's own list), each with the form it takes; any op
-    also folds when all its inputs are constants (`CONSTANT_OPS`)."""
+    """The ONNX op types the reader reads on a variable (the engine's own list: the handlers' and the gate families'
+    patterns, `readable_ops`), each with the form it takes; any op also folds when all its inputs are constants
+    (`CONSTANT_OPS`)."""
     forms = {
         "Gemm": "x·Wᵀ + b, W constant", "MatMul": "x·W with W constant, or a product of two variables",
         "Add": "a constant or another variable (broadcast)", "Sub": "a constant or another variable (broadcast)",
@@ -1068,11 +1090,13 @@ def supported_ops() -> dict[str, str]:
         "Conv": "2-d, symmetric padding", "AveragePool": "symmetric padding counted in the average",
         "Concat": "variables and constants", "Where": "a constant condition", "Gather": "constant indices",
         "Pow": "exponents 2, 0.5, -0.5, -1, 1", "Softmax": "any axis", "LayerNormalization": "its first output",
-        "Sigmoid": "inside x·σ(λx)", "Softplus": "inside SERF", "Erf": "inside SERF", "Gelu": "the exact form",
         "QuantizeLinear": "int8/uint8, read with its DequantizeLinear", "DequantizeLinear": "of its own QuantizeLinear",
         "Clip": "with a lower bound",
     }
-    return {op: forms.get(op, "") for op in sorted(HANDLERS)}
+    for ops, fam in gate_patterns().items():
+        for op in ops:
+            forms.setdefault(op, f"inside a gate x·g(λx) ({' → '.join(ops)})")
+    return {op: forms.get(op, "") for op in readable_ops()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1122,10 +1146,10 @@ def module_path(onnx_node_name: str) -> str:
 
 
 def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
-    """A Graph from a torch module (eval semantics) through its ONNX export (`quantize.export.to_onnx`, fixed batch
+    """A Graph from a torch module (eval semantics) through its ONNX export (`pipeline.onnx_io.to_onnx`, fixed batch
     1, opset 20). `input_shape` excludes the batch axis. A module the exporter cannot write, or that exports to an op
     no handler reads, raises UnsupportedModel naming the op and the module path."""
-    from quantize.export import to_onnx
+    from pipeline.onnx_io import to_onnx  # the exporter (torch.onnx, onnxsim), imported on first use
 
     shape = tuple(int(d) for d in input_shape)
     m = copy.deepcopy(model).float().cpu().eval()
@@ -1143,10 +1167,10 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
             raise
         where = module_path(node.name)
         why = getattr(e, "why", "")
-        if node.op_type in HANDLERS:
+        if node.op_type in readable_ops():
             msg = f"{type(model).__name__}: {node.op_type} in module '{where}' is not read: {why}"
         else:
-            msg = f"{type(model).__name__}: unsupported op {node.op_type} in module '{where}'; the verifier reads {ONNX_OPS}"
+            msg = f"{type(model).__name__}: unsupported op {node.op_type} in module '{where}'; the verifier reads {', '.join(readable_ops())}"
         raise UnsupportedModel(msg, node=where, op=node.op_type, what=e.what, fix=e.fix) from None
 
 

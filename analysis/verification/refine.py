@@ -17,7 +17,8 @@ Measured (benchmarks/VERIFICATION.md): on a 784-256x6 stand-in, site 1 (26 binar
 and side for gains of 0.05-0.1 per bound, site 2 (121 binaries) gives HiGHS no dual bound within 3 s. On 2 cores at
 30 s per instance (4 deep mnist_fc stand-ins, two searches side by side) it refined 10-13 units and left every global
 lower bound worse by 0.02-0.04 (the thread's share of the core costs more domains than its bounds win), so the bab
-verifier refines by default only beside a GPU search.
+verifier refines by default only beside a GPU search, and only where the machine has a core for each worker's
+refinement beside its search (cores ≥ 2 × the processes sharing the GPU).
 """
 
 from __future__ import annotations

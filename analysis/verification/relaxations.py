@@ -1,5 +1,5 @@
-"""Linear relaxations of the smooth gates f(x) = x·g(λx) of `pipeline.gates` ("phi": λ-GELU, GELU at λ = 1;
-"sigmoid": λ-Swish, SiLU; "serf": SERF), and the closed-form gap sup|ReLU − f| that carries a ReLU certificate
+"""Linear relaxations of the smooth gates f(x) = x·g(λx) of `pipeline.gates` (every family with relaxation data:
+"phi": λ-GELU, GELU at λ = 1; "sigmoid": λ-Swish, SiLU; "serf": SERF), and the closed-form gap sup|ReLU − f| that carries a ReLU certificate
 over to the smooth network.
 
 With y = λx, f(x) = F(y)/λ where F(y) = y·g(y) and f'(x) = F'(y). Each gate's F has exactly two inflection
@@ -27,14 +27,13 @@ tests/test_verify_relaxations.py, with a factor-of-8 margin), and `TINY` covers 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from pipeline.gates import family, tail_peaks
+from pipeline import gates
+from pipeline.gates import GateFamily
 
 from .ops import DTYPE
 
@@ -44,15 +43,8 @@ G_REL_ERROR = 2.0 ** -36  # relative error bound of a computed F(y) − a·y (�
 TINY = 1e-300  # absolute slack: F underflows to 0 where |y·g(y)| < 1e-300
 
 # ---------------------------------------------------------------------------------------------
-# the smooth gates: F(y) = y·g(y), F', inflection points, the tails that give sup|ReLU − f|
-
-SQRT2 = math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-
-def _Phi(y: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.erfc(-y / SQRT2)  # erfc, not ndtr: accurate in the left tail
+# the smooth gates: F(y) = y·g(y), F', inflection points, the tails that give sup|ReLU − f|, all from the gate's
+# family (`pipeline.gates.GateFamily`: g, its complement, `relaxation`, `inflections`, `tail_peaks`)
 
 
 @dataclass(frozen=True)
@@ -77,39 +69,37 @@ class SmoothGate:
         return x * self.g(lam * x)
 
 
-def _brentq(fn: Callable[[float], float], a: float, b: float) -> float:
-    from scipy.optimize import brentq
-
-    return float(brentq(fn, a, b, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=200))
-
-
-def _make(name: str, g, dF, d2F_sign, upper_tail, lower_tail, inflection_brackets) -> SmoothGate:
-    def sign_at(v: float) -> float:
-        return float(d2F_sign(torch.tensor(v, dtype=DTYPE)))
-
-    infl = tuple(_brentq(sign_at, a, b) for a, b in inflection_brackets)
-    p_up, p_lo = tail_peaks(name)  # the family's one computation of c (pipeline/gates.py)
-    return SmoothGate(name, g, dF, d2F_sign, upper_tail, lower_tail, infl, (p_up[0], p_lo[0]), (p_up[1], p_lo[1]))
+def _smooth_gate(fam: GateFamily) -> SmoothGate:
+    rel = fam.relaxation
+    p_up, p_lo = gates.tail_peaks(fam.name)  # the family's one computation of c (pipeline/gates.py)
+    return SmoothGate(fam.name, fam.g, rel.dF, rel.d2F_sign, fam.one_minus_g, lambda u: fam.g(-u),
+                      gates.inflections(fam.name), (p_up[0], p_lo[0]), (p_up[1], p_lo[1]))
 
 
-def _serf_dF(y: torch.Tensor) -> torch.Tensor:
-    s = F.softplus(y)
-    return torch.erf(s) + y * TWO_OVER_SQRT_PI * torch.exp(-s * s) * torch.sigmoid(y)
+class _SmoothGates(Mapping[str, SmoothGate]):
+    """The gate families that have relaxation data (`GateFamily.relaxation`), each built once on first use and again
+    when its family is registered anew: a family registered later is here too."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[GateFamily, SmoothGate]] = {}
+
+    def __getitem__(self, name: str) -> SmoothGate:
+        fam = gates.GATES.get(name)
+        if fam is None or fam.relaxation is None:
+            raise KeyError(name)
+        built = self._built.get(name)
+        if built is None or built[0] is not fam:
+            built = self._built[name] = (fam, _smooth_gate(fam))
+        return built[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n, fam in gates.GATES.items() if fam.relaxation is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-SMOOTH_GATES: dict[str, SmoothGate] = {
-    # F'' = φ(y)(2 − y²): inflections ±√2
-    "phi": _make("phi", family("phi").g, lambda y: _Phi(y) + y * INV_SQRT_2PI * torch.exp(-0.5 * y * y),
-                 lambda y: 2.0 - y * y, lambda u: _Phi(-u), lambda u: _Phi(-u), [(-3.0, -1.0), (1.0, 3.0)]),
-    # F'' = σ'(y)(2 − y·tanh(y/2)): inflections ±2.3994
-    "sigmoid": _make("sigmoid", family("sigmoid").g, lambda y: torch.sigmoid(y) * (1.0 + y * torch.sigmoid(-y)),
-                     lambda y: 2.0 - y * torch.tanh(y / 2), lambda u: torch.sigmoid(-u), lambda u: torch.sigmoid(-u),
-                     [(-4.0, -1.0), (1.0, 4.0)]),
-    # g = erf(s), s = softplus(y): F'' = (2/√π)·e^{−s²}·σ(y)·(2 + y(1 − σ(y) − 2sσ(y))): inflections ≈ −2.2565, 1.0960
-    "serf": _make("serf", family("serf").g, _serf_dF,
-                  lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * F.softplus(y) * torch.sigmoid(y)),
-                  lambda u: torch.erfc(F.softplus(u)), lambda u: torch.erf(F.softplus(-u)), [(-4.0, -1.0), (0.5, 2.0)]),
-}
+SMOOTH_GATES: Mapping[str, SmoothGate] = _SmoothGates()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ under the CPU clock it gets the CPU seconds left as wall seconds (it stops early
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -282,8 +283,10 @@ class BabVerifier(Verifier):
         if rebound is not None:  # else the search's own default (bab.Settings)
             self.settings.rebound = int(rebound)
         # MILP refinement of a deep net's early sites beside the search (`refine`); None: only when the search runs on
-        # a GPU (the CPU cores are free then; on 2 cores at 30 s it did not pay, benchmarks/VERIFICATION.md)
+        # a GPU and the machine has a core for each worker's refinement beside its search (on 2 cores at 30 s it did
+        # not pay, benchmarks/VERIFICATION.md)
         self.refine = refine
+        self.sharers = int(sharers)
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
         self.steps = int(steps)
@@ -304,12 +307,15 @@ class BabVerifier(Verifier):
         opn = st.open
         b, spec = st.bounder, problem.specs[k]
         refiner = None
-        if (self.refine if self.refine is not None else b.device.type == "cuda") and Refiner.worth_it(b):
+        auto = b.device.type == "cuda" and (os.cpu_count() or 1) >= 2 * self.sharers
+        if (self.refine if self.refine is not None else auto) and Refiner.worth_it(b):
             rows, _ = bounds.Spec.from_disjuncts([spec.disjuncts[d] for d in opn], b.device)
             refiner = Refiner(b, rows.C, budget.left).start()
         try:
+            # a stage budget's next turn on this problem goes on from the domains this one leaves open
             status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings,
-                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner)
+                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner,
+                                            problem.cache.setdefault(("bab", k), {}))
         finally:
             if refiner is not None:
                 refiner.stop()

@@ -14,10 +14,10 @@ property, starting onnxruntime; run_time: the verifier on the instance, limited 
 time; `shard` "K/N" runs the rows whose index is K mod N, and `merge` joins shard results.
 
 It reads what `readers.from_onnx` reads (`readers.supported_ops()`: residual graphs, convolutions, the smooth gates,
-transformers, int8 QDQ graphs); anything else makes that
-instance an error whose message names the op. `main` prints one line per failed instance (missing file,
-unsupported op, malformed VNN-LIB, input counts that do not match) and exits 1 when there was one, 2 when the
-folder itself is unusable.
+transformers, int8 QDQ graphs); anything else makes that instance an error whose message names the op. `main` shows
+each answer as it comes (a bar on a terminal, else a line per instance), prints one line per failed instance (missing file, unsupported op, malformed VNN-LIB, input counts
+that do not match) and exits 1 when there was one, 2 when the folder itself is unusable or the results cannot be
+written where `--out` says (checked before the first instance).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from . import harness
 from .problem import RESULTS
@@ -103,16 +103,43 @@ def _problem_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+def check_writable(out_csv: Path) -> None:
+    """BenchmarkError (one line) unless `out_csv` and the witnesses beside it can be written: tried by writing a
+    temporary file into its folder (made if missing), before any instance is solved. (Every file is replaced by a
+    rename, so the folder's permission is what counts.)"""
+    out_csv = Path(out_csv)
+    if out_csv.is_dir():
+        raise BenchmarkError(f"--out {out_csv} is a folder: name the results.csv file to write")
+    witnesses = witness_path(out_csv, "x", "x").parent
+    for folder in (out_csv.parent, witnesses):
+        if folder.exists() and not folder.is_dir():
+            raise BenchmarkError(f"cannot write the results to {out_csv}: {folder} is a file, not a folder; "
+                                 "give --out a file in a writable folder")
+        try:
+            if folder == out_csv.parent:
+                folder.mkdir(parents=True, exist_ok=True)
+            elif not folder.is_dir():
+                continue  # made when the first witness is written, inside the folder just checked
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".writable-"):
+                pass
+        except OSError as e:
+            raise BenchmarkError(f"cannot write the results to {out_csv}: {folder} is not writable ({e.strerror or e}); "
+                                 "give --out a file in a writable folder") from None
+
+
 def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: float | None = None,
                   verifier: str = "auto", category: str | None = None, clock: str = "wall",
                   instances: str = "instances.csv", log: Callable[[str], None] | None = None, jobs: int = 1,
-                  shard: str | None = None, device: str = "auto", **options: Any) -> list[dict[str, Any]]:
+                  shard: str | None = None, progress: bool = False, device: str = "auto", wall_s: float | None = None,
+                  **options: Any) -> list[dict[str, Any]]:
     """Run the instances of a benchmark folder (those of `shard` "K/N", or all) with `jobs` worker processes;
     writes `out_csv` (rewritten as instances finish, in the folder's order, so a killed run keeps what it
-    finished) and the witnesses; returns the rows, each with its `message`.
+    finished) and the witnesses; returns the rows, each with its `message`. `progress`: show each answer as it
+    comes (a bar on a terminal, else a line per instance).
 
     `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links; `device`: where they
-    compute (auto | cpu | cuda | cuda:N; the jobs share one GPU)."""
+    compute (auto | cpu | cuda | cuda:N; the jobs share one GPU); `wall_s`: all instances together in at most this many
+    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit)."""
     folder = Path(folder)
     out_csv = Path(out_csv)
     log = log or (lambda msg: None)
@@ -131,6 +158,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
         device = harness.resolve_device(device)
     except ValueError as e:
         raise BenchmarkError(str(e).replace("device=", "--device ")) from None
+    check_writable(out_csv)  # so does a results file that could not be written
     category = category or folder.name
     rows: dict[int, dict[str, Any]] = {}
 
@@ -163,8 +191,8 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
             write()
 
-        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0), jobs=jobs, clock=clock, on_done=done,
-                             options=options, device=device):
+        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0, wall_s), jobs=jobs, clock=clock, on_done=done,
+                             options=options, progress="vnncomp" if progress else None, label=" ".join, device=device):
             if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
                 done(o)
     write()
@@ -254,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log,
-                             args.jobs, args.shard, args.device)
+                             args.jobs, args.shard, progress=True, device=args.device)
     except (BenchmarkError, ValueError) as e:
         print(f"error: {_problem_line(e)}", file=sys.stderr)
         return 2

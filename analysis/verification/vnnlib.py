@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.rundir import atomic_path, atomic_write_text
+from pipeline.atomic_io import atomic_path, atomic_write_text
 
 __all__ = [
     "VnnlibSpec", "robustness_spec", "format_vnnlib", "write_vnnlib", "write_robustness_vnnlib",

@@ -43,7 +43,7 @@ import numpy as np
 from analysis.verification.problem import BOX_TOL
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import parse_witness, read_instances_csv, read_vnnlib_all
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".peers" / "neuralsat"

@@ -35,7 +35,7 @@ from typing import Any
 
 from analysis.verification.vnncomp import read_results, witness_path, write_results
 from analysis.verification.vnnlib import read_instances_csv, write_instances_csv
-from pipeline.rundir import atomic_write_text
+from pipeline.atomic_io import atomic_write_text
 
 from .. import common
 from .run_neuralsat import check_witness

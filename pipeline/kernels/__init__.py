@@ -10,9 +10,10 @@ restores it; the LAMBDA_GELU_KERNEL environment variable sets the default):
   eager     native ATen ops (`eager.py`), Φ from erfc
   auto      cpp on CPU, triton on CUDA (inductor without Triton), eager for everything else (default)
 
-Per gate family: λ-GELU (Φ) has every backend; λ-Swish (σ) has triton on CUDA and an autograd expression
-elsewhere (no fused CPU kernel: it is not the paper's gate and the eager form is two ops); λ-SERF keeps its
-autograd expression everywhere (erf∘softplus has no fused kernel here). `pipeline.activations` chooses.
+Per gate family (`GateFamily.kernel` in `pipeline.gates` names the kernels' id for it): λ-GELU (Φ) has every
+backend; λ-Swish (σ) has triton on CUDA and an autograd expression elsewhere (no fused CPU kernel: it is not the
+paper's gate and the eager form is two ops); λ-SERF and any family without a kernel id keep their autograd
+expression everywhere. `pipeline.activations` chooses.
 
 A kernel that cannot be built or compiled is recorded with its reason (`status()`), warned about once, and
 the call falls back to eager: training never fails for want of a compiler. `pipeline.activations` calls
@@ -29,6 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..gates import family
 from . import cpu, eager, inductor
 from .common import ENV_KERNEL, layout
 
@@ -75,16 +77,17 @@ def use_kernel(name: str) -> Iterator[None]:
 
 
 _triton: Any = None  # the module, imported on the first CUDA call: Triton fixes its mode at import
+_triton_ready: bool | None = None
 
 
 def triton_module():
     """pipeline.kernels.triton_gate, or None when Triton cannot be imported (recorded in `status()`)."""
-    global _triton
-    if _triton is None:
+    global _triton, _triton_ready
+    if _triton_ready is None:
         from . import triton_gate
 
-        _triton = triton_gate
-    return _triton if _triton.available() else None
+        _triton, _triton_ready = triton_gate, triton_gate.available()
+    return _triton if _triton_ready else None
 
 
 def channel_dim(x: torch.Tensor, lam: torch.Tensor) -> int:
@@ -176,27 +179,57 @@ def apply_s(x: torch.Tensor, s: torch.Tensor, t: float, gate: str = "phi") -> to
     """x·g(λx) with λ = 1 + softplus(s/t) computed inside the op (s shaped to broadcast like λ), so the
     gradient flows to s directly; None when no backend for these tensors and this gate does that (the
     caller then computes λ and uses its expression)."""
-    if gate == "phi" and x.device.type == "cpu":  # the CPU kernel takes s in x's dtype
+    kernel = family(gate).kernel  # which fused kernels serve the family (None: none)
+    if kernel == "phi" and x.device.type == "cpu":  # the CPU kernel computes Φ only, and takes s in x's dtype
         name, lay = backend_for(x, s.to(x.dtype))
         return cpu.fused_s(x, s.to(x.dtype), t, lay) if name == "cpp" else None
-    if gate in ("phi", "sigmoid") and backend_for(x, s)[0] == "triton":
-        return _triton.gate_s(x, s.reshape(-1), t, gate, channel_dim(x, s))
+    if kernel is not None and backend_for(x, s)[0] == "triton":
+        return _triton.gate_s(x, s.reshape(-1), t, kernel, channel_dim(x, s))
     return None
 
 
 def apply_frozen(x: torch.Tensor, lam: torch.Tensor, gate: str) -> torch.Tensor | None:
     """x·g(λx) for a frozen λ buffer: Φ through `apply` (every backend), σ through the Triton kernel where it
     runs; None otherwise (the caller uses the gate's expression)."""
-    if gate == "phi":
+    kernel = family(gate).kernel
+    if kernel == "phi":
         return apply(x, lam.to(x.dtype) if x.device.type == "cpu" else lam)
-    if gate == "sigmoid" and backend_for(x, lam)[0] == "triton":
-        return _triton.gate_frozen(x, lam.reshape(-1), gate, channel_dim(x, lam))
+    if kernel is not None and backend_for(x, lam)[0] == "triton":
+        return _triton.gate_frozen(x, lam.reshape(-1), kernel, channel_dim(x, lam))
     return None
+
+
+def gate_cuda(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: bool, axis: int) -> torch.Tensor | None:
+    """The training path of a gate module on CUDA, kept lean (it runs once per layer and step): the Triton kernel
+    for s (learned) or λ (`frozen`), a flat [1] or [C] tensor varying along x's dim `axis`; None when the kernel
+    choice, Triton or these tensors rule it out (the caller falls back). What the tensors allow is decided once
+    per layout, in the kernel's launch plan."""
+    if _kernel not in ("auto", "triton"):
+        return None
+    tg = _triton if _triton_ready else triton_module()
+    kid = tg.GATES.get(family(gate).kernel) if tg is not None else None  # the family's kernel id (None: none)
+    if kid is None:
+        return None
+    return tg.try_gate_frozen(x, p, kid, axis) if frozen else tg.try_gate_s(x, p, t, kid, axis)
+
+
+def gate_compiled(x: torch.Tensor, p: torch.Tensor, t: float, gate: str, frozen: bool, axis: int) -> torch.Tensor | None:
+    """The gate inside `torch.compile` on CUDA: `torch.ops.lambda_gates.gate` (`gate_op.py`), which the compiler traces
+    into; None when Triton or the kernel choice rules it out, or the gate family has no kernel (its expression serves)."""
+    if _kernel not in ("auto", "triton") or triton_module() is None:
+        return None
+    kid = _triton.GATES.get(family(gate).kernel)
+    if kid is None or x.dtype not in _triton.SUPPORTED_DTYPES:
+        return None
+    from . import gate_op  # registers the ops on first use
+
+    return torch.ops.lambda_gates.gate(x, p.reshape(-1), float(t), kid, axis, not frozen)
 
 
 def status() -> dict[str, Any]:
     """The kernel choice and what each backend did in this process (record it next to timings)."""
-    triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted()}
+    triton = ({"ready": _triton.available(), "error": _triton.unavailable_reason(), "interpreted": _triton.interpreted(),
+               "launcher": dict(_triton._LAUNCHER)}
               if _triton is not None else {"ready": None, "error": None})
     return {"kernel": _kernel, "cpp": cpu.status.as_dict(), "triton": triton, "inductor": inductor.status.as_dict(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}

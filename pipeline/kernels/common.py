@@ -11,8 +11,8 @@ import math
 
 import torch
 
-INV_SQRT2 = 1.0 / math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+from ..gates import INV_SQRT2, INV_SQRT_2PI, Phi  # noqa: F401  (Φ and its constants have one home)
+
 ENV_KERNEL = "LAMBDA_GELU_KERNEL"  # the environment variable that picks the default kernel (see pipeline.kernels)
 PDF_CLAMP = 40.0  # |z| beyond which the float32 normal pdf is exactly 0
 

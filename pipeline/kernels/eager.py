@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from .common import INV_SQRT2, INV_SQRT_2PI, PDF_CLAMP, sum_to
+from .common import INV_SQRT_2PI, PDF_CLAMP, Phi, sum_to
 
 
 def forward(x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """x·Φ(λx) = x·erfc(−λx/√2)/2: erfc keeps relative accuracy in the left tail, where GELU's 1 + erf cancels.
+    """x·Φ(λx) with `pipeline.gates.Phi` (from erfc: relative accuracy in the left tail, where GELU's 1 + erf cancels).
     x is clamped below at −max before the product: at x = −inf, Φ is 0 and the product is −0, not inf·0."""
-    t = torch.mul(x, lam * -INV_SQRT2).erfc_()
-    return t.mul_(x.clamp(min=-torch.finfo(x.dtype).max)).mul_(0.5)
+    return Phi(torch.mul(x, lam)).mul_(x.clamp(min=-torch.finfo(x.dtype).max))
 
 
 def backward(grad: torch.Tensor, x: torch.Tensor, lam: torch.Tensor, need_x: bool, need_lam: bool):
@@ -22,7 +21,7 @@ def backward(grad: torch.Tensor, x: torch.Tensor, lam: torch.Tensor, need_x: boo
     zpdf = torch.square(zc).mul_(-0.5).exp_().mul_(zc).mul_(INV_SQRT_2PI)  # z·φ(z)
     gx = None
     if need_x:
-        gx = z.mul(-INV_SQRT2).erfc_().mul_(0.5).add_(zpdf).mul_(grad)
+        gx = Phi(z).add_(zpdf).mul_(grad)
         if gx.shape != x.shape:  # λ broadcast x to a larger shape
             gx = sum_to(gx, x.shape)
     glam = None

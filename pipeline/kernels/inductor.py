@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .common import INV_SQRT2, INV_SQRT_2PI, PDF_CLAMP
+from .common import INV_SQRT_2PI, PDF_CLAMP, Phi
 from .status import Status
 
 status = Status()
@@ -17,14 +17,14 @@ _compiled: dict[str, Any] = {}
 
 
 def _forward(x, lam):
-    return x * (0.5 + 0.5 * torch.erf(x * lam * INV_SQRT2))
+    return x * Phi(x * lam)
 
 
 def _backward(grad, x, lam, need_lam: bool):
     z = x * lam
     zc = z.clamp(-PDF_CLAMP, PDF_CLAMP)
     zpdf = zc * torch.exp(-0.5 * zc * zc) * INV_SQRT_2PI
-    gx = grad * (0.5 + 0.5 * torch.erf(z * INV_SQRT2) + zpdf)
+    gx = grad * (Phi(z) + zpdf)
     if not need_lam:
         return gx, None
     acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32

@@ -71,7 +71,7 @@ fl(a ∘ b) = (a ∘ b)(1 + θ), |θ| ≤ u = 2⁻²⁴ (round to nearest, no un
 - LayerNorm, BatchNorm and the softmax: the γ bounds of their sums (`_layer_norm_rounding`, `_sdpa`);
 - every local term is multiplied by `SAFETY` = 2, which absorbs the float64 reference's own rounding
   (2²⁹ times smaller per operation than float32's) and slack in the ulp assumptions; except the dot products
-  (`dot_rounding`): γ_n assumes nothing beyond round to nearest, so they get `GAMMA_SLACK` = 1 + 2⁻²⁰ for the
+  (`pipeline.numerics.dot_error`): γ_n assumes nothing beyond round to nearest, so they get `GAMMA_SLACK` = 1 + 2⁻²⁰ for the
   float64 evaluation, plus `UNDERFLOW` per operation where the standard model stops (subnormals, flush-to-zero).
 The magnitudes |x| these need are |z| + d of a channel that bounds the float32 value (|R̃| ≤ |z| + δ̃).
 Assumptions stated: float32 matmuls at full precision (`torch.get_float32_matmul_precision() ==

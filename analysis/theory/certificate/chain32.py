@@ -22,7 +22,7 @@ evaluation error, D_l a diagonal slope and q a remainder:
 The terms entering at layer l (W·(q + s) + r) form one source ν_l with |ν_l| ≤ |W|·(q̄ + s̄) + r̄, taken in absolute
 value once; the sources are then carried exactly: e_L = Σ_k P_{k→L}·ν_k, P_{k→l} = W_l·D_{l−1}···W_{k+1}·D_k, so
 |e_L| ≤ Σ_k |P_{k→L}|·ν̄_k. Every bound ē_l needed on the way (the remainders, which units can flip, |ũ|) comes
-from the same sum. Every local term is multiplied by `core.SAFETY`, as in the walk, except r (`core.dot_rounding`).
+from the same sum. Every local term is multiplied by `core.SAFETY`, as in the walk, except r (`pipeline.numerics.dot_error`).
 
 The statement covers the float32 forward of these modules in PyTorch on the CPU (GEMM-based Linear, full-precision
 float32 matmuls: the walk's premise). Models that are not such a chain get None: the walk's bound stands alone.
@@ -39,7 +39,7 @@ from pipeline.activations import gate_of
 from pipeline.gates import CURVATURE_STEP, curvature
 from pipeline.models import Normalize
 
-from .core import K_GATE, SAFETY, U32, dot_rounding
+from .core import K_GATE, SAFETY, U32, dot_error
 
 CHUNK = 100  # samples per pass: the P matrices are [chunk, width, width] float64
 
@@ -77,14 +77,15 @@ def chain(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return out
 
 
-def rounding_bound(model: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """[N, K]: a bound on |fl32(model)(x) − model(x)| per logit (model evaluated exactly vs in float32 by PyTorch),
-    or None when `model` is not a chain `chain` reads."""
+def rounding_bound(model: nn.Module, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """[N, K] on the CPU: a bound on |fl32(model)(x) − model(x)| per logit (model evaluated exactly vs in float32 by
+    PyTorch on the CPU), or None when `model` is not a chain `chain` reads. The bound's own float64 arithmetic (batched
+    [CHUNK, width, width] products) runs on `device`: a GPU does it in a fraction of the CPU's time."""
     layers = chain(model)
     if layers is None:
         return None
-    net = [(k, copy.deepcopy(m).to(torch.float64).eval()) for k, m in layers]
-    return torch.cat([_bound(net, x[i:i + CHUNK].detach().to(torch.float64)) for i in range(0, len(x), CHUNK)])
+    net = [(k, copy.deepcopy(m).to(device, torch.float64).eval()) for k, m in layers]
+    return torch.cat([_bound(net, x[i:i + CHUNK].detach().to(device, torch.float64)).cpu() for i in range(0, len(x), CHUNK)])
 
 
 def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
@@ -103,7 +104,8 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
         elif kind == "flatten":
             h, hbar = h.reshape(n, -1), hbar.reshape(n, -1)
         elif kind == "linear":
-            w, b = m.weight, (m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=torch.float64))
+            w = m.weight
+            b = m.bias if m.bias is not None else w.new_zeros(m.out_features)
             if not sources:  # the first Linear: its input's error enters as one source, through |W| once
                 dev_h, nu = hbar, hbar @ w.abs().T
             else:
@@ -113,7 +115,7 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
                 wd = w.unsqueeze(0) * slope.unsqueeze(1)  # W·D per sample, [N, out, width]
                 sources = [(wd if p is None else wd @ p, nb) for p, nb in sources]
                 nu = pending @ w.abs().T
-            r = dot_rounding(m.in_features, (h.abs() + dev_h) @ w.abs().T + b.abs())
+            r = dot_error(m.in_features + 1, (h.abs() + dev_h) @ w.abs().T + b.abs())  # the products and the bias
             sources.append((None, nu + r))
             ebar = _ebar(sources)
             u = h @ w.T + b

@@ -15,27 +15,23 @@ from typing import Any
 import torch
 
 from pipeline import gates
-from quantize.rounding import gamma  # noqa: F401  (γ_n has one home; the rules import it from here)
 from pipeline.gates import channel_axis, per_channel
+# u, γ_n, the library's ulps, SAFETY and the dot product's bound (`dot_error`: GAMMA_SLACK·γ_{n+1}·(|w|·|x| + |b|)
+# + (2n + 1)·UNDERFLOW for n products and a bias; a proof, so not doubled by SAFETY) have one home
+# (`pipeline.numerics`); the rules import them from here under the certificate's names.
+from pipeline.numerics import GAMMA_SLACK, SAFETY, UNDERFLOW, dot_error, gamma  # noqa: F401
+from pipeline.numerics import LIBRARY_ULPS as ULP_ELEMENTWISE
+from pipeline.numerics import U as U32
 
-U32 = 2.0**-24  # float32 unit roundoff
-SAFETY = 2.0  # every local rounding bound, doubled (see the module docstring)
-ULP_ELEMENTWISE = 4  # exp, log1p, erf, tanh, sqrt of the float32 library: within 4 ulp
 K_GATE = 16  # |fl(f_λ(x)) − f_λ(x)| ≤ K_GATE·u·|x| for every gate family (module docstring)
-# γ_n is a proof (round to nearest; tests/test_float32_statement.py finds it nearly attained), so its term is not
-# doubled by SAFETY: it needs slack only for the float64 evaluation of the bound, relatively 2⁻⁴⁰ or less.
-GAMMA_SLACK = 1 + 2.0**-20
-# Below 2⁻¹²⁶ the standard model fl(a ∘ b) = (a ∘ b)(1 + θ) fails: a product or sum that flushes to zero (FTZ) or
-# goes subnormal is off by at most this, absolutely.
-UNDERFLOW = 2.0**-126
-# The statements a certificate can make, for reports.
+# The statements a certificate can make, for reports ({samples}: filled in by the check with the count it was given).
 ABOUT = {
     "global": "any input, real arithmetic",
     "per_sample": "each validation input, real arithmetic",
     "float32": "each validation input, both networks evaluated in float32 by PyTorch on the CPU, rounding included",
     "float32_global": "each validation input, both networks in float32 by PyTorch on the CPU: the global bound plus both "
                       "networks' rounding on it",
-    "float32_jacobian": "each of the first `check.float32_jacobian_samples` validation inputs, both networks in float32 by "
+    "float32_jacobian": "each of the first {samples} validation inputs (`check.float32_jacobian_samples`), both networks in float32 by "
                         "PyTorch on the CPU: the real-arithmetic bound plus each network's rounding carried through its own "
                         "Jacobian at the input (chain networks)",
 }
@@ -68,13 +64,6 @@ def _injected(consts: Mapping[str, float] | None):
         _INJECTED.update(saved)
 
 
-def dot_rounding(n: int, magnitude: torch.Tensor) -> torch.Tensor:
-    """A bound on |fl(w·x + b) − (w·x + b)| for float32 dot products of length n plus a bias, in any summation
-    order, with or without FMA: γ_{n+1}·(|w|·|x| + |b|) (`magnitude`, computed by the caller), times `GAMMA_SLACK`,
-    plus what underflow can add (`UNDERFLOW` per operation)."""
-    return GAMMA_SLACK * gamma(n + 1) * magnitude + (2 * n + 1) * UNDERFLOW
-
-
 @functools.cache
 def _gate_lipschitz(gate: str) -> float:
     """sup |d/dx x·g(λx)| (the same for every λ), from the sympy derivation, nudged up."""
@@ -83,9 +72,12 @@ def _gate_lipschitz(gate: str) -> float:
     return float(symbolic.lipschitz_constant(gate).value) * (1 + 1e-9)
 
 
+gates.on_change(lambda name, fam: _gate_lipschitz.cache_clear())  # a family registered anew or removed
+
+
 def _per_unit(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Broadcast a [1] (per layer) or [C] (per channel) tensor against `like` along its channel axis, the
-    gates' own convention (`pipeline.activations.per_channel`: dim 1, the last dim of [B, T, C] tokens)."""
+    gates' own convention (`pipeline.gates.per_channel`: dim 1, the last dim of [B, T, C] tokens)."""
     if value.numel() > 1 and (like.dim() < 2 or like.shape[channel_axis(like)] != value.numel()):
         raise Refused(f"per-channel λ of size {value.numel()} does not match activations of shape {tuple(like.shape)}")
     return per_channel(value, like)

@@ -1,5 +1,5 @@
-"""Linear and convolution layers: |W(v − z)| ≤ |W|·d; float32 dot products of length n plus a bias within
-`core.dot_rounding` in any summation order."""
+"""Linear and convolution layers: |W(v − z)| ≤ |W|·d; float32 dot products of length n plus a bias (n + 1 terms)
+within `pipeline.numerics.dot_error` in any summation order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core import _Call, _Dev, _NoRule, dot_rounding
+from ..core import _Call, _Dev, _NoRule, dot_error
 
 
 def _weights(c: _Call, w: Any, b: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -23,7 +23,7 @@ def _linear(c: _Call):
     box = F.linear(c.box(p["input"]), w)
     if c.ch.rounding:
         local = F.linear(c.mag(p["input"]), w) + (0 if b is None else b)
-        box = box + dot_rounding(w.shape[-1], local)
+        box = box + dot_error(w.shape[-1] + 1, local)  # the products and the bias
     return box
 
 
@@ -35,5 +35,5 @@ def _conv(c: _Call):
     box = conv(c.box(p["input"]))
     if c.ch.rounding:
         local = conv(c.mag(p["input"])) + (0 if b is None else b.view(1, -1, *([1] * (w.dim() - 2))))
-        box = box + dot_rounding(w[0].numel(), local)
+        box = box + dot_error(w[0].numel() + 1, local)
     return box

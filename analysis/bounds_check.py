@@ -1,11 +1,13 @@
-"""The `check` stage: per gate layer, measured quantities against their closed-form predictions, and
-the swap certificate (`analysis/theory/certificate.py`) against the measured logit change. Every
-verdict compares two named quantities with a stated tolerance, and every one can fail.
+"""What the check stage measures (the stage: `pipeline/stages/check.py`; `analysis.api.check` for a model of your
+own): per gate layer, measured quantities against their closed-form predictions, and the swap certificate
+(`analysis/theory/certificate/`) against the measured logit change. Every verdict compares two named quantities with a
+stated tolerance, and every one can fail.
 
 Per gate layer ℓ with hardness λ (per unit for per-channel gates), on the validation pre-activations x
 (streamed: running sums, never all activations at once):
 
-- `sup`: the deployed gate module's own output f̂(x) stays within c/λ of ReLU,
+- `sup`: the deployed gate module's own output f̂(x) stays within c/λ of ReLU (c of the gate's family,
+  `pipeline.gates.sup_constant`, as the certificate has it),
       max λ·(|ReLU(x) − f̂(x)| − rounding(x)) ≤ c·(1 + check.sup_rtol),
   rounding(x) = SAFETY·K_GATE·u·|x| the float32 evaluation allowance of the certificate. This is the
   premise of the global certificate (c/λ per unit), measured on the module that ships rather than on
@@ -38,13 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline import checkpoint, gates, render
+from pipeline import gates, render
 from pipeline.activations import gate_of, gate_sites
-from pipeline.config import Config
-from pipeline.data import batches, dataset_for
-from pipeline.distributed import resolve_device
+from pipeline.data import batches
+from pipeline.devices import cpu_model
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir, atomic_write_json
 from pipeline.relu_swap import to_relu
 
 from .theory import certificate, symbolic
@@ -64,6 +64,7 @@ class _LayerStats:
     """Running sums for one gate layer (float64)."""
 
     def __init__(self, gate: str, lam: torch.Tensor, delta: float, band: float):
+        self.gate = gate
         self.g = gates.family(gate).g
         self.lam, self.delta, self.band = lam, delta, band
         self.n = 0
@@ -73,12 +74,14 @@ class _LayerStats:
         self.sum_inv_lam_band = 0.0
 
     def update(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        x = x.detach().double().cpu()
+        x = x.detach().double()  # where the model runs: a GPU computes these float64 statistics too
+        if self.lam.device != x.device:
+            self.lam = self.lam.to(x.device)
         lam = gates.per_channel(self.lam, x).expand_as(x)  # the gate's own channel axis (last for [B, T, C] tokens)
         z = lam * x
         gz = self.g(z)
         gap = (torch.relu(x) - x * gz).abs()
-        module_gap = (torch.relu(x) - out.detach().double().cpu()).abs()  # the deployed module's own output
+        module_gap = (torch.relu(x) - out.detach().double()).abs()  # the deployed module's own output
         heav = (x > 0).double() + 0.5 * (x == 0).double()
         in_band = z.abs() < self.band
         self.n += x.numel()
@@ -103,9 +106,12 @@ def _prediction(measured: float, predicted: float, n_band: int, what: str) -> di
 
 
 def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> dict[str, Any]:
+    """The layer's statistics against the predictions (a, b from the sympy derivations in `summary`) and the `sup`
+    check against the family's c (`gates.sup_constant`: the constant the certificate and the relaxations use, nudged
+    up to a sound bound), not against sympy's own c."""
     a = summary["gate_l1"]["coeff"]  # E∞(λ) = a/λ
     b = summary["act_l1"]["coeff"]  # ∫|ReLU − f_λ| = b/λ²
-    c = summary["sup"]["c"]
+    c = gates.sup_constant(st.gate)
     n = max(st.n, 1)
     # p̂(0)·a/λ per element = 1{|λx| < B}·(λ/2B)·(a/λ) = 1{…}·a/(2B); likewise b/λ² → 1{…}·b/(2Bλ).
     pred_gate = st.n_band / n * a / (2 * st.band)
@@ -198,7 +204,7 @@ def _verdict(violations: int, n: int, excess: float, rule: str) -> dict[str, Any
 
 @torch.no_grad()
 def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Tensor, progress: str | None = None,
-                     jacobian_samples: int = 0) -> dict[str, Any]:
+                     jacobian_samples: int = 0, device: torch.device | str = "cpu") -> dict[str, Any]:
     """The certificate's statements for `model`, each with its status, and the measured float32 change.
 
     Keys: `about` (what each statement bounds); `global`, `per_sample`, `float32`, `float32_global`: each
@@ -207,11 +213,13 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     samples whose top-1 prediction is provably kept (`certified_fraction`), given only when sound and passed.
     `bound_max` (the global bound) is kept at the top level for readers of older bounds.json files.
     `float32_jacobian`, on the first `jacobian_samples` samples of a chain network (`certificate.chain32`): δ plus
-    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes'.
+    both networks' rounding carried through their Jacobians, a far tighter float32 statement than the boxes', its
+    float64 arithmetic on `device` (the statements stay about CPU runs: the walks run on a CPU copy of the model).
     """
-    model = model.cpu().eval()
+    model = cpu_model(model).eval()  # float32 statements about CPU runs; the caller's model stays where it is
     relu = to_relu(copy.deepcopy(model))
-    out: dict[str, Any] = {"about": dict(certificate.ABOUT), "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
+    about = {k: v.format(samples=jacobian_samples) for k, v in certificate.ABOUT.items()}  # the count, not the key
+    out: dict[str, Any] = {"about": about, "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
                            "(analysis/theory/certificate/); the exact statements are about real arithmetic"}
     try:
         cert = certificate.Certifier(model)
@@ -251,7 +259,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         k = max(0, min(len(x), jacobian_samples - (n - len(x))))  # this batch's samples among the first jacobian_samples
         jac = None
         if k and acc["float32_jacobian"]["refused"] is None:
-            jac = ps.per_logit[:k] + chain32.rounding_bound(model, x[:k]) + chain32.rounding_bound(relu, x[:k])
+            jac = (ps.per_logit[:k] + chain32.rounding_bound(model, x[:k], device)
+                   + chain32.rounding_bound(relu, x[:k], device))
         bounds = {"float32": (ps.float32, ps.float32_refused),
                   "float32_global": (None if glob is None or ps.rounding is None else glob.per_logit + ps.rounding,
                                      "the global bound is refused" if glob is None else ps.rounding_refused),
@@ -302,40 +311,6 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     return out
 
 
-def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:
-    device = resolve_device(cfg.device)
-    ds = dataset_for(cfg)
-    eps = cfg.harden.epsilon
-    out: dict[str, Any] = {"symbolic": symbolic.summary(eps), "variants": {}}
-    per_layer: dict[str, list[dict]] = {}
-    for variant in cfg.variants:
-        model, payload = checkpoint.load_model(run.file("train", variant, "best.pt"), device)
-        layers = empirical_check(model, ds.val, cfg.data.eval_batch_size, device, cfg.check.soft_delta, cfg.check.band,
-                                 cfg.check.sup_rtol, progress=f"check {variant}")
-        if not layers:  # a ReLU baseline or a non-gate activation: the swap changes nothing
-            out["variants"][variant] = {"layers": [], "note": "no gates: the swap leaves this model unchanged"}
-            continue
-        target = run.variant(variant).lambda_target
-        for layer in layers:
-            layer["lambda_target"] = target  # recorded by the train stage (per variant); for reading, not a verdict
-        per_layer[variant] = layers
-        cert = swap_certificate(model, ds.val, cfg.data.eval_batch_size, ds.val.x[:1], progress=f"check {variant}",
-                                jacobian_samples=cfg.check.float32_jacobian_samples)
-        out["variants"][variant] = {"epoch": payload.get("epoch"), "lambda_target": target, "layers": layers, "certificate": cert,
-                                    "verdict": verdict(layers, cert), "predictions": predictions(layers)}
-    if per_layer:
-        plot_layers(per_layer, run.file("check", "gate_error.png"))
-    atomic_write_json(run.file("check", "bounds.json"), out)
-    return {v: {"verdict": r["verdict"]["certificate"],
-                "certificate": {k: (r["certificate"][k]["status"] if r["certificate"][k]["status"] == "refused"
-                                    else "pass" if r["certificate"][k].get("pass", True) else "FAIL")
-                                for k in ("global", *CERTIFIED)},
-                "certified_fraction": r["certificate"]["float32"].get("certified_fraction"),
-                "certified_fraction_jacobian": r["certificate"]["float32_jacobian"].get("certified_fraction"),
-                "predictions": "pass" if r["predictions"]["pass"] else "off"} if "certificate" in r else {"verdict": None}
-            for v, r in out["variants"].items()}
-
-
 # ---------------------------------------------------------------------------------------------
 # What the check means: the certificate's verdict, and the predictions as a diagnostic
 
@@ -373,85 +348,3 @@ def predictions(layers: list[dict[str, Any]]) -> dict[str, Any]:
     return {"pass": not off, "off": off,
             "about": "closed-form predictions of per-layer means under a pre-activation density flat near 0; a diagnostic, "
                      "not a verdict on the swap"}
-
-
-def _mark(ok: bool) -> str:
-    return "pass" if ok else "FAIL"
-
-
-def _near(ok: bool) -> str:
-    return "near" if ok else "off"
-
-
-def verdict_line(v: dict[str, Any], pred: dict[str, Any]) -> str:
-    """The verdict in words, and the predictions apart as a diagnostic."""
-    head = {"holds": "**Verdict: the certificate holds**", "refused": "**Verdict: refused** (nothing is proved)",
-            "fails": "**Verdict: the certificate fails**"}[v["certificate"]]
-    diag = ("every closed-form prediction near its measurement" if pred["pass"] else
-            f"{len(pred['off'])} closed-form prediction(s) off (" + ", ".join(f"layer {o['layer']} {o['check']}" for o in pred["off"])
-            + "): the pre-activations are not flat near 0 there; this says nothing about the swap")
-    return f"{head}: {v['why']}. Diagnostic: {diag}."
-
-
-def certificate_lines(cert: dict[str, Any]) -> list[str]:
-    """What the certificate proved, statement by statement, never more."""
-    lines = []
-    for key in ("global", "per_sample"):
-        g = cert[key]
-        lines.append(f"- {key} bound on max |Δlogit| ({cert['about'][key]}): "
-                     + (f"**{g['bound_max']:.4g}**" if g["status"] == "sound" else f"refused: {g['reason']}"))
-        kept, r = g.get("top1_kept_in_real_arithmetic"), g.get("bound_to_change")
-        if kept is not None and r:
-            lines.append(f"  (in real arithmetic this bound keeps the top-1 prediction of {100 * kept:.2f}% of the samples and is "
-                         f"{r['median']:.3g}× the measured change, median over samples; it says nothing about float32 runs)")
-    for key in ("float32", "float32_global", "float32_jacobian"):
-        if key not in cert:  # written before this statement existed
-            continue
-        s = cert[key]
-        head = f"- {key} ({cert['about'][key]}): "
-        if s["status"] == "refused":
-            lines.append(head + f"refused: {s['reason']}")
-        elif not s["pass"]:
-            lines.append(head + f"**violated** on {s['violations']} of {s['samples']} samples (max excess {s['max_excess']:.3g}): "
-                         "a bug in the certificate, the swap or a gate; nothing is claimed")
-        else:
-            r = s.get("bound_to_change")
-            loose = f"; the bound is {r['median']:.3g}× the measured change (median over samples, max {r['max']:.3g}×)" if r else ""
-            lines.append(head + f"holds on all {s['samples']} samples (smallest slack, bound minus measured change: "
-                         f"{-s['max_excess']:.3g}); {100 * s['certified_fraction']:.2f}% of them keep their top-1 "
-                         f"prediction provably{loose}")
-    lines.append(f"- measured max |Δlogit| of the swap: {cert['measured_max_logit_change']:.4g}")
-    return lines
-
-
-def report_section(cfg: Config, run: RunDir) -> str | None:
-    """The check stage's section of report.md (None when it has not run)."""
-    b = run.read_json("check", "bounds.json")
-    if b is None:
-        return None
-    out = ["## Bounds (check stage)"]
-    for gate, s in b["symbolic"]["gates"].items():
-        out.append(f"- gate `{gate}` ({s['label']}): E∞(λ) = `{s['gate_l1']['expr']}`, ∫|ReLU − f_λ| = `{s['act_l1']['expr']}`, "
-                   f"sup|ReLU − f_λ| = {s['sup']['c']:.6f}/λ at x = ±{s['sup']['u']:.6f}/λ, Lipschitz {s['lipschitz']['value']:.6f}; "
-                   f"λ_target at ε = {b['symbolic']['eps']:g}: " + ", ".join(f"{k} {v:.3f}" for k, v in s["lambda_target"].items()))
-    out.append("Per layer: `sup` compares the gate module's own output with the bound c/λ (float32 allowance included); "
-               "`gate_l1` and `act_l1` compare the measured means with their closed-form predictions p̂(0)·E∞(λ) and "
-               "p̂(0)/(2λ²)-type terms, which assume a pre-activation density flat over |x| < band/λ (tolerance "
-               f"{PREDICTION_RTOL:g} + {PREDICTION_Z:g}/√n_band relative). A prediction marked off says the closed form does not "
-               "describe that layer's distribution (a diagnostic); what the swap does to the logits is the certificate's verdict below.")
-    for v, r in b["variants"].items():
-        if not r["layers"]:
-            out.append(f"`{v}`: {r.get('note', 'no gates')}.")
-            continue
-        rows = [[l["layer"], l["lambda_mean"], l.get("lambda_target"), l["max_gap_module"], l["sup_bound"], _mark(l["checks"]["sup"]["pass"]),
-                 l["mean_gap"], l["mean_gap_predicted"], _near(l["checks"]["act_l1"]["pass"]),
-                 l["gate_error"], l["gate_error_predicted"], _near(l["checks"]["gate_l1"]["pass"]), l["soft_fraction"]]
-                for l in r["layers"]]
-        out.append(f"### `{v}` (best epoch {r.get('epoch')})\n\n" + render.table(
-            ["layer", "λ", "λ_target", "max gap (module)", "c/λ", "sup", "mean gap", "predicted", "act_l1",
-             "E_p|H − g|", "p̂(0)·E∞(λ)", "gate_l1", "soft fraction"], rows))
-        if r.get("certificate"):
-            out.append("Swap certificate (every gate → ReLU):\n\n" + "\n".join(certificate_lines(r["certificate"])))
-            out.append(verdict_line(r["verdict"], r["predictions"]))
-    out.append("![gate error per layer](../check/gate_error.png)")
-    return "\n\n".join(out)

@@ -1,15 +1,17 @@
 """The `report` stage: one Markdown page (`report/report.md`) and its figures, built only from what
-the earlier stages wrote: the overview here, then each stage's own section (its `report` target in the stage
-registry), in run order. A stage that has not run returns None and is left out, never filled in.
+the earlier stages wrote: the overview here, then each stage's own section (its `report` function in the stage
+registry, `pipeline/stages/__init__.py`, which hands them to `write_report` in run order). A stage that has not run
+returns None and is left out, never filled in.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.config import Config
 from pipeline.render import table
-from pipeline.rundir import RunDir, atomic_write_text
+from pipeline.atomic_io import atomic_write_text
+from pipeline.rundir import RunDir
 
 
 def section_overview(cfg: Config, run: RunDir) -> str:
@@ -33,15 +35,12 @@ def section_overview(cfg: Config, run: RunDir) -> str:
     ])
 
 
-def run_report(cfg: Config, run: RunDir) -> dict[str, Any]:
-    """The overview, then each stage's own section in run order (a stage that has not run returns None
-    and is left out, never filled in)."""
-    from pipeline.stages import STAGES, resolve
-
-    sections = {"overview": section_overview(cfg, run)}
-    for name, stage in STAGES.items():
-        if stage.report:
-            sections[name] = resolve(stage.report)(cfg, run)
-    parts = [text for text in sections.values() if text]
+def write_report(cfg: Config, run: RunDir, sections: dict[str, Callable[[Config, RunDir], str | None]]) -> dict[str, Any]:
+    """The overview, then each stage's section (`sections`: stage name -> its report function, in run order; a stage
+    that has not run returns None and is left out, never filled in)."""
+    texts = {"overview": section_overview(cfg, run)}
+    for name, section in sections.items():
+        texts[name] = section(cfg, run)
+    parts = [text for text in texts.values() if text]
     atomic_write_text(run.file("report", "report.md"), "\n\n".join(parts) + "\n")
-    return {"sections": [k for k, text in sections.items() if text]}
+    return {"sections": [k for k, text in texts.items() if text]}

@@ -1,9 +1,9 @@
-"""The `train` and `harden` stages: Algorithm 1 over every variant of a run. The `train` stage runs epochs
-1..e_s (λ learned), the `harden` stage e_s+1..T (s frozen, λ annealed to λ_target, `harden.method=anneal`;
-or every gate swapped to ReLU and fine-tuned, `swap`). The schedule itself is `pipeline.hardener.Hardener`;
-this module is the loop around it: data order, the optimizer, checkpoints, selection and its checks; and the
-stages' section of report.md. Each variant's record (`pipeline.records`) is written here, once per phase, and read
-back: nothing below derives a variant's facts again.
+"""Algorithm 1's loop over one variant of a run (`train_variant`), which the `train` and `harden` stages
+(`pipeline/stages/train.py`) call: the train stage for epochs 1..e_s (λ learned), the harden stage for e_s+1..T (s
+frozen, λ annealed to λ_target, `harden.method=anneal`; or every gate swapped to ReLU and fine-tuned, `swap`). The
+schedule itself is `pipeline.hardener.Hardener`; this module is the loop around it: data order, the optimizer,
+checkpoints, selection and its checks. It reads each variant's facts from its record (`pipeline.variant_record`),
+which the train stage decides: nothing here derives them again.
 
 Every epoch ends with `last.pt` (weights, optimizer, hardener and selection state, history) written
 atomically, so a killed run resumes at the next epoch with the same numbers. Resume state is validated
@@ -18,7 +18,6 @@ epoch named, before that epoch's checkpoint is written.
 from __future__ import annotations
 
 import contextlib
-import csv
 import copy
 import json
 import math
@@ -32,24 +31,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, distributed, lambda_stats, records
+from . import checkpoint, distributed, step_graph
 from .config import Config
-from .data import Dataset, Split, augment, batches, dataset_for, on_device
+from .data import Dataset, Split, augment, batches, on_device
 from .errors import CheckpointError, TrainingError
 from .evaluate import METRICS, evaluate, worst
 from .evaluate import loss as cross_entropy
 from .hardener import HARDENED_RTOL, Hardener
 from .models import build_model, make_spec
 from .progress import Progress
-from .records import VariantRecord
+from .variant_record import VariantRecord
 from .relu_swap import relu_spec, to_relu
-from .render import figure, save, table
-from .rundir import RunDir, atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .atomic_io import atomic_write_bytes, atomic_write_csv, atomic_write_json
+from .rundir import RunDir
 from .schedule import lr_at
 
+# (param groups, train config, capturable: its step may be captured in a CUDA graph, fused: one kernel per parameter
+# group and step on CUDA instead of one per foreach operation: the hardness parameters' group costs one launch, not four)
 OPTIMIZERS = {
-    "sgd": lambda groups, cfg: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum),
-    "adamw": lambda groups, cfg: torch.optim.AdamW(groups, lr=cfg.lr),
+    "sgd": lambda groups, cfg, capturable=False, fused=False: torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
+                                                                              fused=fused or None),
+    "adamw": lambda groups, cfg, capturable=False, fused=False: torch.optim.AdamW(groups, lr=cfg.lr, capturable=capturable,
+                                                                                  fused=fused or None),
 }
 NO_BATCH = 2**62  # "no non-finite batch yet" in the device-side first-bad-batch index
 
@@ -63,54 +66,90 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 100_003 + epoch)
 
 
+class EpochSums:
+    """The epoch's running sums on the device, read once at its end: loss·examples, correct predictions, the first
+    non-finite batch, and the first batch's loss·examples (the untrained model's loss, before any update)."""
+
+    def __init__(self, device):
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad = torch.full((), NO_BATCH, dtype=torch.int64, device=device)
+        self.first = torch.zeros((), dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.correct.zero_()
+        self.first_bad.fill_(NO_BATCH)
+        self.first.zero_()
+
+
+def _step(model, opt, x: torch.Tensor, y: torch.Tensor, b, sums: EpochSums, cfg: Config, device,
+          world: distributed.World, dtype, autocast) -> None:
+    """One optimizer step on a (global) batch; adds it to `sums`. `b` is the batch index: an int, or a device
+    tensor inside a CUDA graph (`pipeline.step_graph`). Nothing here reads the device on the host."""
+    with autocast or contextlib.nullcontext():
+        if world.distributed:
+            loss, stats = _ddp_step(model, x, y, world, device, dtype)
+            batch_sum, batch_correct = stats[0], stats[1].long()
+        else:
+            x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
+            logits = model(x)
+            loss = cross_entropy(logits, y)
+            batch_sum = loss.detach().double() * len(y)
+            batch_correct = (logits.argmax(-1) == y).sum()
+    sums.first += torch.where(b == 0, batch_sum, 0.0) if isinstance(b, torch.Tensor) else (batch_sum if b == 0 else 0.0)
+    sums.first_bad.copy_(torch.minimum(sums.first_bad, torch.where(torch.isfinite(batch_sum), NO_BATCH, b)))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.train.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    opt.step()
+    sums.loss += batch_sum
+    sums.correct += batch_correct
+
+
 def _train_epoch(model, opt, split: Split, cfg: Config, epoch: int, device,
                  world: distributed.World = distributed.World(), hardener: Hardener | None = None,
-                 autocast: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
+                 autocast: contextlib.AbstractContextManager | None = None,
+                 graphs: step_graph.GraphSteps | None = None) -> dict[str, float]:
     """One pass over `split`. Sums stay on the device (read once at the end); returns the mean loss, the
-    top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None)."""
+    top-1 rate, the loss of the first batch before any update, and the first non-finite batch (or None).
+    With `graphs`, every full batch is a replay of a captured step (the same kernels; `pipeline.step_graph`)."""
     model.train()
     dtype = torch.float64 if cfg.train.precision == "fp64" else None
     g = epoch_generator(cfg.seed, epoch)
     aug = torch.Generator().manual_seed(2**40 + cfg.seed * 100_003 + epoch) if cfg.data.augment != "none" else None
-    steps = -(-len(split) // cfg.data.batch_size)
+    n_batches = -(-len(split) // cfg.data.batch_size)
     step_schedule = hardener is not None and cfg.harden.schedule == "step"
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    first_bad = torch.full((), NO_BATCH, dtype=torch.int64, device=device)
-    first_loss = None
-    n = per_example = 0
-    for b, (x, y) in enumerate(batches(split, cfg.data.batch_size, g)):
+    sums = graphs.sums if graphs is not None else EpochSums(device)
+    sums.reset()
+    per_example = split.y[0].numel() if len(split) else 1
+
+    def before(b: int) -> None:
+        if step_schedule:
+            hardener.start_step(epoch, b, n_batches)
+
+    def step(x, y, b) -> None:
+        _step(model, opt, x, y, b, sums, cfg, device, world, dtype, autocast)
+
+    if graphs is not None:
+        order = torch.randperm(len(split), generator=g)  # the order `batches` draws: the same for any device
+        graphs.run_epoch(order, step_graph.capture_key(model, opt), step, before, lambda: opt.zero_grad(set_to_none=True))
+        rest = order[graphs.full * graphs.B:]
+        tail = [(split.x[rest.to(split.x.device)], split.y[rest.to(split.x.device)])] if len(rest) else []
+        start = graphs.full
+    else:
+        tail, start = batches(split, cfg.data.batch_size, g), 0
+    for b, (x, y) in enumerate(tail, start):
         if aug is not None:
             x = augment(x, cfg.data.augment, aug)  # the global batch: the same images for any number of ranks
-        if step_schedule:
-            hardener.start_step(epoch, b, steps)
-        with autocast or contextlib.nullcontext():
-            if world.distributed:
-                loss, stats = _ddp_step(model, x, y, world, device, dtype)
-                batch_loss, batch_correct, batch_n = stats[0], stats[1].long(), int(len(y))
-                batch_sum = batch_loss
-            else:
-                x, y = _to(x, device, dtype), y.to(device, non_blocking=True)
-                logits = model(x)
-                loss = cross_entropy(logits, y)
-                batch_n = len(y)
-                batch_sum = loss.detach().double() * batch_n
-                batch_correct = (logits.argmax(-1) == y).sum()
-        per_example = y[0].numel() if len(y) else 1
-        if first_loss is None:
-            first_loss = batch_sum / batch_n  # before any update: the untrained model's loss on this epoch
-        first_bad = torch.minimum(first_bad, torch.where(torch.isfinite(batch_sum), NO_BATCH, b))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.train.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        loss_sum += batch_sum
-        correct += batch_correct
-        n += batch_n
-    bad = int(first_bad)  # the one host read of the epoch (with the two below)
-    return {"train_loss": float(loss_sum) / n, "train_top1": int(correct) / (n * per_example),
-            "first_loss": float(first_loss), "nonfinite_batch": None if bad == NO_BATCH else bad}
+        before(b)
+        step(x, y, b)
+    bad = int(sums.first_bad)  # the one host read of the epoch (with the three below)
+    n = len(split)
+    first_n = min(cfg.data.batch_size, n)
+    return {"train_loss": float(sums.loss) / n, "train_top1": int(sums.correct) / (n * per_example),
+            "first_loss": float(sums.first) / first_n, "nonfinite_batch": None if bad == NO_BATCH else bad}
 
 
 def _to(x: torch.Tensor, device, dtype: torch.dtype | None) -> torch.Tensor:
@@ -217,8 +256,11 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
     spec = payload["spec"] if payload else make_spec(cfg.model, variant, cfg.gate, ds.info)
     torch.manual_seed(cfg.seed)  # same initial weights for every variant of one seed
     model = build_model(spec).to(device, torch.float64 if cfg.train.precision == "fp64" else None)
-    hardener = _hardener(model, cfg)
-    opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train)
+    hardener = _hardener(model, cfg, record)
+    split = on_device(ds.train, device)
+    graph_why = graph_unavailable(cfg, device, world, split)
+    opt = OPTIMIZERS[cfg.train.optimizer](hardener.param_groups(cfg.train.lr, cfg.train.weight_decay), cfg.train,
+                                          graph_why is None, fused_optimizer(model, device))
     state: dict[str, Any] = {"epoch": 0, "history": [], "hardener": None, "initial_loss": None, "swapped": False,
                              "best": {"epoch": 0, "value": None, "metric": worst(metric), "hardness": None}}
     if payload is not None:
@@ -230,14 +272,19 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
             raise CheckpointError(f"{vdir / 'last.pt'} does not fit this run's config ({str(exc).splitlines()[0]}); "
                                   f"rerun the variant with `pipeline run --resume {run.path} --redo train`") from None
         state = payload["state"]
+        if graph_why is None:
+            _capturable(opt)
     histories[variant] = state["history"]
     timing = json.loads(_timing_path(run, variant).read_text()) if world.main and _timing_path(run, variant).is_file() else {}
 
     compiled = _maybe_compile(model, cfg, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.train.precision == "bf16" else None
+    # a captured step must not cache casts across replays (torch.cuda.graphs: autocast with cache_enabled=False)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=graph_why is not None)
+                if cfg.train.precision == "bf16" else None)
     # s leaves the graph once annealing freezes λ: DDP must not wait for its gradient then.
     net = distributed.wrap(compiled, device, find_unused=bool(hardener.gates) and harden_phase)
-    split = on_device(ds.train, device)
+    graphs = (step_graph.GraphSteps(split.x, split.y, cfg.data.batch_size, EpochSums(device))
+              if graph_why is None else None)
 
     epochs = range(state["epoch"] + 1, last + 1)
     progress = Progress(f"{variant:>12}", len(epochs), "ep", log, active=world.main)
@@ -246,13 +293,13 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         lr = lr_at(epoch, T, cfg.train.lr, cfg.train.schedule)
         if swap_method and epoch > record.switch_epoch and not state["swapped"]:
             model, spec = _swap_for_finetune(model, spec, record.swapped_to, opt, device)
-            hardener = _hardener(model, cfg)  # no gates left: plain training
+            hardener = _hardener(model, cfg, record)  # no gates left: plain training
             net = distributed.wrap(_maybe_compile(model, cfg, device), device, find_unused=False)
             state["swapped"] = True
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
         phase = "finetune" if swap_method and epoch > record.switch_epoch else hardener.start_epoch(epoch)
-        stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast)
+        stats = _train_epoch(net, opt, split, cfg, epoch, device, world, hardener, autocast, graphs)
         if state["initial_loss"] is None:
             state["initial_loss"] = stats["first_loss"]
         _stop_if_diverged(cfg, run, variant, epoch, stats, state)
@@ -292,9 +339,37 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
                       loss=f"{stats['train_loss']:.4f}", val=f"{val['metric']:.4f}", lam=mean_lam)
     progress.close()
     summary = _variant_summary(state, hardener, record, cfg, variant, log if world.main else None)
+    summary["training_path"] = (f"cuda_graph ({graphs.captures} captures)" if graphs is not None and graphs.captures
+                                else f"eager ({graph_why})" if graph_why else "eager")
     hard = {id(g.s) for g in hardener.gates}
     summary["params"] = sum(p.numel() for p in model.parameters() if id(p) not in hard)  # weights and biases
     return summary
+
+
+def fused_optimizer(model: nn.Module, device: torch.device) -> bool:
+    """The fused optimizer step on CUDA, for float32/bf16/fp16 parameters (torch fuses those only)."""
+    return device.type == "cuda" and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in model.parameters())
+
+
+def graph_unavailable(cfg: Config, device: torch.device, world: distributed.World, split: Split) -> str | None:
+    """Why the train loop runs eagerly rather than replaying captured steps (None: it replays them)."""
+    if cfg.train.cuda_graph == "off":
+        return "train.cuda_graph=off"
+    return step_graph.unavailable(device, world.distributed, split.x.device.type == device.type, cfg.data.augment,
+                                  cfg.train.compile)
+
+
+def _capturable(opt: torch.optim.Optimizer) -> None:
+    """A resumed optimizer's state as a captured step needs it: Adam's step counts on the device, `capturable` set
+    (a checkpoint written by an eager run has neither)."""
+    if not isinstance(opt, torch.optim.AdamW):
+        return
+    for group in opt.param_groups:
+        group["capturable"] = True
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            if "step" in st:
+                st["step"] = torch.as_tensor(st["step"], dtype=torch.float32).to(p.device)
 
 
 def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Module:
@@ -307,11 +382,14 @@ def _maybe_compile(model: nn.Module, cfg: Config, device: torch.device) -> nn.Mo
     if reason is not None:
         warnings.warn(f"train.compile: torch.compile does not work here, training eagerly ({reason})", RuntimeWarning, stacklevel=2)
         return model
-    return torch.compile(model)
+    return torch.compile(model, mode=None if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
 
 
-def _hardener(model: nn.Module, cfg: Config) -> Hardener:
-    return Hardener(model, cfg.harden, cfg.train.epochs, switch_fraction=cfg.train.switch_fraction, lr_mult=cfg.gate.lr_mult)
+def _hardener(model: nn.Module, cfg: Config, record: VariantRecord) -> Hardener:
+    """Algorithm 1's schedule for one variant: e_s and λ_target read from its record (decided once per run).
+    allow_no_gates: the baselines and the ReLU network of harden.method=swap train plainly; models built from the
+    registry hold every gate as a module."""
+    return Hardener(model, cfg.harden, cfg.train.epochs, lr_mult=cfg.gate.lr_mult, record=record, allow_no_gates=True)
 
 
 def _swap_for_finetune(model: nn.Module, spec: dict[str, Any], swapped_to: str, opt: torch.optim.Optimizer,
@@ -383,140 +461,3 @@ def _write_metrics(run: RunDir, histories: dict[str, list[dict]]) -> None:
     rows = [{**r, "seconds": timings[v].get(str(r["epoch"]), "")} for v in histories for r in histories[v]]
     fields = list(dict.fromkeys(k for r in rows for k in r))
     atomic_write_csv(run.file("train", "metrics.csv"), rows, fields)
-
-
-def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[str, Any]:
-    device = distributed.resolve_device(cfg.device)
-    ds = dataset_for(cfg)
-    world = distributed.world()
-    if world.main:  # decided once per phase (harden.* may change on --resume from the harden stage), read back
-        run.record_variants({v: records.decide(v, cfg.harden, cfg.train) for v in cfg.variants})
-    recs = distributed.broadcast({v: run.variant(v) for v in cfg.variants} if world.main else None)
-    T = cfg.train.epochs
-    e_s = recs[cfg.variants[0]].switch_epoch  # one schedule for every variant of a run
-    last = T if harden_phase else e_s
-    histories: dict[str, list[dict]] = {}
-    for v in cfg.variants:  # histories of every variant, so metrics.csv always holds them all
-        p = run.file("train", v, "last.pt")
-        try:
-            histories[v] = checkpoint.load_payload(p)["state"]["history"] if world.main and p.is_file() else []
-        except CheckpointError:
-            histories[v] = []  # train_variant sets it aside and falls back
-    out = {"epochs": [1 if not harden_phase else e_s + 1, last], "switch_epoch": e_s, "device": str(device)}
-    if world.distributed:
-        out["world_size"] = world.size
-    for v in cfg.variants:
-        out[v] = train_variant(cfg, run, ds, v, recs[v], last, harden_phase, histories, device, log)
-        if not harden_phase and world.main and run.file("train", v, "last.pt").is_file():
-            # Algorithm 1, line 2: keep the state at e_s (λ(e_s), the weights, the best so far) beside the run.
-            atomic_write_bytes(run.file("train", v, "switch.pt"), run.file("train", v, "last.pt").read_bytes())
-            if run.file("train", v, "best.pt").is_file():
-                atomic_write_bytes(run.file("train", v, "switch_best.pt"), run.file("train", v, "best.pt").read_bytes())
-    return out
-
-
-def run_train(cfg: Config, run: RunDir) -> dict[str, Any]:
-    """Epochs 1..e_s: weights and λ learned together (λ's s at c·lr, no weight decay)."""
-    return _run_phase(cfg, run, harden_phase=False)
-
-
-def run_harden(cfg: Config, run: RunDir) -> dict[str, Any]:
-    """Epochs e_s+1..T: s frozen, λ annealed linearly to λ_target (or gates swapped and fine-tuned)."""
-    return _run_phase(cfg, run, harden_phase=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The train and harden stages' section of report.md
-
-
-def _metrics_rows(run: RunDir) -> list[dict[str, str]]:
-    p = run.file("train", "metrics.csv")
-    if not p.is_file():
-        return []
-    with open(p) as f:
-        return list(csv.DictReader(f))
-
-
-def _shipped(run: RunDir) -> tuple[str, dict[str, Any]]:
-    """Which stage's summary says which checkpoint ships (harden once it has finished, else train), and the summary."""
-    stages = run.manifest()["stages"]
-    for name in ("harden", "train"):
-        metrics = stages.get(name, {}).get("metrics")
-        if stages.get(name, {}).get("status") == "done" and metrics:
-            return name, metrics
-    return "", {}
-
-
-def report_section(cfg: Config, run: RunDir) -> str | None:
-    """The shipped checkpoint of every variant (the one `harden.select` chose: what swap, export and verify use),
-    training curves with the shipped epoch marked, the λ per layer and the learned phase's drift (None before the
-    train stage wrote metrics)."""
-    rows = _metrics_rows(run)
-    if not rows:
-        return None
-    figs = run.dir("report")
-    metric_col = next(k for k in rows[0] if k.startswith("val_") and k != "val_loss" and not k.endswith("_swapped"))
-    higher = METRICS[metric_col[len("val_"):]][1]
-    stage, summaries = _shipped(run)
-    body, summary, shipped_epochs = [], [], {}
-    for v in cfg.variants:
-        vr = [r for r in rows if r["variant"] == v]
-        if not vr:
-            continue
-        record = run.variant(v)
-        vals = [float(r[metric_col]) for r in vr]
-        best_i = max(range(len(vals)), key=lambda i: vals[i] if higher else -vals[i])
-        lam_cols = [k for k in vr[0] if k.startswith("lambda_") and vr[0][k] != ""]
-        ship = (summaries.get(v) or {}).get("best_epoch")
-        at = next((r for r in vr if int(r["epoch"]) == ship), None) if ship else None
-        if at is not None:
-            shipped_epochs[v] = ship
-        lam_at = [float(at[k]) for k in lam_cols] if at is not None else []
-        summary.append([v, ship if at is not None else "—", float(at[metric_col]) if at is not None else "—",
-                        f"{vals[best_i]:.4f} (epoch {vr[best_i]['epoch']})", vals[-1],
-                        (sum(lam_at) / len(lam_at)) if lam_at else "—", record.lambda_target or "—"])
-        if lam_cols:
-            table_ = [[float(r[k]) for k in lam_cols] for r in vr]
-            e_s = record.switch_epoch
-            lambda_stats.plot_lambda(table_, figs / f"lambda_{v}.png", layer_names=[f"layer {i}" for i in range(len(lam_cols))],
-                                     title=f"{v}: λ per layer", switch_epoch=e_s, target=record.lambda_target,
-                                     marked_epoch=shipped_epochs.get(v))
-            body.append(f"![λ per layer, {v}](lambda_{v}.png)")
-            if e_s >= 2:
-                learned = table_[:e_s]
-                body.append(f"`{v}`: drift of the learned phase V_λ = {lambda_stats.drift(learned):.4f} over epochs 1..{e_s}; "
-                            f"λ(e_s) per layer = {', '.join(f'{x:.3f}' for x in learned[-1])}.")
-    for v in cfg.variants:
-        if isinstance(summaries.get(v), dict) and summaries[v].get("warning"):
-            body.append(f"**Warning** ({v}): {summaries[v]['warning']}.")
-    _plot_curves(rows, cfg.variants, metric_col, shipped_epochs, figs / "validation.png")
-    which = (f"the checkpoint `harden.select={cfg.harden.select}` chose ({stage} stage's record in the manifest): what the "
-             "swap, export and verify stages use" if stage else "not chosen yet (the train stage has not finished)")
-    return "\n\n".join(["## Training (Algorithm 1)", f"Shipped: {which}.",
-                        table(["variant", "shipped epoch", f"{metric_col} shipped", f"best {metric_col}", f"last {metric_col}",
-                               "mean λ shipped", "λ_target"], summary),
-                        "![validation curves](validation.png)", *body])
-
-
-def _plot_curves(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int], path) -> None:
-    save(curves_figure(rows, variants, col, shipped), path)
-
-
-def curves_figure(rows: list[dict], variants: list[str], col: str, shipped: dict[str, int]):
-    """The validation metric per epoch, each variant's shipped epoch marked (★), whole-number epoch ticks."""
-    from matplotlib.ticker import MaxNLocator
-
-    fig = figure(6.4, 4.0)
-    ax = fig.add_subplot(1, 1, 1)
-    for i, v in enumerate(variants):
-        vr = [r for r in rows if r["variant"] == v]
-        line, = ax.plot([int(r["epoch"]) for r in vr], [float(r[col]) for r in vr], marker="o", ms=3, label=v, color=f"C{i}")
-        at = next((r for r in vr if int(r["epoch"]) == shipped.get(v)), None)
-        if at is not None:
-            ax.plot([int(at["epoch"])], [float(at[col])], marker="*", ms=13, color=line.get_color(), markeredgecolor="k",
-                    linestyle="none", label=f"{v}: shipped (epoch {at['epoch']})")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="epoch", ylabel=col, title="validation metric per epoch (★ = the checkpoint that ships)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig

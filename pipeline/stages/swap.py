@@ -1,24 +1,26 @@
 """The swap stage: every gate of the selected checkpoint becomes ReLU, with no weight update (the library swap is
-`pipeline/relu_swap.py`); its run, its report section."""
+`pipeline/relu_swap.py`); its run, its report section.
+
+Reads: `train/<variant>/best.pt`, each variant's record. Writes: `swap/<variant>/relu.pt`, `swap/swap.json`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import checkpoint
-from .config import Config
-from .data import dataset_for
-from .distributed import resolve_device
-from .errors import TrainingError
-from .relu_swap import relu_spec, swap_report, to_relu
-from .render import table
-from .rundir import RunDir, atomic_write_json
-from .train import diverged
-
+from pipeline import checkpoint
+from pipeline.atomic_io import atomic_write_json
+from pipeline.config import Config
+from pipeline.data import dataset_for
+from pipeline.errors import TrainingError
+from pipeline.relu_swap import relu_spec, swap_report, to_relu
+from pipeline.render import table
+from pipeline.rundir import RunDir
+from pipeline.train_loop import diverged
 
 
 def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source) -> None:
-    """The train stage's divergence rule (`pipeline.train.diverged`), applied again to the checkpoint that would
+    """The train stage's divergence rule (`pipeline.train_loop.diverged`), applied again to the checkpoint that would
     ship: a model whose training loss ran away (however it got selected) is not swapped, exported or verified."""
     loss, init = payload.get("train_loss"), payload.get("initial_loss")
     if loss is None:
@@ -34,7 +36,7 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     largest |Δlogit| on val (the split the checkpoint was chosen on), and the test loss before and after. A
     variant with nothing to swap (a ReLU baseline, a non-gate like Tanh) is recorded too, before = after: its
     numbers are what the swapped networks are compared with."""
-    device = resolve_device(cfg.device)
+    device = run.compute_device()
     ds = dataset_for(cfg)
     bs = cfg.data.eval_batch_size
     m = ds.info.metric  # accuracy, or perplexity for language models

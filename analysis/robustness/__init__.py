@@ -1,0 +1,5 @@
+"""The verify stage's library (the stage: `pipeline/stages/verify.py`): `properties` builds the L∞ robustness
+properties of a run's three networks (the swapped ReLU network, its int8 model, the smooth network) as tasks of the
+engine's property loop, and decides which rows are an int8 model's; `chain` says what the answers mean together. The
+engine that decides the properties is `analysis/verification/`.
+"""

@@ -1,0 +1,159 @@
+"""The int8 stage: onnxruntime static quantization of every exported model, and what it buys (the library, its recipe
+and its decisions: `quantize/int8.py`).
+
+Reads: `export/export.json` and its fp32 files (and, to fold an MLP's input normalization into its first Linear, the
+checkpoints they came from), the training split for calibration. Writes `quantize/<variant>/<form>/model.int8.onnx`
+(and `model.fp32.onnx` when the fold changed the graph), `quantize/sqnr.csv` (per-tensor SQNR fp32 vs int8,
+activations and weights) and `quantize/quantize.json`; and the stage's section of report.md.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import checkpoint, render
+from pipeline.atomic_io import atomic_write_csv, atomic_write_json
+from pipeline.config import Config
+from pipeline.data import dataset_for
+from pipeline.errors import RunDirError
+from pipeline.rundir import RunDir
+from quantize import export as export_mod
+from quantize import ort as ort_util
+from quantize.int8 import QUANTIZED_OPS, calibration_samples, evaluate_file, quantize_file, sqnr_rows
+
+
+def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: dict[str, Any], calib: np.ndarray,
+                 workdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Quantize one exported model and evaluate both precisions (timing comes later, for all models at once)."""
+    qcfg = cfg.quantize
+    fp32_path = run.path / entry["path"]
+    out_dir = run.file("quantize", variant, form)
+    src, normalization = fp32_path, "float prologue (Mul, Add on the input)"
+    fold_check: dict[str, float] = {}
+    if qcfg.fold_normalization:
+        model, payload = checkpoint.load_model(run.path / entry["source"])
+        folded = export_mod.fold_normalization(model, tuple(payload["spec"]["input_shape"]))
+        if folded is not None:
+            xval = ds.val.x[:cfg.export.check_samples]
+            proto, _ = export_mod.to_onnx(folded, xval[:2], cfg.export.opset, cfg.export.simplify,
+                                          export_mod.metadata_for(payload, variant, form, ds.info))
+            src = out_dir / "model.fp32.onnx"
+            export_mod.save(proto, src)
+            fold_check = export_mod.compare(src, model, xval, cfg.export.atol, cfg.export.rtol, qcfg.threads)
+            normalization = f"folded into {list(folded._modules)[1]}"
+    int8_path = out_dir / "model.int8.onnx"
+    pre = quantize_file(src, int8_path, calib, cfg, workdir)
+
+    fp32, fp32_logits = evaluate_file(fp32_path, ds, cfg)
+    int8, int8_logits = evaluate_file(int8_path, ds, cfg)
+    rows = sqnr_rows(pre, int8_path, ds.val.x[:qcfg.sqnr_samples].numpy(), workdir)
+    act_sqnr = [r["sqnr_db"] for r in rows if r["kind"] == "activation" and isinstance(r["sqnr_db"], float)]
+    result = {
+        "fp32_path": entry["path"], "int8_path": str(int8_path.relative_to(run.path)),
+        "quantized_from": str(src.relative_to(run.path)), "normalization": normalization,
+        **({"fold_check": fold_check} if fold_check else {}),
+        "fp32": fp32, "int8": int8,
+        **_changes(fp32, int8, ds.info.metric),
+        "test_argmax_agreement": float((fp32_logits["test"].argmax(-1) == int8_logits["test"].argmax(-1)).mean()),
+        "test_max_logit_change": float(np.abs(fp32_logits["test"] - int8_logits["test"]).max()),
+        "size_ratio": fp32["bytes"] / int8["bytes"],
+        "output_sqnr_db": next((r["sqnr_db"] for r in rows if r["tensor"] == ort_util.OUTPUT and r["kind"] == "activation"), None),
+        "min_activation_sqnr_db": min(act_sqnr) if act_sqnr else None,
+    }
+    return result, [{"variant": variant, "form": form, **r} for r in rows]
+
+
+def _changes(fp32: dict[str, Any], int8: dict[str, Any], metric: str) -> dict[str, float]:
+    """int8 − fp32 in the metric's units; for accuracy also the drop in points (fp32 − int8, ×100)."""
+    out = {f"{s}_change": int8[f"{s}_{metric}"] - fp32[f"{s}_{metric}"] for s in ("val", "test")}
+    if metric == "accuracy":
+        out.update({f"{s}_drop_pt": -100 * out[f"{s}_change"] for s in ("val", "test")})
+    return out
+
+
+def add_speed(cfg: Config, run: RunDir, ds, models: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Latency and throughput of every fp32 and int8 model, timed round-robin in one window so that
+    load from other processes hits them alike; adds speedups and returns the cross-model comparisons."""
+    qcfg = cfg.quantize
+    b = qcfg.throughput_batch
+    tb = f"throughput_b{b}"
+    paths = {(v, f, p): run.path / e[f"{p}_path"] for v, forms in models.items() for f, e in forms.items() for p in ("fp32", "int8")}
+    table = ort_util.speed_table(paths, ds.val.x[:b].numpy(), b, qcfg.repeats, qcfg.threads, qcfg.timing_blocks)
+    for (v, f, p), speed in table.items():
+        models[v][f][p].update(speed)
+    comparisons: dict[str, Any] = {}
+    for v, forms in models.items():
+        for e in forms.values():
+            e["speedup_b1"] = e["fp32"]["latency_b1_ms"] / e["int8"]["latency_b1_ms"]
+            e[f"speedup_b{b}"] = e["int8"][tb] / e["fp32"][tb]
+        if "smooth" in forms and "relu" in forms:
+            comparisons[v] = {f"int8_relu_vs_int8_smooth_{tb}": forms["relu"]["int8"][tb] / forms["smooth"]["int8"][tb],
+                              f"int8_relu_vs_fp32_smooth_{tb}": forms["relu"]["int8"][tb] / forms["smooth"]["fp32"][tb]}
+    return comparisons
+
+
+def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
+    qcfg = cfg.quantize
+    ds = dataset_for(cfg)
+    exported = run.read_json("export", "export.json")
+    if exported is None:
+        raise RunDirError(f"{run.path}: the export stage has written no export/export.json; run it first "
+                          f"(`pipeline run --resume {run.path} --redo export`)")
+    exported = exported["models"]
+    calib = calibration_samples(cfg, ds.train.x)
+    models: dict[str, dict[str, Any]] = {}
+    sqnr: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="int8-") as tmp:
+        for variant, forms in exported.items():
+            for form, entry in forms.items():
+                work = Path(tmp) / variant / form
+                work.mkdir(parents=True)
+                models.setdefault(variant, {})[form], rows = quantize_one(cfg, run, ds, variant, form, entry, calib, work)
+                sqnr += rows
+    atomic_write_csv(run.file("quantize", "sqnr.csv"), sqnr, ["variant", "form", "tensor", "kind", "sqnr_db"])
+    comparisons = add_speed(cfg, run, ds, models)
+    result = {
+        "metric": ds.info.metric,
+        "settings": {"format": "QDQ", "weights": ("int8 per-channel" if qcfg.per_channel else "int8 per-tensor")
+                                                + (", 7-bit range (reduce_range)" if qcfg.reduce_range else ""),
+                     "reduce_range": qcfg.reduce_range,
+                     "activations": f"{qcfg.activation_type} per-tensor", "calibration_method": qcfg.calibration_method,
+                     "calibration_samples": len(calib), "quantized_op_types": QUANTIZED_OPS,
+                     "keep_removable_activations": qcfg.keep_activations, "quantize_bias": qcfg.quantize_bias,
+                     "fold_normalization": qcfg.fold_normalization, "sqnr_samples": min(qcfg.sqnr_samples, len(ds.val)),
+                     "timing": {**ort_util.describe_speed_setup(qcfg.threads), "repeats_batch": qcfg.repeats,
+                                "repeats_b1": 4 * qcfg.repeats, "blocks": qcfg.timing_blocks,
+                                "throughput_batch": qcfg.throughput_batch},
+                     "cpu": ort_util.cpu_name(), "onnxruntime": ort_util.ort.__version__},
+        "models": models,
+        "comparisons": comparisons,
+    }
+    atomic_write_json(run.file("quantize", "quantize.json"), result)
+    return result
+
+
+def report_section(cfg: Config, run: RunDir) -> str | None:
+    """The int8 stage's section of report.md: accuracy, size and speed of every model in both precisions."""
+    q = run.read_json("quantize", "quantize.json")
+    if q is None:
+        return None
+    metric, st = q["metric"], q["settings"]
+    tb = f"throughput_b{st['timing']['throughput_batch']}"
+    rows = [[v, form, m["fp32"][f"test_{metric}"], m["int8"][f"test_{metric}"], m["test_argmax_agreement"], m["size_ratio"],
+             m["int8"].get("latency_b1_ms"), m.get("speedup_b1"), m["int8"].get(tb), m.get(f"speedup_b{st['timing']['throughput_batch']}"),
+             m["min_activation_sqnr_db"], "yes" if m["int8"]["integer_only"] else "no: " + ", ".join(m["int8"]["float_ops"])]
+            for v, forms in q["models"].items() for form, m in forms.items()]
+    return "\n\n".join([
+        "## int8 (onnxruntime static quantization)",
+        f"{st['format']}, weights {st['weights']}, activations {st['activations']}, calibration {st['calibration_method']} on "
+        f"{st['calibration_samples']} training examples; timed on {st['cpu']} with {st['timing']['intra_op_threads']} thread(s). "
+        "The verify section certifies the int8 model of each ReLU form itself (its \"-int8\" rows); a certificate for a "
+        "float model says nothing about these graphs.",
+        render.table(["variant", "form", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (test)", "size ratio",
+                      "int8 latency b1 (ms)", "speedup b1", f"int8 {tb} (/s)", "speedup", "min activation SQNR (dB)",
+                      "integer-only"], rows),
+    ])

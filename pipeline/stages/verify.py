@@ -1,0 +1,232 @@
+"""The verify stage: L∞ local robustness of every variant, in the VNN-COMP layout, for the swapped ReLU network, its
+int8 model and the smooth network the user trained. The properties and which network each certificate is about:
+`analysis/robustness/properties.py`; what the answers say together: `analysis/robustness/chain.py`; the engine that
+decides them: `analysis/verification/`; the stage's section of report.md: `pipeline/stages/verify_report.py`.
+
+Time: one wall-clock budget for the float networks' properties (``verify.budget_s``, ReLU and smooth), shared
+through the one property loop (`analysis.verification.harness.StageBudget`): rounds of growing per-property limits,
+so easy properties finish first and the time they leave goes to the hard ones; then the int8 models' properties
+the same way under their own ``verify.int8_budget_s``, so that what they add to the stage is bounded apart.
+``verify.timeout_s`` > 0 caps any one property. ``verify.jobs`` worker processes (0: the run's thread count) solve
+properties side by side, on ``verify.device``.
+
+Reads: `swap/<variant>/relu.pt`, `train/<variant>/best.pt`, `quantize/quantize.json` and its int8 files, each variant's
+record, the validation split. Writes under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
+``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, or the cap), ``results.csv``
+(VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
+``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, wall
+and CPU seconds, unstable ReLUs by IBP and by the tight bounds, margin lower bound, message), ``smooth.csv``,
+``chain.csv``, ``summary.json``. A further verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
+
+Resumable per property: ``details.csv`` and ``smooth.csv`` are rewritten as answers arrive; a rerun keeps the
+rows marked final and solves the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from analysis.robustness.chain import CHAIN_FIELDS, chain_rows, conflicts
+from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, SMOOTH_NETWORK, Kind, is_int8,
+                                            relu_properties, smooth_properties)
+from analysis.verification import harness, registry
+from analysis.verification.vnncomp import witness_path, write_results
+from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
+from pipeline.atomic_io import atomic_write_csv, atomic_write_json, atomic_write_text
+from pipeline.config import Config, ConfigError
+from pipeline.data import dataset_for
+from pipeline.progress import Progress
+from pipeline.rundir import RunDir
+
+DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "result", "stage", "seconds",
+                 "cpu_seconds", "prepare_seconds", "unstable_ibp", "unstable_tight", "relus", "margin_lb", "vnnlib",
+                 "witness", "final", "message"]
+SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "stage", "seconds",
+                 "margin_lb", "gap_max", "final", "message"]
+PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
+
+
+def validate_config(cfg: Config) -> None:
+    """ConfigError (one line) for bad verify.* settings: the one validation of this section."""
+    v = cfg.verify
+    if v.samples < 1:
+        raise ConfigError(f"verify.samples must be >= 1, got {v.samples}")
+    if not v.budget_s > 0:
+        raise ConfigError(f"verify.budget_s must be > 0 (wall seconds for the whole stage), got {v.budget_s}")
+    if v.int8 and not v.int8_budget_s > 0:
+        raise ConfigError(f"verify.int8_budget_s must be > 0 (wall seconds for the int8 properties), got {v.int8_budget_s}; "
+                          "or verify.int8=false")
+    if v.timeout_s < 0:
+        raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
+    if v.jobs < 0:
+        raise ConfigError(f"verify.jobs must be >= 0 (0 = the run's thread count), got {v.jobs}")
+    try:
+        harness.resolve_device(v.device)
+    except ValueError as e:
+        raise ConfigError(f"verify.{e}".replace(" device=", " verify.device=")) from None
+    if not v.epsilons or not all(e > 0 for e in v.epsilons):
+        raise ConfigError(f"verify.epsilons must be a non-empty list of radii > 0, got {v.epsilons}")
+    if not v.verifiers:
+        raise ConfigError("verify.verifiers must name at least one verifier, e.g. verify.verifiers=auto")
+    clash = [name for name in cfg.variants if is_int8(name)] if v.int8 else []
+    if clash:
+        raise ConfigError(f"variant {clash[0]!r}: names ending in {INT8!r} are the verify stage's int8 models; register the "
+                          "activation under another name, or set verify.int8=false")
+    for name in v.verifiers:
+        try:
+            registry.check_name(name)
+        except ValueError as e:
+            raise ConfigError(f"verify.verifiers: {e}") from None
+
+
+def _clean(msg: str) -> str:
+    return msg.replace("\n", " ")
+
+
+def _r(v: Any) -> Any:
+    return "" if v is None else round(float(v), 6)
+
+
+def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
+    vcfg = cfg.verify
+    validate_config(cfg)
+    out = run.dir("verify")
+    ds = dataset_for(cfg)
+    info = ds.info
+    n = min(vcfg.samples, len(ds.val.y))
+    xs = ds.val.x[:n].double().numpy().reshape(n, -1)
+    labels = [int(c) for c in ds.val.y[:n]]
+    lo = np.asarray(info.input_low, dtype=np.float64)
+    hi = np.asarray(info.input_high, dtype=np.float64)
+    clock = "cpu" if vcfg.cpu_time else "wall"
+    names = list(dict.fromkeys(vcfg.verifiers))
+    jobs = vcfg.jobs or torch.get_num_threads()
+    device = harness.resolve_device(vcfg.device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
+    try:
+        relu = relu_properties(cfg, run, out, ds, xs, labels, lo, hi, n, names)
+        smooth = smooth_properties(cfg, run, out, info, xs, labels, lo, hi, n) if vcfg.smooth else Kind("smooth", {}, [], {})
+        int8_keys = {t.key for t in relu.tasks if is_int8(relu.rows[t.key]["variant"])}
+        open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in int8_keys)
+        open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
+        share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
+                 True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
+        write_instances_csv(out / "instances.csv", [(o, v, round(share[is_int8(Path(o).stem)], 3))
+                                                     for o, v in relu.instances])
+        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
+    finally:
+        torch.set_num_threads(threads)
+    verified = [name for name, m in relu.models.items() if m.get("onnx")]
+    relu_rows = [relu.rows[k] for k in sorted(relu.rows, key=relu.order.__getitem__)]
+    smooth_rows = [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)]
+    table_ = [r for r in harness.summarize(relu_rows, ("variant", "eps", "verifier")) if r["variant"] in verified]
+    for r in table_:
+        r["eps"] = float(r["eps"])
+        r["relus"] = relu.models[r["variant"]]["relus"]
+    smooth_table = harness.summarize(smooth_rows, ("variant", "eps", "route"))
+    for r in smooth_table:
+        r["eps"] = float(r["eps"])
+    summary = {
+        "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK, "int8": INT8_NETWORK},
+        "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
+        "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
+        "eps_units": _eps_units(info),
+        "budget_s": vcfg.budget_s, "int8_budget_s": vcfg.int8_budget_s if vcfg.int8 else 0.0, "timeout_s": vcfg.timeout_s,
+        "jobs": jobs, "device": device, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
+        "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
+        "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
+        "decided": {"relu": _decided([r for r in relu_rows if not is_int8(r["variant"])]),
+                    "int8": _decided([r for r in relu_rows if is_int8(r["variant"])]), "smooth": _decided(smooth_rows)},
+        "int8_seconds": round(sum(float(r.get("seconds") or 0) for r in relu_rows if is_int8(r["variant"])), 3),
+        "chain": chain_rows(cfg.variants, relu_rows, smooth_rows, names[0]),
+        "conflicts": conflicts(relu_rows), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_csv(out / "chain.csv", summary["chain"], CHAIN_FIELDS)
+    atomic_write_json(out / "summary.json", summary)
+    return {"verifiers": names, "samples": n, "conflicts": len(summary["conflicts"]), "solve_seconds": round(seconds, 3),
+            "decided": summary["decided"],
+            "certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['verifier']}": round(r["certified_fraction"], 4)
+                          for r in table_},
+            "smooth_certified": {f"{r['variant']}/{format_real(r['eps'])}/{r['route']}": round(r["certified_fraction"], 4)
+                                 for r in smooth_table}}
+
+
+def _eps_units(info) -> str:
+    if getattr(info, "feature_names", None):
+        return "raw feature units of each input column (the model standardizes inside)"
+    return f"the input's own units (valid range {info.input_low} to {info.input_high})"
+
+
+def _decided(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    d = sum(r["result"] in ("sat", "unsat") for r in rows)
+    return {"properties": len(rows), "decided": d, "fraction": d / len(rows) if rows else None}
+
+
+def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_keys: set[Any], clock: str,
+           jobs: int, device: str = "cpu") -> tuple[float, float]:
+    """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
+    models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
+    the int8 part."""
+    tasks = relu.tasks + smooth.tasks
+    is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
+
+    def save() -> None:
+        rows = [relu.rows[k] for k in sorted(relu.rows, key=relu.order.__getitem__)]
+        atomic_write_csv(out / "details.csv", rows, DETAIL_FIELDS)
+        for i, name in enumerate(names):
+            mine = [r for r in rows if r["verifier"] == name and r["result"]]
+            write_results(out / ("results.csv" if i == 0 else f"results.{name}.csv"),
+                          [{"category": r["variant"], "onnx": f"onnx/{r['variant']}.onnx", "vnnlib": r["vnnlib"],
+                            "prepare_time": r.get("prepare_seconds") or 0.0, "result": r["result"], "run_time": r["seconds"]}
+                           for r in mine])
+        atomic_write_csv(out / "smooth.csv", [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)],
+                         SMOOTH_FIELDS)
+
+    def done(o: harness.Outcome) -> None:
+        res = o.result
+        if is_relu[o.key]:
+            row = relu.rows[o.key]
+            wfile = witness_path(out / "results.csv", f"onnx/{row['variant']}.onnx", row["vnnlib"])
+            row.update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
+                       cpu_seconds=round(res.cpu_seconds, 4), prepare_seconds=round(o.prepare_seconds, 4),
+                       unstable_ibp=res.info.get("unstable_ibp", ""), unstable_tight=res.info.get("unstable_tight", ""),
+                       margin_lb=_r(res.info.get("margin_lb")), witness="", final=int(o.final), message=_clean(res.message))
+            if res.status == "sat" and o.final:
+                atomic_write_text(wfile, format_witness(res.counterexample, res.output))
+                row["witness"] = wfile.relative_to(out).as_posix()
+        else:
+            smooth.rows[o.key].update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
+                                      margin_lb=_r(res.info.get("margin_lb")), gap_max=_r(res.info.get("gap_max")),
+                                      final=int(o.final), message=_clean(res.message))
+        save()
+
+    save()
+    started = time.perf_counter()
+    int8_seconds = 0.0
+    if tasks:
+        finished: dict[str, int] = {}
+        with Progress("verify", len(tasks), "property", every_s=PROGRESS_EVERY_S) as bar:
+            def done_and_shown(o: harness.Outcome) -> None:
+                done(o)
+                if o.final:
+                    finished[o.result.status] = finished.get(o.result.status, 0) + 1
+                    bar.step(line=f"    verify: {sum(finished.values())}/{len(tasks)} properties final ("
+                                  + ", ".join(f"{k} {n}" for k, n in sorted(finished.items())) + ")")
+
+            for int8, budget in ((False, vcfg.budget_s), (True, vcfg.int8_budget_s)):
+                part = [t for t in tasks if (t.key in int8_keys) == int8]
+                t0 = time.perf_counter()
+                if part:
+                    harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
+                                device=device)
+                    if int8:
+                        int8_seconds = time.perf_counter() - t0
+    save()
+    return time.perf_counter() - started, int8_seconds
