@@ -348,8 +348,11 @@ class Bounder:
         l, u = self.pre[s]
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
-        if not self.op(s).needs_bounds:
+        op = self.op(s)
+        if not op.needs_bounds:
             return torch.arange(0, device=l.device)
+        if hasattr(op, "settled"):  # a grid's rounding: units whose interval has one grid value already are final
+            return torch.nonzero(~op.settled(l, u)).flatten()
         return torch.arange(l.numel(), device=l.device)
 
     def tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:

@@ -714,6 +714,14 @@ class Rounding(Activation):
         khi = torch.floor((u + inner) / s + 0.5 + self.SNAP_SLACK)
         return torch.maximum(klo * s, l - E), torch.minimum(khi * s, u + E)
 
+    def settled(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Units whose interval already has one value on the grid: a tighter interval changes nothing of theirs, so
+        CROWN does not bound them (`bounds.Bounder._query`)."""
+        if self.step is None:
+            return torch.ones_like(l, dtype=torch.bool)
+        lo, hi = self._snapped(l, u)
+        return hi <= lo
+
     def grid(self) -> tuple[torch.Tensor, float] | None:
         """(step, slack): every value is within slack of a multiple of step (the MILP's integer encoding)."""
         return None if self.step is None else (self.step, 0.0)
