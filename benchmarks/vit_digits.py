@@ -7,7 +7,7 @@ model (the int8 stage's recipe, `quantize.int8.quantize_file`), every answer cro
 - every unsat is attacked (PGD, many restarts, on the float model in float64; on the int8 model through onnxruntime at
   random points and the PGD points): a counterexample to an unsat would be a wrong answer.
 
-    flock /tmp/heavy.lock python -m benchmarks.vit_digits            # writes benchmarks/vit-results/vit_digits.json
+    flock /tmp/heavy.lock python -m benchmarks.vit_digits            # writes benchmarks/verify-results/vit_digits.json
 
 `TinyViT` is also what tests/test_verify_transformers.py reads and verifies (smaller, untrained)."""
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OUT = Path(__file__).resolve().parent / "vit-results"
+OUT = Path(__file__).resolve().parent / "verify-results"
 
 
 class TinyViT(nn.Module):
@@ -109,6 +109,26 @@ def train(seed: int, epochs: int, dim: int, heads: int, depth: int, hidden: int)
             "lambdas": [round(float(v), 2) for v in hardener.lambdas()], "hardness": round(float(hardener.hardness()), 4)}
 
 
+def _witnesses(rows: list[dict], path: Path, xte: torch.Tensor, yte: torch.Tensor, eps: float) -> dict:
+    """Every sat row's counterexample through onnxruntime on `path`: inside the box (float32) and strictly misclassified
+    (some other logit above the label's)."""
+    from quantize import ort as ort_util
+
+    sess = ort_util.session(path)
+    checked = strict = 0
+    for r in rows:
+        if r["result"] != "sat":
+            continue
+        x = np.asarray(r["counterexample"], dtype=np.float32).reshape(1, *xte.shape[1:])
+        x0 = xte[r["sample"]].numpy().astype(np.float64)
+        inside = bool(np.all(x >= np.clip(x0 - eps, 0, 1).astype(np.float32)) and np.all(x <= np.clip(x0 + eps, 0, 1).astype(np.float32)))
+        y = sess.run(None, {sess.get_inputs()[0].name: x})[0][0].astype(np.float64)
+        label = int(yte[r["sample"]])
+        checked += 1
+        strict += inside and float(np.delete(y, label).max()) > float(y[label])
+    return {"witnesses_checked": checked, "witnesses_strictly_violating": strict}
+
+
 def _rows_summary(res: dict) -> dict:
     counts: dict[str, int] = {}
     for r in res["rows"]:
@@ -183,17 +203,17 @@ def main(argv: list[str] | None = None) -> dict:
     chk = api.check(t["gated"], (xte, yte))
     result["check"] = {"verdict": chk["verdict"], "seconds": round(time.perf_counter() - t0, 1)}
 
-    res = api.verify(t["relu"], (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout)
-    result["float_relu"] = _rows_summary(res)
-    result["float_relu"]["rows"] = res["rows"]
-    wrong = [r["sample"] for r in res["rows"] if r["result"] == "unsat"
-             and _attack_float(t["relu"], xte[r["sample"]].numpy().astype(np.float64), int(yte[r["sample"]]), a.eps)]
-    result["float_relu"]["unsat_attacked_and_broken"] = wrong
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         fp32 = tmp / "relu.onnx"
         api.export_onnx(t["relu"], xte[:2], fp32, check_inputs=xte[:64])
+        res = api.verify(t["relu"], (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout)
+        result["float_relu"] = _rows_summary(res)
+        result["float_relu"]["rows"] = [{k: v for k, v in r.items() if k not in ("counterexample", "output")} for r in res["rows"]]
+        result["float_relu"].update(_witnesses(res["rows"], fp32, xte, yte, a.eps))
+        result["float_relu"]["unsat_attacked_and_broken"] = [
+            r["sample"] for r in res["rows"] if r["result"] == "unsat"
+            and _attack_float(t["relu"], xte[r["sample"]].numpy().astype(np.float64), int(yte[r["sample"]]), a.eps)]
         int8 = tmp / "relu.int8.onnx"
         calib = xtr[torch.randperm(len(xtr), generator=torch.Generator().manual_seed(a.seed))[:256]].numpy()
         quantize_file(fp32, int8, calib, Config(), tmp)
@@ -205,7 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             res8 = api.verify(str(int8), (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout)
             result["int8"] = _rows_summary(res8)
-            result["int8"]["rows"] = res8["rows"]
+            result["int8"]["rows"] = [{k: v for k, v in r.items() if k not in ("counterexample", "output")} for r in res8["rows"]]
+            result["int8"].update(_witnesses(res8["rows"], int8, xte, yte, a.eps))
             result["int8"]["unsat_attacked_and_broken"] = [
                 r["sample"] for r in res8["rows"] if r["result"] == "unsat"
                 and _attack_onnx(int8, xte[r["sample"]].numpy().astype(np.float64), int(yte[r["sample"]]), a.eps)]
