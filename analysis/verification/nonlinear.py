@@ -484,3 +484,88 @@ class Variance(_Bilinear):
         cmax = torch.maximum(cl.abs(), cu.abs()).norm(dim=-1)
         dn = dc.norm(dim=-1)
         return (2 * cmax + dn) * dn / self.N * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class LayerNormRounding(_Bilinear):
+    """y + e, |e| ≤ E: onnxruntime's float32 LayerNormalization of an int8 graph, on the exact one y. Its input is
+    the concatenation (y [R·N], x [R·N], v [R]) of the LayerNorm's exact output, its input and its variance + ε
+    (graph nodes), so E can use their intervals over the box.
+
+    Derivation (`layer_norm_rounding`; x̃ the runtime's input, |x̃ − x| ≤ e, |x̃| ≤ A, v + ε ≥ V over the box):
+    |ỹ − y(x)| ≤ |ỹ − LN(x̃)| + |LN(x̃) − LN(x)|. The second term: LN's Jacobian γ·r·(P − z·zᵀ/N) has row sums
+    ≤ |γ|·r·(2 + √N) (Σz² ≤ N), r ≤ 1/√V along the segment. The first: the one-pass sums m̃ and E[x²]~ are within
+    γ_{N+2}·A and γ_{N+2}·A² of m and E[x²], so the variance within Δv = γ_{N+2}A² + Δm(2A + Δm) + u(A + Δm)² +
+    2.1uA², √(fl(v + ε)) within a relative ρ = τ + u + τu of √(v + ε) (τ = (Δv + u(V + Δv))/V, |√(1 + t) − 1| ≤ |t|),
+    x − m̃ within Δc = Δm + u(2A + Δm), the quotient within Δz = Δc·r/(1 − ρ) + √N·ρ/(1 − ρ), and the scale and
+    shift add 2.1u·(|γ|(√N + Δq) + |β|). Where ρ ≥ ½ or E exceeds `LN_CAP` of the output's bound, E is ∞ (unknown)."""
+
+    R: int
+    N: int
+    eps: float
+    e_in: torch.Tensor  # [R]: max |x̃ − x| per row (the LayerNorm input's followed error)
+    gamma_: torch.Tensor  # [N]
+    beta: torch.Tensor  # [N]
+    source: str = ""
+
+    def __post_init__(self):
+        self.e_in, self.gamma_, self.beta = (as_tensor(t).reshape(-1) for t in (self.e_in, self.gamma_, self.beta))
+
+    def in_sizes(self):
+        return (2 * self.R * self.N + self.R,)
+
+    @property
+    def out_size(self):
+        return self.R * self.N
+
+    def cap(self) -> torch.Tensor:
+        from .quantized import LN_CAP
+
+        return LN_CAP * (self.gamma_.abs() * math.sqrt(self.N) + self.beta.abs()) + 1e-30
+
+    def split(self, v):
+        n = self.R * self.N
+        return v[..., :n], v[..., n:2 * n], v[..., 2 * n:]
+
+    def bound(self, l, u):
+        """E per unit on the box the intervals (l, u) of (y, x, v) describe; ∞ beyond `cap` (no bound, or a larger one
+        than the reading's magnitudes allow): those units are unknown, which costs nothing where nothing reads them (a
+        LayerNorm over every token of which the head reads one)."""
+        _, xl, vl = self.split(l)
+        _, xu, _ = self.split(u)
+        mag = torch.maximum(xl.abs(), xu.abs()).reshape(self.R, self.N) + self.e_in.to(l.dtype)[:, None]
+        A = (mag.mean(1), (mag * mag).mean(1), mag.max(1).values)
+        from .quantized import layer_norm_rounding
+
+        E = layer_norm_rounding(A, vl, self.e_in.to(l.dtype), self.gamma_.to(l.dtype), self.beta.to(l.dtype),
+                                self.N, self.eps)
+        beyond = ~(E <= self.cap().to(l.dtype)[None])
+        return torch.where(beyond, torch.full_like(E, math.inf), E).reshape(-1)
+
+    def forward(self, h):
+        return self.split(h)[0]
+
+    def interval(self, l, u):
+        E = self.bound(l, u)
+        return self.split(l)[0] - E, self.split(u)[0] + E
+
+    def relax(self, l, u):
+        return (self.bound(l, u),)
+
+    def back(self, A, relax):
+        (E,) = relax
+        rest = A.new_zeros(A.shape[0], self.R * self.N + self.R)
+        # an unbounded unit costs −∞ only to the rows that read it (0·∞ is 0 here, not NaN)
+        cost = torch.where(A != 0, A.abs() * E, torch.zeros_like(A))
+        return torch.cat([A, rest], dim=-1), -cost.sum(-1)
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        E = self.bound(l, u).numpy()
+        n = self.R * self.N
+        M = sparse.hstack([sparse.identity(n), sparse.csr_matrix((n, n + self.R))], format="csr")
+        return [(M, -E, E)]
+
+    def gap(self, l, u, d):
+        return self.split(d)[0]

@@ -43,29 +43,13 @@ from pipeline import gates
 from pipeline.gates import GateFamily
 from pipeline.numerics import U
 
+from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
 from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
 from .ops import (Affine, Concat, Conv, Gate, Linear, Op, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
                   TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
 WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
-
-
-@dataclass
-class Float:
-    """What an int8 graph's reader knows of a float32 value onnxruntime computes between a DequantizeLinear and the next
-    QuantizeLinear: |runtime − node value| ≤ err per unit, the node's value in [lo, hi] per unit for every input (±inf:
-    unknown, a value of the raw input), and for a value of the raw input through elementwise constant ops only, that
-    map (`chain` = (a, b, ops): the exact a·x + b, computed by `ops` float32 operations)."""
-
-    err: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    chain: tuple[np.ndarray, np.ndarray, int] | None = None
-
-    @property
-    def mag(self) -> np.ndarray:
-        return np.maximum(np.abs(self.lo), np.abs(self.hi))
 
 
 @dataclass
@@ -483,8 +467,6 @@ def _record_affine(r: OnnxReader, out: Value, x: Value, terms: int, w_scale: np.
                          else float(g.scale.max()) * info["w_scale"])  # the fused kernels round a float bias to int32
     r.affine_info[out.node] = info
     if r.int8 and x.fl is not None:  # its float32 value when no QuantizeLinear follows it directly
-        from .quantized import follow
-
         out.fl = follow(r.nodes[out.node].op, [x.fl], None, info if info["w_scale"] is not None else None)
 
 
@@ -718,8 +700,6 @@ def _softmax(r: OnnxReader) -> None:
     out = _permute_back(r, Value(p.node, moved.shape), inverse)
     out = Value(out.node, x.shape)
     if r.int8:
-        from .quantized import softmax_float
-
         out.fl = softmax_float(x.fl, numel(x.shape) // T, T, axis == len(x.shape) - 1)
     r.set(out)
 
@@ -746,8 +726,6 @@ def _layer_norm(r: OnnxReader) -> None:
     z = r.add(Product(rows * N, source=r.node.name), [cat], (rows, N))
     out = r.add(Scale(np.tile(gamma, rows), np.tile(beta, rows)), [z], x.shape)
     if r.int8:
-        from .quantized import layer_norm_float
-
         out = layer_norm_float(r, x, var, out, gamma, beta, N, rows, eps)
     r.set(out)
 
@@ -879,7 +857,7 @@ def _quantize(r: OnnxReader) -> None:
 @handles("DequantizeLinear")
 def _dequantize_var(r: OnnxReader) -> None:
     """DequantizeLinear of a QuantizeLinear on the same grid: the pair's relaxation (`quantized` derives it)."""
-    from .quantized import U, exact_error, float_error, int32_safe, requant_error
+    from .quantized import exact_error, float_error, int32_safe, requant_error
 
     q = r.vals.get(r.node.input[0])
     if not isinstance(q, QValue):
@@ -1016,8 +994,6 @@ def _batchnorm(r: OnnxReader) -> None:
     per_channel = lambda v: np.broadcast_to(v.reshape(-1, *([1] * (len(x.shape) - 2))), x.shape).reshape(-1)  # noqa: E731
     out = r.add(Scale(per_channel(a), per_channel(bias - mean * a)), [x], x.shape, flops=0)
     if r.int8:
-        from .quantized import batchnorm_float
-
         out.fl = batchnorm_float(x.fl, per_channel(a), per_channel(mean), per_channel(bias))
     r.set(out)
 
@@ -1104,8 +1080,6 @@ def supported_ops() -> dict[str, str]:
 
 
 def _follow(r: OnnxReader, op: Op, inputs: Sequence[Value], flops: int | None) -> Float | None:
-    from .quantized import follow
-
     fls = [v.fl for v in inputs]
     if any(f is None for f in fls):
         return None
@@ -1113,8 +1087,6 @@ def _follow(r: OnnxReader, op: Op, inputs: Sequence[Value], flops: int | None) -
 
 
 def _follow_matmul(r: OnnxReader, a: Value, b: Value, nb: int, m: int, k: int, n: int) -> Float | None:
-    from .quantized import matmul_float
-
     if a.fl is None or b.fl is None:
         return None
     return matmul_float(a.fl, b.fl, nb, m, k, n)
