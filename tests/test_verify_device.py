@@ -178,6 +178,52 @@ def test_the_harness_tells_verifiers_how_many_processes_share_a_gpu(monkeypatch)
     assert seen == {"options": {"sharers": 3}, "device": "cuda:0", "jobs": 3}
 
 
+def _vit_case(eps: float = 0.05):
+    """A ReLU ViT (nn.MultiheadAttention, LayerNorm, a class token) whose property CROWN leaves open at this radius."""
+    from benchmarks.vit_digits import TinyViT
+    from pipeline.relu_swap import to_relu
+
+    torch.manual_seed(1)
+    model = TinyViT(dim=8, heads=2, hidden=16).eval()
+    with torch.no_grad():
+        model.pos.normal_(0, 0.5)
+        model.cls.normal_(0, 0.5)
+    net = from_torch(to_relu(model), (1, 8, 8))
+    x0 = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(4)).reshape(-1).double().numpy()  # robust here
+    c = int(np.argmax(net.forward(x0).numpy()))
+    return net, robustness_spec(x0, eps, 0.0, 1.0, c, 10)
+
+
+def test_transformer_bound_passes_and_branch_and_bound_stay_on_the_graphs_device(monkeypatch):
+    """Softmax (exp, reciprocal), LayerNorm (variance, rsqrt, product), MatMuls of two variables, class-token Concat:
+    CROWN, α-CROWN and branch and bound rounds make every tensor on the graph's device, with no numpy round trip."""
+    net, spec = _vit_case()
+    rows, owner = Spec.from_disjuncts(spec.disjuncts)
+    b = Bounder(net, spec.lb, spec.ub)
+    real_solve = milp.solve
+    box = {}
+
+    def host_solve(*args, **kwargs):
+        with box["guard"].pause():
+            return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(bab_mod.milp, "solve", host_solve)
+    calls = []
+
+    def expired():  # three rounds' worth of checks
+        calls.append(1)
+        return len(calls) > 40
+
+    with guarded() as guard:
+        box["guard"] = guard
+        b.crown()
+        assert any(float(v) <= 0 for v in b.spec_bounds(rows))  # open after CROWN: branch and bound has work
+        b.alpha_spec(rows, owner, steps=2)
+        status, _, msg, stats = bab(b, spec, list(range(len(spec.disjuncts))), expired, lambda: 30.0,
+                                    Settings(batch=4, steps=2), lambda x: x)
+    assert status in ("unsat", "timeout") and stats["rounds"] >= 1, (status, msg, stats)
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

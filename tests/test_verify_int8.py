@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.graph import Graph, Node
+from analysis.verification.nonlinear import OutOfDomain
 from analysis.verification.ops import QuantizedInput, ReLU, Rounding, Scale, UnsupportedModel
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
@@ -339,3 +340,142 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
         assert im.size[0] > 2 * im.size[1]
     with pytest.raises(ConfigError, match="int8_budget_s"):
         validate_config(apply_overrides(run.cfg, ["verify.int8_budget_s=0"]))
+
+
+# -- the int8 graphs the export makes beyond MLPs: normalization, residual adds, BatchNorm, transformers ------------
+
+def _builtin_int8(tmp: Path, name: str, seed: int = 0, **model) -> tuple[Path, Path]:
+    """A built-in model (random weights, digits' shapes, ReLU) exported and quantized by the int8 stage's recipe."""
+    import dataclasses
+
+    from pipeline.config import GateConfig, ModelConfig
+    from pipeline.models import build_model
+    from quantize.export import save, to_onnx
+
+    torch.manual_seed(seed)
+    spec = {"model": dataclasses.asdict(ModelConfig(name=name, **model)), "activation": "relu",
+            "gate": dataclasses.asdict(GateConfig()), "input_shape": [1, 8, 8], "num_classes": 10, "mean": [0.3], "std": [0.4]}
+    m = build_model(spec).eval()
+    fp32 = tmp / f"{name}.onnx"
+    proto, _ = to_onnx(m, torch.zeros(1, 1, 8, 8), opset=20, simplify=True, dynamic_batch=True)
+    save(proto, fp32)
+    calib = np.random.default_rng(seed).uniform(0, 1, (128, 1, 8, 8)).astype(np.float32)
+    int8 = tmp / f"{name}.int8.onnx"
+    quantize_file(fp32, int8, calib, Config(), tmp)
+    return fp32, int8
+
+
+@pytest.mark.parametrize("name,model", [("cnn", {"channels": [4, 8], "cnn_hidden": 16}),
+                                        ("preact_resnet", {"channels": [2, 4]}),
+                                        ("resnet18_cifar", {"resnet_width": 2}),
+                                        ("deit_tiny", {"dim": 8, "depth": 1, "heads": 2, "patch_size": 4, "mlp_ratio": 2})])
+def test_int8_graphs_of_the_builtin_models_read_and_their_bounds_contain_onnxruntime(tmp_path, name, model):
+    """The QuantizeLinear after the input's normalization (exact), after a residual Add, a BatchNorm, a LayerNorm, a
+    Softmax, a MatMul of two tensors: read, and CROWN's output bounds over boxes contain what onnxruntime computes at
+    sampled points (uniform and corners) of each box."""
+    _, int8 = _builtin_int8(tmp_path, name, **model)
+    graph = from_onnx(int8)
+    sess = ort_util.session(int8)
+    rng = np.random.default_rng(1)
+    for eps in (0.002, 0.02):
+        x0 = rng.uniform(0, 1, 64)
+        lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+        try:
+            lo, hi = _output_bounds(graph, lb, ub)
+        except OutOfDomain:  # a LayerNorm whose variance may vanish on the wider box: no bound, and it says so
+            assert name == "deit_tiny" and eps > 0.002
+            continue
+        pts = np.concatenate([rng.uniform(lb, ub, (400, 64)), np.where(rng.random((400, 64)) < 0.5, lb, ub), x0[None]])
+        y = sess.run(None, {sess.get_inputs()[0].name: pts.reshape(-1, 1, 8, 8).astype(np.float32)})[0]
+        assert np.all(y >= lo - SUM_TOL) and np.all(y <= hi + SUM_TOL), (name, eps, float((lo - y).max()), float((y - hi).max()))
+
+
+def test_the_input_normalization_folds_into_an_exact_first_quantization(tmp_path):
+    """A CNN's Mul/Add before its first QuantizeLinear: the quantized values onnxruntime computes at sampled points of a
+    box lie in `QuantizedInput`'s range for the box, and that range is attained (its ends are values the runtime takes)."""
+    _, int8 = _builtin_int8(tmp_path, "cnn", channels=[2], cnn_hidden=4)
+    model = onnx.load(str(int8))
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("/norm/"))
+    model.graph.output.append(helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT, None))
+    probe = tmp_path / "probe.onnx"
+    onnx.save(model, probe)
+    graph = from_onnx(int8)
+    q = next(n.op for n in graph.nodes if isinstance(n.op, QuantizedInput))
+    assert q.pre_scale is not None and q.pre_ops == 2
+    sess = ort_util.session(probe)
+    rng = np.random.default_rng(0)
+    for eps in (0.0, 0.003, 0.05):
+        x0 = rng.uniform(0, 1, 64)
+        lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+        lo, hi = q.interval(torch.as_tensor(lb), torch.as_tensor(ub))
+        pts = np.concatenate([rng.uniform(lb, ub, (300, 64)), lb[None], ub[None]])
+        got = sess.run(None, {"input": pts.reshape(-1, 1, 8, 8).astype(np.float32)})[1].reshape(len(pts), -1)
+        assert np.all(got >= lo.numpy()) and np.all(got <= hi.numpy())
+        np.testing.assert_array_equal(np.minimum(got[-2], got[-1]), lo.numpy())  # the box's ends give the range's ends
+        np.testing.assert_array_equal(np.maximum(got[-2], got[-1]), hi.numpy())
+
+
+def _ln_model(N: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    g, b = rng.normal(size=N).astype(np.float32), rng.normal(size=N).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)], "ln",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, N])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+                              [numpy_helper.from_array(g, "g"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), g, b
+
+
+@pytest.mark.parametrize("N", [4, 16, 64])
+def test_layer_norm_rounding_bounds_onnxruntime_float32_layer_norm_on_ill_conditioned_rows(tmp_path, N):
+    """|onnxruntime's LayerNorm − the exact one| ≤ `layer_norm_rounding` per unit, on rows whose mean dwarfs their spread
+    (the one-pass E[x²] − E[x]² loses digits there), given the exact variance of each row as the box's lower bound."""
+    from analysis.verification.quantized import layer_norm_rounding
+
+    model, g, b = _ln_model(N)
+    path = tmp_path / "ln.onnx"
+    onnx.save(model, path)
+    rng = np.random.default_rng(N)
+    rows = []
+    for mean, spread in [(0, 1), (3, 0.1), (10, 0.01), (30, 0.003), (5, 1e-3), (0, 1e-3), (20, 1.0)]:
+        rows.append(mean + spread * rng.standard_normal((200, N)))
+    x = np.concatenate(rows).astype(np.float32)
+    y = ort_util.session(path).run(None, {"x": x})[0].astype(np.float64)
+    xd = x.astype(np.float64)
+    var = xd.var(1)
+    exact = (xd - xd.mean(1, keepdims=True)) / np.sqrt(var + 1e-5)[:, None] * g + b
+    A = np.abs(xd)
+    E = layer_norm_rounding((torch.as_tensor(A.mean(1)), torch.as_tensor((A * A).mean(1)), torch.as_tensor(A.max(1))),
+                            torch.as_tensor(var + 1e-5), torch.zeros(len(x), dtype=torch.float64),
+                            torch.as_tensor(g, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), N, 1e-5).numpy()
+    err = np.abs(y - exact)
+    assert np.all(err <= E), float((err - E).max())
+    # not vacuous where the mean is at most 30 spreads (groups 0, 1, 5, 6): finite, and within 1e6 times the largest
+    # error measured there (measured up to 1.2e5 times at N = 64; the γ_{N+2} terms are worst cases of aligned
+    # roundings); where the mean is 1e3-1e4 spreads the one-pass variance may lose every digit and E is ∞
+    good = np.r_[0:400, 1000:1400]
+    assert np.all(np.isfinite(E[good])) and E[good].max() < 1e6 * max(err[good].max(), 1e-7)
+
+
+def test_softmax_kernel_error_stays_within_its_measured_constant(tmp_path):
+    """`quantized.SOFTMAX_K` is 8× the largest K with |p̃ − p| ≤ K·u·(T + W + 4)·p measured on onnxruntime's Softmax:
+    re-measured here (rows of widths 2–197, scales 0.01–80), it must stay below an eighth of the constant."""
+    from analysis.verification.quantized import SOFTMAX_K, U
+
+    worst = 0.0
+    rng = np.random.default_rng(0)
+    for T in (2, 5, 17, 64, 197):
+        graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "sm",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, T])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, T])])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), tmp_path / "sm.onnx")
+        sess = ort_util.session(tmp_path / "sm.onnx")
+        for scale in (0.01, 1, 10, 80):
+            x = (rng.standard_normal((2000, T)) * scale).astype(np.float32)
+            y = sess.run(None, {"x": x})[0].astype(np.float64)
+            xd = x.astype(np.float64)
+            e = np.exp(xd - xd.max(1, keepdims=True))
+            p = e / e.sum(1, keepdims=True)
+            W = xd.max(1, keepdims=True) - xd.min(1, keepdims=True)
+            ok = p > 1e-30
+            worst = max(worst, float((np.abs(y - p) / (p * U * (T + W + 4)))[ok].max()))
+    assert worst * 8 <= SOFTMAX_K, worst

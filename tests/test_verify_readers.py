@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from _modules import Affine
 from analysis.verification.graph import Graph
 from analysis.verification.ops import Concat, Conv, Gate, Linear, ReLU, Scale, Sum, UnsupportedModel
-from analysis.verification.readers import from_onnx, from_torch, module_path
+from analysis.verification.readers import from_onnx, from_torch, module_path, supported_ops
 from quantize.export import export_for_verifiers
 from _onnx import make_model
 
@@ -198,18 +198,33 @@ def test_verifier_export_of_a_cnn_reads_back(tmp_path):
     np.testing.assert_allclose(net.forward(xs.reshape(20, -1)).numpy(), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["Tanh", "Sigmoid", "MaxPool"])
-def test_unsupported_op_is_one_line_naming_it(tmp_path, op):
-    kw = {"kernel_shape": [1, 1]} if op == "MaxPool" else {}
+def _one_node_model(tmp_path, op, **kw):
     graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="n3", **kw)], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])])
     path = tmp_path / "bad.onnx"
     onnx.save(make_model(graph, 20), path)
+    return path
+
+
+@pytest.mark.parametrize("op", ["Tanh", "MaxPool"])
+def test_an_op_no_handler_reads_is_one_line_naming_it_and_what_is_read(tmp_path, op):
+    path = _one_node_model(tmp_path, op, **({"kernel_shape": [1, 1]} if op == "MaxPool" else {}))
     with pytest.raises(UnsupportedModel) as e:
         from_onnx(path)
     msg = str(e.value)
     assert f"unsupported ONNX op {op} (node 'n3')" in msg and "\n" not in msg and "Conv" in msg  # lists what it reads
+    assert op not in supported_ops() and (e.value.node, e.value.op) == ("n3", op) and e.value.fix
+
+
+def test_a_handled_op_in_a_form_it_does_not_read_names_the_form_not_a_contradiction(tmp_path):
+    """Sigmoid is read inside x·σ(λx) only: the message says what was met, never "unsupported ONNX op Sigmoid" followed
+    by a list that contains Sigmoid."""
+    with pytest.raises(UnsupportedModel) as e:
+        from_onnx(_one_node_model(tmp_path, "Sigmoid"))
+    msg = str(e.value)
+    assert msg.startswith("Sigmoid (node 'n3') is not read: ") and "unsupported ONNX op" not in msg and "\n" not in msg
+    assert "Sigmoid" in supported_ops() and e.value.op == "Sigmoid" and "gate" in e.value.what
 
 
 def test_torch_module_it_cannot_read_names_the_op_and_the_module_path():

@@ -1,7 +1,13 @@
 """Verification tools, one file per concept (the verify stage itself is `pipeline/stages/verify.py`):
 
-- ops, graph: the graph IR (affine ops, ReLU and the smooth gates; a DAG of nodes);
-- readers: ONNX graphs (a table from op type to handler) and torch modules (through their ONNX export);
+- ops, graph: the graph IR (affine ops, ReLU and the smooth gates, the int8 roundings; a DAG of nodes);
+- nonlinear: a transformer's ops (exp, reciprocal, rsqrt, sqrt, square, a LayerNorm's variance, products of two
+  variables, the int8 LayerNorm's float32 error) with their relaxations;
+- readers: ONNX graphs (a table from op type to handler, `supported_ops()`) and torch modules (through their ONNX
+  export), float and int8;
+- quantized: which execution an int8 graph's reading covers and how far it strays (the roundings' bounds, float32
+  values between a DequantizeLinear and a QuantizeLinear, LayerNorm's box-dependent bound); floats: those float32
+  values as the reader follows them op by op;
 - relaxations: the smooth gates' linear relaxations and the closed-form swap gap per unit;
 - bounds: IBP, CROWN, α-CROWN over the DAG, the swap gap |smooth − ReLU| over a box;
 - attack: PGD on a property's margin;

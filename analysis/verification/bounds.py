@@ -198,7 +198,7 @@ class Bounder:
         vals[0] = (self.lb[None], self.ub[None])
         for k, node in enumerate(self.net.nodes[1:], start=1):
             if isinstance(node.op, Affine):
-                vals[k] = node.op.ibp(*(vals[i] for i in node.inputs))
+                vals[k] = _unknown_nan(*node.op.ibp(*(vals[i] for i in node.inputs)))
                 continue
             lo, hi = vals[node.inputs[0]]
             l, u = at_site(self.site_of[k], lo[0], hi[0])
@@ -207,7 +207,7 @@ class Bounder:
             elif isinstance(node.op, Gate):
                 glo, ghi = gate_range(SMOOTH_GATES[node.op.kind], node.op.lam, l, u)
             else:
-                glo, ghi = node.op.interval(l, u)
+                glo, ghi = _unknown_nan(*node.op.interval(l, u))
             vals[k] = (glo[None], ghi[None])
         lo, hi = vals[self.net.output]
         return lo[0], hi[0]
@@ -242,7 +242,7 @@ class Bounder:
             al, _, au, bu = ReluLines.of(l, u).lines(slopes)
             return al, torch.zeros_like(al), au, bu
         if not isinstance(op, Gate):
-            return op.lines(l, u)
+            return op.lines(l, u) if op.elementwise else op.relax(l, u)
         gate = SMOOTH_GATES[op.kind]
         lam = op.lam
         L, U = lam * l, lam * u
@@ -317,7 +317,14 @@ class Bounder:
             elif bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
             else:
-                al, bl, au, bu = (t.to(dtype) for t in self.relaxation(s, sl, exact))
+                relax = tuple(t.to(dtype) for t in self.relaxation(s, sl, exact))
+                if not n.op.elementwise:  # a product of two variables (`nonlinear`): its own back-substitution
+                    A, c = ops[k].back(A, relax)
+                    const = const + c
+                    i = n.inputs[0]
+                    acc[i] = acc[i] + A if i in acc else A
+                    continue
+                al, bl, au, bu = relax
             Ap, An = A.clamp(min=0), A.clamp(max=0)
             const = const + (An * bu).sum(-1) + (0 if bl is None else (Ap * bl).sum(-1))
             A = Ap * al + An * au
@@ -341,8 +348,11 @@ class Bounder:
         l, u = self.pre[s]
         if isinstance(self.op(s), ReLU):
             return torch.nonzero((l < 0) & (u > 0)).flatten()
-        if not self.op(s).needs_bounds:
+        op = self.op(s)
+        if not op.needs_bounds:
             return torch.arange(0, device=l.device)
+        if hasattr(op, "settled"):  # a grid's rounding: units whose interval has one grid value already are final
+            return torch.nonzero(~op.settled(l, u)).flatten()
         return torch.arange(l.numel(), device=l.device)
 
     def tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
@@ -513,6 +523,18 @@ class Bounder:
         return BoxBounds(self.net, self.lb, self.ub, self.ibp_pre, self.ibp_out, list(self.pre), self.method)
 
 
+# |values| beyond this are unknown: far beyond float32's range (3.4e38), so beyond any value a float32 network computes;
+# finite, so that interval arithmetic on an unknown unit never meets ∞·0 or ∞ − ∞ (0·UNKNOWN is 0)
+UNKNOWN = 1e300
+
+
+def _unknown_nan(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An interval whose ends may be ±∞ or NaN (a transformer op outside what the box proves: an exp that overflows, a
+    divisor not provably positive, a LayerNorm's float32 error beyond its bound) with unknown ends as ∓UNKNOWN."""
+    return (torch.nan_to_num(lo, nan=-UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(min=-UNKNOWN),
+            torch.nan_to_num(hi, nan=UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(max=UNKNOWN))
+
+
 def _detach(v):
     return tuple(t.detach() for t in v) if isinstance(v, tuple) else v.detach()
 
@@ -560,7 +582,11 @@ def swap_gap(smooth: Graph, relu_pre: Sequence[tuple[torch.Tensor, torch.Tensor]
             d[k] = relu_moves[None]
             continue
         if not isinstance(node.op, Gate):
-            raise UnsupportedModel(f"the swap gap has no rule for {type(node.op).__name__}")
+            if not hasattr(node.op, "gap"):
+                raise UnsupportedModel(f"the swap gap has no rule for {type(node.op).__name__}")
+            # an op both networks share (exp, a product, ...): how far its output moves when its input moves by dk
+            d[k] = node.op.gap(l, u, dk)[None]
+            continue
         gate = SMOOTH_GATES[node.op.kind]
         lam = node.op.lam
         via_relu = swap_gap_unit(gate, lam, l - dk, u + dk) + relu_moves

@@ -57,6 +57,13 @@ class Encoding:
     x: slice  # the variables whose values, moved into the box, are the input a solution stands for
     y: slice
     num_unstable: int
+    # an input quantized after its normalization a·x + b (`ops.QuantizedInput`): x is (value − b)/a of those variables
+    x_affine: tuple[np.ndarray, np.ndarray] | None = None
+
+    def input_of(self, v: np.ndarray) -> np.ndarray:
+        """The input a solution vector stands for (before it is moved into the box)."""
+        x = v[self.x]
+        return x if self.x_affine is None else (x - self.x_affine[1]) / self.x_affine[0]
 
     @property
     def num_vars(self) -> int:
@@ -102,6 +109,14 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
 
     sites = net.activations
     site_input = {net.nodes[k].inputs[0]: s for s, k in enumerate(sites)}  # a node read by a ReLU: its tight bounds
+    def _tightest(interval, k):
+        """An activation's range, intersected with the tight bounds of the site that reads it (if one does)."""
+        ylo, yhi = interval
+        if k in site_input:
+            pl, pu = pre[site_input[k]]
+            ylo, yhi = torch.maximum(ylo, pl), torch.minimum(yhi, pu)
+        return ylo, yhi
+
     var: list[slice | None] = [None] * len(net.nodes)
     box: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(net.nodes)
     var[0], box[0] = slice(0, lb.size), (torch.as_tensor(lb)[None], torch.as_tensor(ub)[None])
@@ -150,12 +165,24 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
                      np.ravel(np.column_stack([ones, -ui])), ninf, np.zeros(n))  # a ≤ u δ
             box[k] = (lo_t.clamp(min=0), hi_t.clamp(min=0))
             var[k] = a
-        elif isinstance(node.op, Activation):  # a fixed relaxation (int8 rounding): al·x + bl ≤ y ≤ au·x + bu
+        elif isinstance(node.op, Activation) and not node.op.elementwise:  # a product of two variables: lo ≤ y − M·x ≤ hi
+            h = ins[0]
+            lo_t, hi_t = box[node.inputs[0]]
+            ylo, yhi = _tightest(node.op.interval(lo_t[0], hi_t[0]), k)
+            m = ylo.numel()
+            a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
+            for M, glo, ghi in node.op.milp_rows(lo_t[0], hi_t[0]):
+                M = M.tocoo()
+                add_rows(np.concatenate([np.arange(m), M.row]), np.concatenate([a.start + np.arange(m), h.start + M.col]),
+                         np.concatenate([np.ones(m), -M.data]), glo, ghi)
+            box[k] = (ylo[None], yhi[None])
+            var[k] = a
+        elif isinstance(node.op, Activation):  # a fixed relaxation (int8 rounding, exp, ...): al·x + bl ≤ y ≤ au·x + bu
             h = ins[0]
             lo_t, hi_t = box[node.inputs[0]]
             al, bl, au, bu = (np.broadcast_to(np.asarray(t, dtype=np.float64), lo_t[0].shape) for t in
                               node.op.lines(lo_t[0], hi_t[0]))
-            ylo, yhi = node.op.interval(lo_t[0], hi_t[0])
+            ylo, yhi = _tightest(node.op.interval(lo_t[0], hi_t[0]), k)
             n = al.size
             a = new_vars(ylo.numpy().copy(), yhi.numpy().copy())
             r = np.repeat(np.arange(n), 2)
@@ -183,11 +210,15 @@ def encode(net: Graph, lb: np.ndarray, ub: np.ndarray, pre: Sequence[tuple[Any, 
     readers = [k for k, node in enumerate(net.nodes) if 0 in node.inputs]
     first = readers[0] if len(readers) == 1 and isinstance(net.nodes[readers[0]].op, QuantizedInput) else None
     x_var = var[first] if first is not None else slice(0, lb.size)
+    x_affine = None
+    if first is not None and net.nodes[first].op.pre_scale is not None:
+        q = net.nodes[first].op
+        x_affine = (q.pre_scale.numpy(), q.pre_shift.numpy())
     rr, cc, vv = (np.concatenate(t) for t in zip(*triplets))
     matrix = sparse.csr_matrix((vv, (rr, cc)), shape=(num_rows, num_vars))
     return Encoding(matrix=matrix, row_lo=np.concatenate(row_lo), row_hi=np.concatenate(row_hi),
                     var_lb=np.concatenate(var_lb), var_ub=np.concatenate(var_ub), integrality=np.concatenate(integ),
-                    x=x_var, y=h, num_unstable=num_unstable)
+                    x=x_var, y=h, num_unstable=num_unstable, x_affine=x_affine)
 
 
 def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_disjuncts: Sequence[int],
@@ -228,7 +259,7 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
             return False, None, np.inf, res.message
         if res.x is None:
             return None if res.status == 1 else (True, None, 0.0, res.message)
-        return True, np.clip(res.x[enc.x], spec.lb, spec.ub), float(res.fun), res.message
+        return True, np.clip(enc.input_of(res.x), spec.lb, spec.ub), float(res.fun), res.message
 
     todo = list(open_disjuncts)
     if order is not None:

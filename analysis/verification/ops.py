@@ -13,11 +13,17 @@ Affine ops (`Affine`): `forward(*h)`, interval arithmetic `ibp(*(lo, hi))`, and 
 - `Scale(scale, shift)`: y = x·scale + shift elementwise (normalization, BatchNorm in eval, Mul/Add/Sub/Div by
   constants, Neg);
 - `Sum(signs)`: y = Σ_i signs_i·x_i over inputs of one size (residual Add, Sub of two tensors);
-- `Concat(shapes, axis)` and `Permute(index)` (Transpose): rearrangements of their inputs' units.
+- `Concat(shapes, axis, consts)` (constant inputs such as a class token in its constant term), `Permute(index)`
+  (Transpose) and `Select(index)` (Gather, Slice, Split, Expand, a broadcast): rearrangements of their inputs' units;
+- `Pool(group, weight)`: sums of grouped units (ReduceMean/ReduceSum), back-substituted as a gather;
+- `TokenLinear(W, b, rows)`: W x + b on each row of [rows, in] (a MatMul by a constant on tokens).
 
-Activations (`Activation`, one input, elementwise): `ReLU`, and `Gate(kind, lam)`: y = x·g(λx) with g a
+Activations (`Activation`, one input): `ReLU`, and `Gate(kind, lam)`: y = x·g(λx) with g a
 family of `pipeline.gates.GATES` ("phi": λ-GELU and GELU at λ = 1, "sigmoid": λ-Swish and SiLU, "serf":
-SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its channel's positions).
+SERF), λ per unit (a per-layer λ repeated, a per-channel λ broadcast over its channel's positions); the int8 graph's
+`Rounding` and `QuantizedInput`; a transformer's ops in `nonlinear` (elementwise curves, and ops that are not
+elementwise, `elementwise = False`, which back-substitute themselves: products of two variables, a LayerNorm's
+variance, the int8 LayerNorm's float32 error).
 
 Everything is float64. A graph read from a float32 model computes with its float32 weights exactly (each
 converts to float64 without rounding); float32 inference rounding is not modelled here.
@@ -44,7 +50,16 @@ DTYPE = torch.float64
 
 
 class UnsupportedModel(NotImplementedError):
-    """The model holds something no tool here reads; the message is one line that names it and where it is."""
+    """The model holds something no tool here reads; the message is one line that names it and where it is.
+
+    Structured for callers that report it (the verify stage's `not_verified`): `node` (the ONNX node's name, or a module
+    path), `op` (its op type), `what` (the form met, in the node's own terms) and `fix` (what would make it readable,
+    or None); each may be None where the message is about the model as a whole."""
+
+    def __init__(self, message: str = "", *, node: str | None = None, op: str | None = None, what: str | None = None,
+                 fix: str | None = None):
+        super().__init__(message)
+        self.node, self.op, self.what, self.fix = node, op, what, fix
 
 
 def as_tensor(a: Any, device: torch.device | str | None = None) -> torch.Tensor:
@@ -121,6 +136,8 @@ class Activation(Op):
     size: int
     # False: `lines` does not depend on the input interval, so tightening it by CROWN buys nothing (`Rounding` off a grid)
     needs_bounds: ClassVar[bool] = True
+    # False: not elementwise (a product of two variables, `nonlinear`): `relax(l, u)` and `back(A, relax)` instead of lines
+    elementwise: ClassVar[bool] = True
 
     def in_sizes(self) -> tuple[int, ...]:
         return (self.size,)
@@ -355,10 +372,13 @@ class Sum(Affine):
 
 @dataclass(eq=False)
 class Concat(Affine):
-    """Inputs of the given shapes (no batch axis) concatenated along `axis` (of those shapes)."""
+    """Inputs of the given shapes (no batch axis) concatenated along `axis` (of those shapes). `consts`: per input, a
+    constant tensor of that shape (a class token, a constant pad) or None for a variable; the op reads the variables
+    only (its arity) and adds the constants' place in the output as its constant term."""
 
     shapes: tuple[tuple[int, ...], ...]
     axis: int
+    consts: tuple[torch.Tensor | None, ...] | None = None
     out_shape: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -369,32 +389,49 @@ class Concat(Affine):
                                            for s in self.shapes):
             raise ValueError(f"cannot concatenate shapes {self.shapes} along axis {ax}")
         self.out_shape = first[:ax] + (sum(s[ax] for s in self.shapes),) + first[ax + 1:]
+        consts = self.consts or (None,) * len(self.shapes)
+        if len(consts) != len(self.shapes) or all(c is not None for c in consts):
+            raise ValueError("Concat needs one entry per input in consts and at least one variable input")
+        self.consts = None
+        # the constant term: the constants in their places, zeros where a variable goes (one flat tensor, so that
+        # `Op.to`/`cast` move it like any other)
+        parts = [as_tensor(c).reshape(s) if c is not None else torch.zeros(s, dtype=DTYPE) for c, s in zip(consts, self.shapes)]
+        self.const = torch.cat(parts, dim=ax).reshape(-1) if any(c is not None for c in consts) else None
+        self.variable = tuple(c is None for c in consts)
 
     @property
     def arity(self) -> int:  # type: ignore[override]
-        return len(self.shapes)
+        return sum(self.variable)
 
     def in_sizes(self) -> tuple[int, ...]:
-        return tuple(numel(s) for s in self.shapes)
+        return tuple(numel(s) for s, v in zip(self.shapes, self.variable) if v)
 
     @property
     def out_size(self) -> int:
         return numel(self.out_shape)
 
-    def forward(self, *h: torch.Tensor) -> torch.Tensor:
+    def _join(self, h: tuple[torch.Tensor, ...], fill: float | None = 0.0) -> torch.Tensor:
+        """The variables in their places; the constants' places 0 (`fill` 0) — `forward` adds `const`."""
         B = h[0].shape[0]
-        return torch.cat([x.reshape(B, *s) for x, s in zip(h, self.shapes)], dim=self.axis + 1).reshape(B, -1)
+        it = iter(h)
+        parts = [next(it).reshape(B, *s) if v else h[0].new_zeros(B, *s) for s, v in zip(self.shapes, self.variable)]
+        return torch.cat(parts, dim=self.axis + 1).reshape(B, -1)
+
+    def forward(self, *h: torch.Tensor) -> torch.Tensor:
+        y = self._join(h)
+        return y if self.const is None else y + self.const.to(y.dtype)
 
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         rows = A.shape[0]
         parts = torch.split(A.reshape(rows, *self.out_shape), [s[self.axis] for s in self.shapes], dim=self.axis + 1)
-        return [p.reshape(rows, -1) for p in parts], A.new_zeros(rows)
+        c = A.new_zeros(rows) if self.const is None else A @ self.const.to(A.dtype)
+        return [p.reshape(rows, -1) for p, v in zip(parts, self.variable) if v], c
 
     def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(*(b[0] for b in bounds)), self.forward(*(b[1] for b in bounds))
 
     def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
-        return self.forward(*d)
+        return self._join(d)
 
     def sparse(self):
         from scipy import sparse
@@ -402,10 +439,12 @@ class Concat(Affine):
         src = torch.cat([torch.full(s, i, dtype=torch.long) for i, s in enumerate(self.shapes)], dim=self.axis).reshape(-1).numpy()
         pos = torch.cat([torch.arange(numel(s)).reshape(s) for s in self.shapes], dim=self.axis).reshape(-1).numpy()
         mats = []
-        for i, n in enumerate(self.in_sizes()):
+        for i, s in enumerate(self.shapes):
+            if not self.variable[i]:
+                continue
             rows = np.flatnonzero(src == i)
-            mats.append(sparse.csr_matrix((np.ones(rows.size), (rows, pos[rows])), shape=(self.out_size, n)))
-        return mats, np.zeros(self.out_size)
+            mats.append(sparse.csr_matrix((np.ones(rows.size), (rows, pos[rows])), shape=(self.out_size, numel(s))))
+        return mats, (np.zeros(self.out_size) if self.const is None else self.const.numpy().copy())
 
 
 @dataclass(eq=False)
@@ -445,6 +484,141 @@ class Permute(Affine):
 
         n = self.index.numel()
         return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.cpu().numpy())), shape=(n, n))], np.zeros(n)
+
+
+@dataclass(eq=False)
+class Select(Affine):
+    """y[j] = x[index[j]] for any index into the input (repeats allowed): a Gather, Slice, Split, Expand or Tile on a
+    variable, a broadcast of one operand of a two-variable op to the other's shape."""
+
+    index: torch.Tensor
+    in_size: int
+
+    def __post_init__(self) -> None:
+        self.index = torch.as_tensor(self.index, dtype=torch.long).reshape(-1)
+        self.in_size = int(self.in_size)
+        if self.index.numel() and not (0 <= int(self.index.min()) and int(self.index.max()) < self.in_size):
+            raise ValueError(f"Select indices must lie in 0..{self.in_size - 1}")
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.in_size,)
+
+    @property
+    def out_size(self) -> int:
+        return self.index.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, self.index]
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [A.new_zeros(A.shape[0], self.in_size).index_add_(1, self.index, A)], A.new_zeros(A.shape[0])
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(bounds[0]), self.forward(bounds[1])
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return self.forward(d)
+
+    def sparse(self):
+        from scipy import sparse
+
+        n = self.index.numel()
+        return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.cpu().numpy())), shape=(n, self.in_size))], np.zeros(n)
+
+
+@dataclass(eq=False)
+class Pool(Affine):
+    """y[j] = Σ_{i: group[i] = j} weight[i]·x[i]: a ReduceSum or ReduceMean over any axes (weight 1/n), a sum of grouped
+    units. Back-substitution is a gather (A[:, group]·weight), never a dense (out, in) matrix."""
+
+    group: torch.Tensor
+    weight: torch.Tensor
+    size: int  # outputs
+
+    def __post_init__(self) -> None:
+        self.group = torch.as_tensor(self.group, dtype=torch.long).reshape(-1)
+        self.weight = as_tensor(self.weight).reshape(-1).expand(self.group.numel()).clone()
+        self.size = int(self.size)
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.group.numel(),)
+
+    @property
+    def out_size(self) -> int:
+        return self.size
+
+    def _sum(self, v: torch.Tensor) -> torch.Tensor:
+        return v.new_zeros(v.shape[0], self.size).index_add_(1, self.group, v)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._sum(h * self.weight.to(h.dtype))
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return [A[:, self.group] * self.weight.to(A.dtype)], A.new_zeros(A.shape[0])
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = bounds
+        wp, wn = self.weight.clamp(min=0).to(lo.dtype), self.weight.clamp(max=0).to(lo.dtype)
+        return self._sum(lo * wp + hi * wn), self._sum(hi * wp + lo * wn)
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        return self._sum(d * self.weight.abs().to(d.dtype))
+
+    def sparse(self):
+        from scipy import sparse
+
+        n = self.group.numel()
+        return [sparse.csr_matrix((self.weight.numpy(), (self.group.numpy(), np.arange(n))), shape=(self.size, n))], np.zeros(self.size)
+
+
+@dataclass(eq=False)
+class TokenLinear(Affine):
+    """y[r] = W x[r] + b for each of `rows` rows of a [rows, in] value (a MatMul of tokens [.., T, d] by a constant
+    (d, e) matrix, a softmax's pairwise differences, a LayerNorm's centring): the per-row matrix is applied as a
+    matrix product, never as the (rows·out, rows·in) block-diagonal one."""
+
+    W: torch.Tensor  # (out, in)
+    b: torch.Tensor  # (out,)
+    rows: int
+
+    def __post_init__(self) -> None:
+        self.W, self.b = as_tensor(self.W), as_tensor(self.b).reshape(-1)
+        self.rows = int(self.rows)
+        if self.W.dim() != 2 or self.b.shape != (self.W.shape[0],):
+            raise ValueError(f"TokenLinear needs W (out, in) and b (out,), got {tuple(self.W.shape)} and {tuple(self.b.shape)}")
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.rows * self.W.shape[1],)
+
+    @property
+    def out_size(self) -> int:
+        return self.rows * self.W.shape[0]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        B = h.shape[0]
+        return (h.reshape(B, self.rows, -1) @ self.W.T.to(h.dtype) + self.b.to(h.dtype)).reshape(B, -1)
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        R = A.shape[0]
+        Ar = A.reshape(R, self.rows, -1)
+        return [(Ar @ self.W.to(A.dtype)).reshape(R, -1)], Ar.sum(1) @ self.b.to(A.dtype)
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = bounds
+        B = lo.shape[0]
+        Wp, Wn = self.W.clamp(min=0).T.to(lo.dtype), self.W.clamp(max=0).T.to(lo.dtype)
+        l, u = lo.reshape(B, self.rows, -1), hi.reshape(B, self.rows, -1)
+        b = self.b.to(lo.dtype)
+        return (l @ Wp + u @ Wn + b).reshape(B, -1), (u @ Wp + l @ Wn + b).reshape(B, -1)
+
+    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
+        B = d.shape[0]
+        return (d.reshape(B, self.rows, -1) @ self.W.abs().T.to(d.dtype)).reshape(B, -1)
+
+    def sparse(self):
+        from scipy import sparse
+
+        return [sparse.kron(sparse.identity(self.rows), sparse.csr_matrix(self.W.numpy()), format="csr")], np.tile(self.b.numpy(), self.rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +714,14 @@ class Rounding(Activation):
         khi = torch.floor((u + inner) / s + 0.5 + self.SNAP_SLACK)
         return torch.maximum(klo * s, l - E), torch.minimum(khi * s, u + E)
 
+    def settled(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Units whose interval already has one value on the grid: a tighter interval changes nothing of theirs, so
+        CROWN does not bound them (`bounds.Bounder._query`)."""
+        if self.step is None:
+            return torch.ones_like(l, dtype=torch.bool)
+        lo, hi = self._snapped(l, u)
+        return hi <= lo
+
     def grid(self) -> tuple[torch.Tensor, float] | None:
         """(step, slack): every value is within slack of a multiple of step (the MILP's integer encoding)."""
         return None if self.step is None else (self.step, 0.0)
@@ -564,29 +746,54 @@ class Rounding(Activation):
 
 @dataclass(eq=False)
 class QuantizedInput(Activation):
-    """The first quantization of the graph input: y = fl32(s·(q(x) − z)), q(x) = saturate(round(x/s) + z) as the runtime
-    computes it (`quantized.grid_index`, a monotone map). Over an input interval [l, u] the values y takes are the
-    grid points from y(l) to y(u), so that pair is its exact range and the constant lines y(l) ≤ y ≤ y(u) the
-    tightest relaxation of a box; `forward` is the grid value (the ONNX model's own), with the identity's gradient
-    so that an attack can move x."""
+    """The first quantization of the graph input: y = fl32(s·(q(t) − z)), q(t) = saturate(round(t/s) + z) as the runtime
+    computes it (`quantized.grid_index`, a monotone map), of t = x or, where the model normalizes its input with constants
+    before quantizing it (a CNN's Mul/Add, `pre_*`), of t = a·x + b computed by `pre_ops` float32 operations: within
+    δ = 2·γ_{ops+1}·(|a·x| + |b|) of the exact a·x + b, and monotone in x. Over an input interval [l, u] the values y takes
+    are the grid points between those of the interval's ends (t − δ at the lower one, t + δ at the upper one), so that
+    pair is its range and the constant lines y(l) ≤ y ≤ y(u) the tightest relaxation of a box; `forward` is the grid
+    value of fl32(a·x + b), with the identity's gradient so that an attack can move x."""
 
     scale: torch.Tensor  # per unit, the float32 scale as a float64
     zero: torch.Tensor  # per unit, integer-valued
     qmin: int
     qmax: int
     source: str = ""
+    pre_scale: torch.Tensor | None = None  # per unit a (None: t = x)
+    pre_shift: torch.Tensor | None = None  # per unit b
+    pre_ops: int = 0
 
     def __post_init__(self) -> None:
         self.scale, self.zero = as_tensor(self.scale).reshape(-1), as_tensor(self.zero).reshape(-1)
+        if self.pre_ops == 0 and self.pre_scale is not None and bool(torch.all(as_tensor(self.pre_scale) == 1)) \
+                and bool(torch.all(as_tensor(self.pre_shift) == 0)):
+            self.pre_scale = self.pre_shift = None  # the raw input itself
+        if self.pre_scale is not None:
+            self.pre_scale = as_tensor(self.pre_scale).reshape(-1).expand_as(self.scale).clone()
+            self.pre_shift = as_tensor(self.pre_shift).reshape(-1).expand_as(self.scale).clone()
+            if not bool(torch.all(self.pre_scale != 0)):
+                raise ValueError("a normalization before the first quantization must not multiply by 0")
 
     @property
     def size(self) -> int:  # type: ignore[override]
         return self.scale.numel()
 
+    def _pre(self, x: torch.Tensor, side: str) -> torch.Tensor:
+        if self.pre_scale is None:
+            return x
+        from pipeline.numerics import gamma
+
+        a, b = self.pre_scale.to(x.dtype), self.pre_shift.to(x.dtype)
+        t = x * a + b
+        if side == "nearest":
+            return t
+        delta = 2 * gamma(self.pre_ops + 1) * ((x * a).abs() + b.abs())
+        return t - delta if side == "low" else t + delta
+
     def value(self, x: torch.Tensor, side: str = "nearest") -> torch.Tensor:
         from .quantized import grid_index
 
-        q = grid_index(x.detach(), self.scale, self.zero, self.qmin, self.qmax, side)
+        q = grid_index(self._pre(x.detach(), side), self.scale, self.zero, self.qmin, self.qmax, side)
         # DequantizeLinear in float32, as the runtime computes it: one rounding of the exact (q − z)·s
         y = (q - self.zero).to(torch.float32) * self.scale.to(torch.float32)
         return y.to(x.dtype)
@@ -600,7 +807,9 @@ class QuantizedInput(Activation):
         return self.scale, top * U
 
     def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.value(l[None], "low")[0], self.value(u[None], "high")[0]
+        lo = torch.minimum(self.value(l[None], "low")[0], self.value(u[None], "low")[0])  # a < 0 reverses the ends
+        hi = torch.maximum(self.value(l[None], "high")[0], self.value(u[None], "high")[0])
+        return lo, hi
 
     def lines(self, l: torch.Tensor, u: torch.Tensor):
         lo, hi = self.interval(l, u)

@@ -27,9 +27,30 @@ into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
 
 The graph input's own QuantizeLinear is exact: `ops.QuantizedInput` maps the box to the grid points it reaches.
 
-Not covered (the reader refuses them, one line naming the node): float ops between DequantizeLinear and
-QuantizeLinear other than an affine op or a ReLU (a λ-GELU gate left in float: its float32 error is not bounded
-here), an affine op whose input is not dequantized, integer sums that could overflow int32.
+Float32 values between a DequantizeLinear and the next QuantizeLinear (a residual Add, a BatchNorm, an average, a
+ReLU, a Softmax, a LayerNorm, a product of two dequantized tensors). The reader follows, per unit, a bound err on
+|runtime − exact| and the exact value's range [lo, hi] over every input (`floats.Float`, `floats.follow`): a DequantizeLinear
+output is within u·|y| of its grid point; data movement and ReLU pass err on; an affine op adds |M|·err plus its own
+rounding (γ_{n+8} as above when its weights are dequantized, else γ_{n+2}·(|M|·m + |c|), m = max(|lo|, |hi|) + err);
+an elementwise op of k float32 operations 2·γ_k of its magnitudes; a sum of two values u·(m_a + m_b); a BatchNorm,
+(x − μ)/√(σ² + ε)·γ + β however the kernel groups it, γ_8 of |a|·(m + |μ|) + |β| (`floats.batchnorm_float`); a MatMul of
+two dequantized tensors Σ (|A|·e_B + e_A·|B| + e_A·e_B) + γ_{k+8}·|A|·|B| (an int32 QLinearMatMul or a float32
+one); a Softmax, which is ½-Lipschitz in the max norm (its Jacobian diag(p) − p·pᵀ has row sums 2p_i(1 − p_i) ≤ ½),
+½·max_j err_j plus its own rounding `SOFTMAX_K`·u·(T + W + 4) (W the row's spread), a bound measured on MLAS's
+kernel (tests/test_verify_int8.py re-measures it: the largest K over 1.1M rows of widths 2-197 and scales 0.01-80 was
+0.92 on this machine's onnxruntime 1.32); a LayerNorm, whose one-pass float32 kernel (E[x²] − E[x]², as onnxruntime's
+CPU kernel computes it) is ill-conditioned where the variance is small, gets a node of its own whose bound depends on
+the box (`nonlinear.LayerNormRounding`: the variance's lower bound over the box enters it). A QuantizeLinear of such a value is
+a Rounding with E = s/2 + err + 2u·(m + err + s·(|z| + 1)) (`float_error`).
+
+The graph input's normalization (x·a + b by constants, a CNN's Mul/Add before its first QuantizeLinear): the
+quantized value is a monotone function of each input unit, so `ops.QuantizedInput` keeps its exact range, with the
+float32 ops of the normalization within 2·γ_{ops+1}·(|a·x| + |b|) of a·x + b.
+
+Not covered (the reader refuses them, one line naming the node): a float op between DequantizeLinear and
+QuantizeLinear that reads the raw input beyond its normalization (no range is known), exp, sqrt, a division or a
+λ-GELU gate left in float32 before a QuantizeLinear (their float32 error is not derived here), integer sums that could
+overflow int32.
 """
 
 from __future__ import annotations
@@ -39,7 +60,8 @@ import math
 import numpy as np
 import torch
 
-from pipeline.numerics import U, dot_error
+from pipeline.numerics import U, dot_error, gamma
+
 
 REQUANT_EXTRA = 8  # the requantized sum's roundings beyond its n terms: the module docstring's γ_{n+8}
 NO_SLACK = 1.0  # γ_{n+8} has room for the bound's own float64 evaluation: no GAMMA_SLACK
@@ -76,16 +98,23 @@ def magnitude(op, in_range: tuple[torch.Tensor, torch.Tensor]) -> tuple[np.ndarr
     return (op.abs_forward(m[None])[0] + c).numpy(), c.numpy()
 
 
+def affine_error(op, in_range: tuple[torch.Tensor, torch.Tensor], terms: int, bias_step: np.ndarray | None) -> np.ndarray:
+    """|runtime − exact| per output unit of the affine `op` on dequantized inputs in `in_range`, before any quantization
+    of its output: e_b + γ_{n+8}·(S + e_b) (the module docstring's bound without the output grid's terms)."""
+    S, c = magnitude(op, in_range)
+    e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c
+    return e_b + dot_error(terms + REQUANT_EXTRA, S + e_b, NO_SLACK)
+
+
 def requant_error(op, in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray,
                   terms: int, bias_step: np.ndarray | None) -> np.ndarray:
     """E per output unit of the affine `op` (the module docstring's bound): `in_range` the (lo, hi) its dequantized
     input can take, `scale`/`zero` the output's quantization (per unit), `terms` the products per sum, `bias_step`
     s_x·s_w per unit when the runtime rounds a float bias to int32 (None: no such rounding)."""
-    S, c = magnitude(op, in_range)
-    e_b = np.zeros_like(S) if bias_step is None else np.asarray(bias_step, dtype=np.float64) / 2 + 3 * U * c
+    inner = affine_error(op, in_range, terms, bias_step)
     s = np.asarray(scale, dtype=np.float64)
-    E = s / 2 + e_b + dot_error(terms + REQUANT_EXTRA, S + e_b, NO_SLACK) + 2 * U * s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)
-    return np.broadcast_to(E, S.shape).copy()
+    E = s / 2 + inner + 2 * U * s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)
+    return np.broadcast_to(E, inner.shape).copy()
 
 
 def exact_error(in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
@@ -105,3 +134,52 @@ def int32_safe(op, in_range: tuple[torch.Tensor, torch.Tensor], in_scale: np.nda
     S, _ = magnitude(op, in_range)
     step = np.asarray(in_scale, dtype=np.float64).min() * np.asarray(w_scale, dtype=np.float64)
     return bool(np.all(S / np.maximum(step, 1e-300) < INT32_MAX / 2)) if math.isfinite(float(S.max())) else False
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 values between a DequantizeLinear and a QuantizeLinear (the module docstring's second part; `floats` follows
+# them through the graph)
+
+SOFTMAX_K = 8.0  # the softmax kernel's relative error is at most SOFTMAX_K·u·(T + W + 4); measured K ≤ 0.92 (margin 8)
+
+
+def float_error(fl, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """E of a QuantizeLinear (scale, zero point per unit) of a float32 value known as `fl` (`floats.Float`)."""
+    s = np.asarray(scale, dtype=np.float64)
+    m = fl.mag + fl.err
+    return s / 2 + fl.err + 2 * U * (m + s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1))
+
+
+# -- LayerNorm in float32: a bound that depends on the box ---------------------------------------
+
+# a LayerNorm's float32 error bound may reach this share of its output's magnitude bound |γ|·√N + |β| (what the values
+# after it are followed with); beyond, the box is refused (`LayerNormRounding.bound`)
+LN_CAP = 0.25
+
+
+def layer_norm_rounding(A: torch.Tensor, vlow: torch.Tensor, e: torch.Tensor, gamma_: torch.Tensor, beta: torch.Tensor,
+                        N: int, eps: float) -> torch.Tensor:
+    """|onnxruntime's float32 LayerNorm of x̃ − the exact LayerNorm of x| per unit, for rows with max|x̃| ≤ A [R], the
+    exact variance + ε ≥ vlow [R] over the box, |x̃ − x| ≤ e [R] (max over the row), scale γ and shift β [N]. The
+    kernel (onnxruntime's CPU LayerNorm): m = Σx/N, s = √(Σx²/N − m² + ε), y = (x − m)/s·γ + β, each operation rounded
+    once (u = 2⁻²⁴); derivation in `nonlinear.LayerNormRounding`'s docstring. Returns [R, N] (+∞ where the bound fails)."""
+    u, g = U, gamma
+    sqrtN = math.sqrt(N)
+    # per row: bounds on mean |x̃|, mean x̃² and max |x̃| (a tensor A: max |x̃| for all three)
+    A1, A2 = (A[0], A[1]) if isinstance(A, tuple) else (A, A * A)
+    # the runtime input's spread: σ(x̃) ≥ σ(x) − max|x̃ − x| (σ is 1-Lipschitz in ‖·‖₂/√N)
+    sd = (torch.sqrt((vlow - eps).clamp(min=0)) - e).clamp(min=0)
+    V = sd * sd + eps
+    R = torch.rsqrt(V) * (1 + 4 * u)
+    dm = g(N + 2) * A1
+    dv = g(N + 2) * A2 + dm * (2 * A1 + dm) + u * (A1 + dm) ** 2 + 2.1 * u * (A2 + (A1 + dm) ** 2)
+    tau = (dv + u * (V + dv)) / V  # relative error of fl(v + ε) against the exact variance + ε of x̃ (≥ V)
+    rho = tau + u + tau * u
+    Amax = A[2] if isinstance(A, tuple) else A
+    dc = dm + u * (Amax + A1 + dm)
+    dz = dc * R / (1 - rho) + sqrtN * rho / (1 - rho)
+    dq = dz + u * (sqrtN + dz)
+    lip = R * (2 + sqrtN) * e  # |LN(x̃) − LN(x)| before γ
+    ga, be = gamma_.abs()[None], beta.abs()[None]
+    E = ga * (lip + dq)[:, None] + 2.1 * u * (ga * (sqrtN + dq[:, None]) + be)
+    return torch.where((rho < 0.5)[:, None], E, torch.full_like(E, math.inf))

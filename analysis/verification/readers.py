@@ -1,19 +1,38 @@
 """Reading models into a `graph.Graph`: ONNX graphs through a table from op type to handler, torch modules
 through their ONNX export (so anything the exporter writes in ops listed here can be verified).
 
-The ONNX reader takes one float input (a leading batch axis of 1 or symbolic, or none) and one output.
-Constant subgraphs (shape arithmetic, weights behind Cast/Transpose/DequantizeLinear) are evaluated with numpy
-(`CONSTANT_OPS`). A smooth gate is read from the ops its module exports to: λ-GELU = GELU(λx)/λ is
-Mul → Gelu → Div (folded back into one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's
-x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul. Anything else raises `UnsupportedModel`, one line naming
-the op and the node (for a torch module: the module path).
+The ONNX reader takes one float input (a leading batch axis of 1 or symbolic, or none) and one output, and reads the
+graph at batch size 1 with concrete shapes: every tensor keeps its full ONNX shape (the batch axis as 1), so a
+Reshape that folds the batch axis into the tokens, a Transpose that moves it, or a Shape → Gather → Equal → Where
+chain on the batch size (what nn.MultiheadAttention exports) are read like any other. Constant subgraphs (shape
+arithmetic, weights behind Cast/Transpose/DequantizeLinear, masks) are evaluated with numpy (`CONSTANT_OPS`).
+
+A smooth gate is read from the ops its module exports to: λ-GELU = GELU(λx)/λ is Mul → Gelu → Div (folded back into
+one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul.
+A transformer's ops become the `nonlinear` ops: Softmax as exp and reciprocal (softmax_i = 1/Σ_j exp(x_j − x_i)),
+LayerNormalization as centring, its variance (`Variance`, bounded from the input's box as a whole), Rsqrt and a Product, a MatMul of two variables as `BatchMatMul`, a Mul
+or Div of two variables as `Product` (with `Reciprocal` for the divisor), Sqrt/Exp/Reciprocal/Pow as they are.
+Data movement on a variable (Gather, Slice, Split, Expand, Tile, Where on a constant condition, Concat with constant
+inputs such as a class token) becomes `Select`/`Concat`; ReduceMean/ReduceSum a `Pool`; a MatMul by a constant on
+tokens a `TokenLinear`.
+
+An int8 QDQ graph (`quantized` says which execution the reading covers) is read by the same handlers; the reader then
+also follows, for every float32 value between a DequantizeLinear and the next QuantizeLinear, how far onnxruntime's
+float32 value may be from the graph's exact one (`Float`), so a QuantizeLinear of a residual Add, a BatchNorm, a
+ReLU or an average is read as a rounding of that value like one of a Gemm or a Conv. The input's own normalization
+(Mul/Add by constants before the first QuantizeLinear) is folded into the first quantization, which stays exact.
+
+What is not read raises `UnsupportedModel`, one line: "unsupported ONNX op X (node N); the verifier reads …" for an
+op type no handler reads, "X (node N) is not read: <the form met>; <the fix>" for a handled op in a form it does not
+take, with the node, the op, the form and the fix as the exception's fields. For a torch module the message names
+the module path. `supported_ops()` is the engine's own list.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +43,23 @@ from pipeline import gates
 from pipeline.gates import GateFamily
 from pipeline.numerics import U
 
+from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
-from .ops import (Concat, Conv, Gate, Linear, Op, Permute, QuantizedInput, ReLU, Rounding, Scale, Sum, UnsupportedModel,
-                  as_tensor, average_pool, numel)
-
+from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
+from .ops import (Affine, Concat, Conv, Gate, Linear, Op, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
+                  TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
 WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
 
 
 @dataclass
 class Value:
-    """A variable tensor: the graph node that computes it, and the shape it is read with (no batch axis)."""
+    """A variable tensor: the graph node that computes it, its full ONNX shape (the batch axis as 1), and in an int8
+    graph what is known of onnxruntime's float32 value of it (`Float`; None: not followed)."""
 
     node: int
     shape: tuple[int, ...]
+    fl: Float | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -87,18 +109,23 @@ class OnnxReader:
         self.onnx = onnx
         self.graph = model.graph
         self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in self.graph.initializer}
-        self.vals: dict[str, Value | Pending] = {}
+        self.vals: dict[str, Value | Pending | QValue] = {}
         self.nodes: list[Node] = [Node(None, (), "input")]
         inputs = [i for i in self.graph.input if i.name not in self.consts]
         if len(inputs) != 1 or len(self.graph.output) != 1:
-            raise UnsupportedModel(f"the graph has {len(inputs)} inputs and {len(self.graph.output)} outputs; one of each is supported")
+            raise UnsupportedModel(f"the graph has {len(inputs)} inputs and {len(self.graph.output)} outputs; one of each is supported",
+                                   what=f"{len(inputs)} inputs and {len(self.graph.output)} outputs")
         dims = [d.dim_value if d.dim_value > 0 else 1 for d in inputs[0].type.tensor_type.shape.dim]
         if not dims:
-            raise UnsupportedModel("the graph input has no shape")
+            raise UnsupportedModel("the graph input has no shape", what="an input without a shape")
         # the batch axis: a leading 1 (fixed or symbolic); a graph without one takes a single flat input
         self.batch = len(dims) > 1 and dims[0] == 1
         self.input_shape = tuple(dims[1:]) if self.batch else tuple(dims)
-        self.vals[inputs[0].name] = Value(0, self.input_shape)
+        self.int8 = any(n.op_type == "QuantizeLinear" for n in self.graph.node)
+        n_in = numel(tuple(dims))
+        inf = np.full(n_in, np.inf)
+        start = Float(np.zeros(n_in), -inf, inf, (np.ones(n_in), np.zeros(n_in), 0)) if self.int8 else None
+        self.vals[inputs[0].name] = Value(0, tuple(dims), start)
         self.node: Any = None  # the ONNX node being read (for messages)
         # int8 QDQ graphs (`quantized`): scales of dequantized constants by tensor name, the grid of each dequantized
         # node, and per affine node what its runtime rounding depends on (weight scales, an int32 bias)
@@ -108,11 +135,16 @@ class OnnxReader:
         self.wide_weights: set[str] = set()  # 8-bit weights: outside what `quantized` covers
 
     # -- building -----------------------------------------------------------------------------
-    def add(self, op: Op, inputs: Sequence[Value], shape: tuple[int, ...]) -> Value:
+    def add(self, op: Op, inputs: Sequence[Value], shape: Sequence[int], flops: int | None = None) -> Value:
+        """A node applying `op` to `inputs`; in an int8 graph its `Float` follows from theirs (`_follow`), with `flops`
+        float32 operations per output for an elementwise op (None: the op's own count)."""
         self.nodes.append(Node(op, tuple(v.node for v in inputs), self.node.name if self.node is not None else ""))
-        return Value(len(self.nodes) - 1, tuple(int(d) for d in shape))
+        out = Value(len(self.nodes) - 1, tuple(int(d) for d in shape))
+        if self.int8:
+            out.fl = _follow(self, op, inputs, flops)
+        return out
 
-    def set(self, value: Value | Pending, index: int = 0) -> None:
+    def set(self, value: Value | Pending | QValue, index: int = 0) -> None:
         self.vals[self.node.output[index]] = value
 
     # -- reading inputs -----------------------------------------------------------------------
@@ -121,19 +153,20 @@ class OnnxReader:
 
     def const(self, name: str) -> np.ndarray:
         if name not in self.consts:
-            raise self.unsupported(f"input {name!r} must be a constant")
+            raise self.unsupported(f"input {name!r} is a variable where a constant is read", what="a variable input where a constant is read")
         return self.consts[name]
 
     def var(self, name: str) -> Value:
         v = self.vals.get(name)
         if isinstance(v, Pending):
-            raise self.unsupported(f"{v.onnx_node.op_type} output is read only as the gate of x·g(λx)", where=v.onnx_node)
+            raise self.unsupported(f"its input comes from {v.onnx_node.op_type} ({_where(v.onnx_node)}), which is read only as "
+                                   "the gate of x·g(λx)", what=f"a {v.onnx_node.op_type} outside a gate x·g(λx)",
+                                   where=v.onnx_node)
         if isinstance(v, QValue):
-            raise self.unsupported(f"an integer tensor {name!r} read by a {self.node.op_type}: the reader takes integer tensors "
-                                   "only into the DequantizeLinear of their own QuantizeLinear")
+            raise self.unsupported(f"it reads the integer tensor {name!r}; the reader takes integer tensors only into the "
+                                   "DequantizeLinear of their own QuantizeLinear", what="an integer tensor read by a float op")
         if v is None:
-            raise self.unsupported(f"a constant input {name!r} where this reader takes a variable" if name in self.consts
-                                   else f"input {name!r} is not computed before")
+            raise self.unsupported(f"input {name!r} is not computed before it", what="an input computed later")
         return v
 
     def attr(self, name: str, default: Any = None) -> Any:
@@ -142,43 +175,39 @@ class OnnxReader:
                 return self.onnx.helper.get_attribute_value(a)
         return default
 
-    def full(self, c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """A constant broadcast to a variable's shape (its batch axis dropped), flat."""
-        c = np.asarray(c, dtype=np.float64)
-        if self.batch and c.ndim == len(shape) + 1:
-            if c.shape[0] != 1:
-                raise self.unsupported(f"a constant of shape {c.shape} does not broadcast to {shape}")
-            c = c[0]
-        try:
-            return np.broadcast_to(c, shape).reshape(-1).copy()
-        except ValueError:
-            raise self.unsupported(f"a constant of shape {c.shape} does not broadcast to {shape}") from None
-
     def axis(self, a: int, rank: int) -> int:
-        """An ONNX axis (counting the batch axis) as an axis of the shapes read here."""
-        full = rank + (1 if self.batch else 0)
-        a = a + full if a < 0 else a
-        a = a - (1 if self.batch else 0)
+        a = int(a)
+        a = a + rank if a < 0 else a
         if not 0 <= a < rank:
-            raise self.unsupported(f"an axis over the batch dimension (axis {a})")
+            raise self.unsupported(f"axis {a} of a rank-{rank} tensor", what=f"axis {a} of a rank-{rank} tensor")
         return a
 
-    def with_batch(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return ((1,) if self.batch else ()) + tuple(shape)
-
-    def without_batch(self, shape: Sequence[int]) -> tuple[int, ...]:
+    def expand(self, v: Value, shape: tuple[int, ...]) -> Value:
+        """`v` broadcast to `shape` (numpy's rules): itself, or a `Select` that repeats its units."""
         shape = tuple(int(d) for d in shape)
-        if self.batch:
-            if not shape or shape[0] != 1:
-                raise self.unsupported(f"a shape {shape} that moves the batch axis")
-            return shape[1:]
-        return shape
+        if v.shape == shape:
+            return v
+        try:
+            index = np.broadcast_to(np.arange(numel(v.shape)).reshape(v.shape), shape)
+        except ValueError:
+            raise self.unsupported(f"a tensor of shape {v.shape} does not broadcast to {shape}",
+                                   what=f"shapes {v.shape} and {shape} that do not broadcast") from None
+        return self.add(Select(index.reshape(-1), numel(v.shape)), [v], shape)
 
-    def unsupported(self, why: str = "", where: Any = None) -> UnsupportedModel:
+    def unsupported(self, why: str = "", where: Any = None, what: str | None = None, fix: str | None = None) -> UnsupportedModel:
+        """A handled op in a form it does not read: "X (node N) is not read: why[; fix]" with its fields."""
         node = where if where is not None else self.node
-        e = UnsupportedModel(f"unsupported ONNX op {node.op_type} ({_where(node)}){': ' + why if why else ''}; "
-                             f"the verifier reads {', '.join(readable_ops())}")
-        e.onnx_node, e.why = node, why  # type: ignore[attr-defined]
+        msg = f"{node.op_type} ({_where(node)}) is not read: {why}" + (f"; {fix}" if fix else "")
+        e = UnsupportedModel(msg, node=node.name or None, op=node.op_type, what=what or why, fix=fix)
+        e.onnx_node, e.why = node, why + (f"; {fix}" if fix else "")  # type: ignore[attr-defined]
+        return e
+
+    def unknown_op(self) -> UnsupportedModel:
+        node = self.node
+        e = UnsupportedModel(f"unsupported ONNX op {node.op_type} ({_where(node)}); the verifier reads {', '.join(readable_ops())}",
+                             node=node.name or None, op=node.op_type, what=f"the op {node.op_type}",
+                             fix=f"replace it by ops the verifier reads ({', '.join(readable_ops())})")
+        e.onnx_node, e.why = node, ""  # type: ignore[attr-defined]
         return e
 
     # -- the walk -----------------------------------------------------------------------------
@@ -189,12 +218,12 @@ class OnnxReader:
                 self.consts[node.output[0]] = _constant(self, node)
                 continue
             if all(i in self.consts or i == "" for i in node.input) and node.op_type in CONSTANT_OPS:
-                for k, v in enumerate(CONSTANT_OPS[node.op_type](self, [self.consts.get(i) for i in node.input])):
-                    self.consts[node.output[k]] = v
+                for k, v in enumerate(CONSTANT_OPS[node.op_type](self, [self.consts.get(i) if i else None for i in node.input])):
+                    self.consts[node.output[k]] = np.asarray(v)
                 continue
             handler = HANDLERS.get(node.op_type) or _gate_handler(node.op_type)
             if handler is None:
-                raise self.unsupported()
+                raise self.unknown_op()
             handler(self)
         self.node = None
         out = self.vals.get(self.graph.output[0].name)
@@ -204,9 +233,10 @@ class OnnxReader:
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
         if isinstance(out, Pending):
-            raise self.unsupported(f"{out.onnx_node.op_type} output is read only as the gate of x·g(λx)", where=out.onnx_node)
+            raise self.unsupported("its output is read only as the gate of x·g(λx)", where=out.onnx_node,
+                                   what=f"a {out.onnx_node.op_type} outside a gate x·g(λx)")
         if not isinstance(out, Value):
-            raise UnsupportedModel("the graph output is not computed from its input")
+            raise UnsupportedModel("the graph output is not computed from its input", what="an output that is a constant")
         return Graph(self.input_shape, self.nodes, out.node).pruned()
 
 
@@ -224,7 +254,7 @@ def _constant(r: OnnxReader, node: Any) -> np.ndarray:
             return np.array(r.onnx.helper.get_attribute_value(a))
         if a.name in ("value_floats", "value_ints"):
             return np.array(list(r.onnx.helper.get_attribute_value(a)))
-    raise r.unsupported("a Constant without a tensor value")
+    raise r.unsupported("a Constant without a tensor value", what="a Constant without a tensor value")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,13 +269,37 @@ def _reshape_target(target: np.ndarray, shape: tuple[int, ...], allowzero: int) 
     return t
 
 
-def _slice(r: OnnxReader, x: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
+def _slice_index(x: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
     axes = range(len(starts)) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
     idx = [slice(None)] * x.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
-        idx[int(a)] = slice(int(s), int(e), int(st))
+        a = int(a) + x.ndim if int(a) < 0 else int(a)
+        idx[a] = slice(int(s), int(e), int(st))
     return x[tuple(idx)]
+
+
+def _axes(r: OnnxReader, args: list[Any], rank: int, index: int = 1) -> tuple[int, ...] | None:
+    """The axes of a Reduce/Squeeze/Unsqueeze node: its input `index` (opset ≥ 13/18) or its `axes` attribute."""
+    a = args[index] if len(args) > index and args[index] is not None else r.attr("axes", None)
+    return None if a is None else tuple(int(v) + rank if int(v) < 0 else int(v) for v in np.asarray(a).reshape(-1))
+
+
+def _split_sizes(r: OnnxReader, args: list[Any], dim: int) -> list[int]:
+    if len(args) > 1 and args[1] is not None:
+        return [int(v) for v in np.asarray(args[1]).reshape(-1)]
+    if r.attr("split", None) is not None:
+        return [int(v) for v in r.attr("split")]
+    n = r.attr("num_outputs", None) or len(r.node.output)
+    step = -(-dim // n)
+    return [min(step, dim - k * step) for k in range(n)]
+
+
+def _split(r: OnnxReader, args: list[Any]) -> list[np.ndarray]:
+    x = args[0]
+    axis = int(r.attr("axis", 0))
+    sizes = _split_sizes(r, args, x.shape[axis])
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
 def _dequantize(r: OnnxReader, args: list[Any]) -> np.ndarray:
@@ -263,26 +317,76 @@ def _dequantize(r: OnnxReader, args: list[Any]) -> np.ndarray:
     return (x.astype(np.float64) - zero) * scale
 
 
+def _softmax_np(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _reduce(fn):
+    def run(r: OnnxReader, a: list[Any]) -> list[np.ndarray]:
+        axes = _axes(r, a, np.ndim(a[0]))
+        if axes is None and r.attr("noop_with_empty_axes", 0):
+            return [a[0]]
+        return [fn(a[0], axis=axes, keepdims=bool(r.attr("keepdims", 1)))]
+    return run
+
+
 CONSTANT_OPS: dict[str, Callable[[OnnxReader, list[Any]], list[np.ndarray]]] = {
     "Identity": lambda r, a: [a[0]],
-    "Cast": lambda r, a: [a[0]],
+    "Cast": lambda r, a: [a[0].astype({1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64}
+                                      .get(r.attr("to"), a[0].dtype))],
     "Reshape": lambda r, a: [a[0].reshape(_reshape_target(a[1], a[0].shape, r.attr("allowzero", 0)))],
     "Transpose": lambda r, a: [np.transpose(a[0], r.attr("perm", None))],
-    "Unsqueeze": lambda r, a: [np.expand_dims(a[0], tuple(int(v) for v in (a[1] if len(a) > 1 else r.attr("axes"))))],
-    "Squeeze": lambda r, a: [np.squeeze(a[0], tuple(int(v) for v in (a[1] if len(a) > 1 and a[1] is not None else r.attr("axes", [])))
-                                        or None)],
+    "Unsqueeze": lambda r, a: [np.expand_dims(a[0], tuple(sorted(_axes(r, a, np.ndim(a[0]) + len(np.asarray(a[1] if len(a) > 1 and a[1] is not None else r.attr("axes")).reshape(-1))))))],
+    "Squeeze": lambda r, a: [np.squeeze(a[0], _axes(r, a, np.ndim(a[0])))],
     "Concat": lambda r, a: [np.concatenate(a, axis=r.attr("axis"))],
     "Gather": lambda r, a: [np.take(a[0], a[1], axis=r.attr("axis", 0))],
-    "Slice": lambda r, a: [_slice(r, a[0], *a[1:])],
+    "Slice": lambda r, a: [_slice_index(a[0], *[v for v in a[1:]])],
+    "Split": _split,
     "Add": lambda r, a: [a[0] + a[1]],
     "Sub": lambda r, a: [a[0] - a[1]],
     "Mul": lambda r, a: [a[0] * a[1]],
     "Div": lambda r, a: [a[0] / a[1] if np.issubdtype(np.asarray(a[0]).dtype, np.floating) else a[0] // a[1]],
     "Neg": lambda r, a: [-a[0]],
+    "Abs": lambda r, a: [np.abs(a[0])],
     "Sqrt": lambda r, a: [np.sqrt(a[0])],
+    "Exp": lambda r, a: [np.exp(a[0])],
+    "Reciprocal": lambda r, a: [1 / a[0]],
+    "Pow": lambda r, a: [np.power(a[0], a[1])],
+    "Relu": lambda r, a: [np.maximum(a[0], 0)],
+    "Softmax": lambda r, a: [_softmax_np(a[0], r.attr("axis", -1))],
     "Flatten": lambda r, a: [a[0].reshape(int(np.prod(a[0].shape[:r.attr("axis", 1)])), -1)],
+    "Shape": lambda r, a: [np.array(np.shape(a[0]), dtype=np.int64)],
+    "Size": lambda r, a: [np.array(np.size(a[0]), dtype=np.int64)],
+    "Equal": lambda r, a: [np.equal(a[0], a[1])],
+    "Less": lambda r, a: [np.less(a[0], a[1])],
+    "LessOrEqual": lambda r, a: [np.less_equal(a[0], a[1])],
+    "Greater": lambda r, a: [np.greater(a[0], a[1])],
+    "GreaterOrEqual": lambda r, a: [np.greater_equal(a[0], a[1])],
+    "Not": lambda r, a: [np.logical_not(a[0])],
+    "And": lambda r, a: [np.logical_and(a[0], a[1])],
+    "Or": lambda r, a: [np.logical_or(a[0], a[1])],
+    "Where": lambda r, a: [np.where(a[0], a[1], a[2])],
+    "Max": lambda r, a: [np.maximum.reduce(a)],
+    "Min": lambda r, a: [np.minimum.reduce(a)],
+    "Expand": lambda r, a: [a[0] * np.ones([int(d) for d in a[1]], dtype=a[0].dtype)],
+    "Tile": lambda r, a: [np.tile(a[0], [int(d) for d in a[1]])],
+    "Range": lambda r, a: [np.arange(a[0], a[1], a[2])],
+    "ConstantOfShape": lambda r, a: [np.full([int(d) for d in a[0]], _constant_of_shape_value(r))],
+    "Trilu": lambda r, a: [(np.triu if r.attr("upper", 1) else np.tril)(a[0], int(a[1]) if len(a) > 1 and a[1] is not None else 0)],
+    "ReduceMean": _reduce(np.mean),
+    "ReduceSum": _reduce(np.sum),
+    "ReduceMax": _reduce(np.max),
+    "ReduceMin": _reduce(np.min),
     "DequantizeLinear": lambda r, a: [_dequantize(r, a)],
 }
+
+
+def _constant_of_shape_value(r: OnnxReader) -> Any:
+    from onnx import numpy_helper
+
+    v = r.attr("value", None)
+    return numpy_helper.to_array(v).reshape(-1)[0] if v is not None else np.float32(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,55 +406,116 @@ def handles(*ops: str):
 @handles("Identity", "Dropout", "Cast")
 def _identity(r: OnnxReader) -> None:
     if r.node.op_type == "Cast" and r.attr("to") not in (1, 10, 11, 16):  # float, float16, double, bfloat16
-        raise r.unsupported("a cast to a non-float type")
+        raise r.unsupported("a cast of a variable to a non-float type", what="a cast to a non-float type")
     r.set(r.vals.get(r.node.input[0]) or r.var(r.node.input[0]))
 
 
 @handles("Shape")
 def _shape(r: OnnxReader) -> None:
-    r.consts[r.node.output[0]] = np.array(r.with_batch(r.var(r.node.input[0]).shape), dtype=np.int64)
+    shape = np.array(r.var(r.node.input[0]).shape, dtype=np.int64)
+    start, end = r.attr("start", 0), r.attr("end", None)
+    r.consts[r.node.output[0]] = shape[start:end]
+
+
+@handles("Size")
+def _size(r: OnnxReader) -> None:
+    r.consts[r.node.output[0]] = np.array(numel(r.var(r.node.input[0]).shape), dtype=np.int64)
+
+
+def _on_rows(r: OnnxReader, x: Value, W: np.ndarray, b: np.ndarray, out_shape: tuple[int, ...], terms: int,
+             w_scale: np.ndarray | None, int_bias: bool) -> Value:
+    """y = W x + b on each row of x (its last axis): a Linear for one row, a TokenLinear for several."""
+    rows = numel(x.shape[:-1])
+    op = Linear(W, b) if rows == 1 else TokenLinear(W, b, rows)
+    out = r.add(op, [x], out_shape)
+    if w_scale is not None:
+        w_scale = np.tile(np.asarray(w_scale, dtype=np.float64).reshape(-1), rows)
+    _record_affine(r, out, x, terms, w_scale, int_bias)
+    return out
 
 
 @handles("Gemm")
 def _gemm(r: OnnxReader) -> None:
     a, w = r.node.input[0], r.node.input[1]
     if r.attr("transA", 0) or r.is_const(a) or not r.is_const(w):
-        raise r.unsupported("only x·Wᵀ + b with x the variable and W constant")
+        raise r.unsupported("only x·Wᵀ + b with x the variable and W a constant is read",
+                            what="a Gemm whose weight is a variable or whose input is transposed")
     x = r.var(a)
     W = r.const(w).astype(np.float64)
     W = W if r.attr("transB", 0) else W.T  # (out, in)
-    if len(x.shape) != 1 or x.shape[0] != W.shape[1]:
-        raise r.unsupported(f"a Gemm of {W.shape[::-1]} on a tensor of shape {x.shape}")
+    if len(x.shape) != 2 or x.shape[1] != W.shape[1]:
+        raise r.unsupported(f"a Gemm of {W.shape[::-1]} on a tensor of shape {x.shape}", what=f"a Gemm on shape {x.shape}")
     c = r.node.input[2] if len(r.node.input) > 2 else ""
     b = r.const(c).astype(np.float64) if c else np.zeros(W.shape[0])
     bias = r.attr("beta", 1.0) * np.broadcast_to(b, (1, W.shape[0])).ravel()
-    out = r.add(Linear(r.attr("alpha", 1.0) * W, bias), [x], (W.shape[0],))
     ws = r.const_scales.get(w)
-    _record_affine(r, out, x, W.shape[1], None if ws is None else (ws if r.attr("transB", 0) else ws.T).max(1), bool(c) and c in r.const_scales)
-    r.set(out)
+    w_scale = None if ws is None else (ws if r.attr("transB", 0) else ws.T).max(1)
+    r.set(_on_rows(r, x, r.attr("alpha", 1.0) * W, bias, (x.shape[0], W.shape[0]), W.shape[1], w_scale,
+                   bool(c) and c in r.const_scales))
 
 
 def _record_affine(r: OnnxReader, out: Value, x: Value, terms: int, w_scale: np.ndarray | None, int_bias: bool) -> None:
     """What the runtime's rounding of this affine node depends on, for a QuantizeLinear that may read it."""
-    if r.node.input[1] in r.wide_weights:
-        raise r.unsupported("int8 weights beyond 7 bits: onnxruntime's x86 kernels without VNNI add products in pairs in "
-                            "int16 with saturation, so no bound holds; quantize with quantize.reduce_range=true")
-    r.affine_info[out.node] = {"input": x.node, "terms": int(terms), "int_bias": int_bias,
-                               "w_scale": None if w_scale is None else np.asarray(w_scale, dtype=np.float64).reshape(-1)}
+    if len(r.node.input) > 1 and r.node.input[1] in r.wide_weights:
+        raise r.unsupported("its weights are 8-bit: onnxruntime's x86 kernels without VNNI add products in pairs in int16 "
+                            "with saturation, so no bound holds", what="int8 weights beyond 7 bits",
+                            fix="quantize with quantize.reduce_range=true")
+    info = {"input": x.node, "terms": int(terms), "int_bias": int_bias,
+            "w_scale": None if w_scale is None else np.asarray(w_scale, dtype=np.float64).reshape(-1)}
+    g = r.grids.get(x.node)
+    info["bias_step"] = (None if info["w_scale"] is None or int_bias or g is None
+                         else float(g.scale.max()) * info["w_scale"])  # the fused kernels round a float bias to int32
+    r.affine_info[out.node] = info
+    if r.int8 and x.fl is not None:  # its float32 value when no QuantizeLinear follows it directly
+        out.fl = follow(r.nodes[out.node].op, [x.fl], None, info if info["w_scale"] is not None else None)
 
 
 @handles("MatMul")
 def _matmul(r: OnnxReader) -> None:
     a, w = r.node.input
-    if r.is_const(a) or not r.is_const(w):
-        raise r.unsupported("only x·W with x the variable and W constant")
-    x, W = r.var(a), r.const(w).astype(np.float64)
-    if W.ndim != 2 or len(x.shape) != 1 or x.shape[0] != W.shape[0]:
-        raise r.unsupported(f"only x·W with x flat (got shape {x.shape}) and a constant 2-d W (got {W.shape})")
-    out = r.add(Linear(W.T, np.zeros(W.shape[1])), [x], (W.shape[1],))
+    if r.is_const(a) and r.is_const(w):
+        return
+    if r.is_const(a):
+        raise r.unsupported("a constant times a variable (W·x) is not read", what="a MatMul of a constant by a variable",
+                            fix="write it as x·Wᵀ (a Linear)")
+    x = r.var(a)
+    if not r.is_const(w):
+        return _matmul_variables(r, x, r.var(w))
+    W = r.const(w).astype(np.float64)
+    if W.ndim != 2 or len(x.shape) < 1 or x.shape[-1] != W.shape[0]:
+        raise r.unsupported(f"only x·W with W a constant 2-d matrix is read (x {x.shape}, W {W.shape})",
+                            what=f"a MatMul of shape {x.shape} by a constant of shape {W.shape}")
     ws = r.const_scales.get(w)
-    _record_affine(r, out, x, W.shape[0], None if ws is None else ws.max(0), False)
+    r.set(_on_rows(r, x, W.T, np.zeros(W.shape[1]), x.shape[:-1] + (W.shape[1],), W.shape[0],
+                   None if ws is None else ws.max(0), False))
+
+
+def _matmul_variables(r: OnnxReader, x: Value, y: Value) -> None:
+    """A @ B of two variables (attention's q·kᵀ and p·v): `BatchMatMul` over their broadcast batch axes."""
+    if len(x.shape) < 2 or len(y.shape) < 2 or x.shape[-1] != y.shape[-2]:
+        raise r.unsupported(f"a product of variables of shapes {x.shape} and {y.shape}",
+                            what=f"a MatMul of variables of shapes {x.shape} and {y.shape}")
+    try:
+        batch = tuple(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]))
+    except ValueError:
+        raise r.unsupported(f"batch axes {x.shape[:-2]} and {y.shape[:-2]} do not broadcast",
+                            what=f"a MatMul of variables of shapes {x.shape} and {y.shape}") from None
+    m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
+    xa, yb = r.expand(x, batch + (m, k)), r.expand(y, batch + (k, n))
+    nb = numel(batch)
+    cat = r.add(Concat(((numel(xa.shape),), (numel(yb.shape),)), 0), [xa, yb], (numel(xa.shape) + numel(yb.shape),))
+    out = r.add(BatchMatMul(nb, m, k, n, source=r.node.name), [cat], batch + (m, n))
+    if r.int8:
+        out.fl = _follow_matmul(r, xa, yb, nb, m, k, n)
     r.set(out)
+
+
+def _broadcast(r: OnnxReader, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise r.unsupported(f"shapes {' and '.join(map(str, shapes))} do not broadcast",
+                            what=f"operands of shapes {' and '.join(map(str, shapes))}") from None
 
 
 @handles("Add", "Sub", "Mul", "Div")
@@ -361,7 +526,10 @@ def _arith(r: OnnxReader) -> None:
         return _two_variables(r, op, a, b)
     var_first = not r.is_const(a)
     x = r.var(a if var_first else b)
-    c = r.full(r.const(b if var_first else a), x.shape)
+    c = np.asarray(r.const(b if var_first else a), dtype=np.float64)
+    shape = _broadcast(r, x.shape, c.shape)
+    x = r.expand(x, shape)
+    c = np.broadcast_to(c, shape).reshape(-1).copy()
     one, zero = np.ones_like(c), np.zeros_like(c)
     if op == "Add":
         scale, shift = one, c
@@ -371,20 +539,15 @@ def _arith(r: OnnxReader) -> None:
         scale, shift = c, zero
     elif var_first:
         scale, shift = 1.0 / c, zero
-    else:
-        raise r.unsupported("a constant divided by the variable")
+    else:  # c / x = c·(1/x): a division by the variable, read when it is provably positive on the box
+        inv = r.add(Reciprocal(numel(shape), source=r.node.name), [x], shape)
+        return r.set(r.add(Scale(c, zero), [inv], shape))
     if op in ("Mul", "Div") and (folded := _fold_gate(r, x, scale)) is not None:
         return r.set(folded)
-    r.set(r.add(Scale(scale, shift), [x], x.shape))
+    r.set(r.add(Scale(scale, shift), [x], shape, flops=2 if op == "Div" else 1))
 
 
 def _two_variables(r: OnnxReader, op: str, a: str, b: str) -> None:
-    if op in ("Add", "Sub"):
-        x, y = r.var(a), r.var(b)
-        if x.shape != y.shape:
-            raise r.unsupported(f"{op} of tensors of shapes {x.shape} and {y.shape} (broadcasting is not read)")
-        r.set(r.add(Sum(numel(x.shape), (1.0, 1.0 if op == "Add" else -1.0)), [x, y], x.shape))
-        return
     if op == "Mul":
         va, vb = r.vals.get(a), r.vals.get(b)
         pend, other = (va, vb) if isinstance(va, Pending) else (vb, va)
@@ -394,13 +557,25 @@ def _two_variables(r: OnnxReader, op: str, a: str, b: str) -> None:
             if lam is not None:
                 r.set(r.add(Gate(fam.name, lam, source=r.node.name), [other], other.shape))
                 return
-        raise r.unsupported("a product of two variables that is not a gate x·g(λx)")
-    raise r.unsupported("a quotient of two variables")
+    x, y = r.var(a), r.var(b)
+    shape = _broadcast(r, x.shape, y.shape)
+    x, y = r.expand(x, shape), r.expand(y, shape)
+    n = numel(shape)
+    if op in ("Add", "Sub"):
+        r.set(r.add(Sum(n, (1.0, 1.0 if op == "Add" else -1.0)), [x, y], shape))
+        return
+    if op == "Div":  # x / y = x·(1/y) for a divisor provably positive on the box (a norm, a softmax's sum)
+        y = r.add(Reciprocal(n, source=r.node.name), [y], shape)
+    cat = r.add(Concat(((n,), (n,)), 0), [x, y], (2 * n,))
+    out = r.add(Product(n, source=r.node.name), [cat], shape)
+    if r.int8:
+        out.fl = None  # a float32 product of two variables feeding a QuantizeLinear: not followed (module docstring)
+    r.set(out)
 
 
 def _lambda_of(r: OnnxReader, arg: Value, x: Value) -> np.ndarray | None:
     """λ (per unit) when `arg` is λ·x: x itself (λ = 1), or a Scale node with no shift and λ > 0 on x."""
-    if arg.node == x.node and arg.shape == x.shape:
+    if arg.node == x.node and numel(arg.shape) == numel(x.shape):
         return np.ones(numel(x.shape))
     node = r.nodes[arg.node]
     if (isinstance(node.op, Scale) and node.inputs == (x.node,) and bool(torch.all(node.op.shift == 0))
@@ -427,7 +602,7 @@ def _fold_gate(r: OnnxReader, x: Value, scale: np.ndarray) -> Value | None:
 @handles("Neg")
 def _neg(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    r.set(r.add(Scale(-np.ones(numel(x.shape)), np.zeros(numel(x.shape))), [x], x.shape))
+    r.set(r.add(Scale(-np.ones(numel(x.shape)), np.zeros(numel(x.shape))), [x], x.shape, flops=0))
 
 
 @handles("Relu")
@@ -445,7 +620,7 @@ def _clip(r: OnnxReader) -> None:
         bounds.append(float(r.const(v)) if v else r.attr(name, None))
     lo, hi = bounds
     if lo is None:
-        raise r.unsupported("a Clip without a lower bound")
+        raise r.unsupported("a Clip without a lower bound", what="a Clip without a lower bound")
     n = numel(x.shape)
     r.set(_clamp(r, x, np.full(n, lo), None if hi is None else np.full(n, hi)))
 
@@ -453,11 +628,197 @@ def _clip(r: OnnxReader) -> None:
 def _clamp(r: OnnxReader, x: Value, lo: np.ndarray, hi: np.ndarray | None) -> Value:
     """clamp(x, lo, hi) = lo + ReLU(x − lo) − ReLU(x − hi) per unit: ReLUs, so branch and bound splits it like one."""
     n, one = numel(x.shape), np.ones(numel(x.shape))
-    low = r.add(ReLU(n, source=r.node.input[0]), [r.add(Scale(one, -lo), [x], x.shape)], x.shape)
+    low = r.add(ReLU(n, source=r.node.input[0]), [r.add(Scale(one, -lo), [x], x.shape, flops=0)], x.shape)
     if hi is not None:
-        high = r.add(ReLU(n), [r.add(Scale(one, -hi), [x], x.shape)], x.shape)
-        low = r.add(Sum(n, (1.0, -1.0)), [low, high], x.shape)
-    return r.add(Scale(one, lo), [low], x.shape)
+        high = r.add(ReLU(n), [r.add(Scale(one, -hi), [x], x.shape, flops=0)], x.shape)
+        low = r.add(Sum(n, (1.0, -1.0)), [low, high], x.shape, flops=0)
+    return r.add(Scale(one, lo), [low], x.shape, flops=0)
+
+
+@handles("Sqrt", "Reciprocal", "Exp")
+def _curve(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    cls = {"Sqrt": Sqrt, "Reciprocal": Reciprocal, "Exp": Exp}[r.node.op_type]
+    out = r.add(cls(numel(x.shape), source=r.node.name), [x], x.shape)
+    if r.int8:
+        out.fl = None  # exp/sqrt/1/x in float32 before a QuantizeLinear: not followed
+    r.set(out)
+
+
+@handles("Pow")
+def _pow(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    p = np.asarray(r.const(r.node.input[1]), dtype=np.float64)
+    if p.size != 1 or float(p) not in (2.0, 0.5, -0.5, -1.0, 1.0):
+        raise r.unsupported(f"an exponent {p.reshape(-1)[:3].tolist()}; the exponents read are 2, 0.5, -0.5, -1 and 1",
+                            what=f"Pow with exponent {p.reshape(-1)[:3].tolist()}")
+    p = float(p)
+    if p == 1.0:
+        return r.set(x)
+    cls = {2.0: Square, 0.5: Sqrt, -0.5: Rsqrt, -1.0: Reciprocal}[p]
+    out = r.add(cls(numel(x.shape), source=r.node.name), [x], x.shape)
+    if r.int8:
+        out.fl = None
+    r.set(out)
+
+
+def _softmax_rows(r: OnnxReader, x: Value, rows: int, T: int) -> Value:
+    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring)."""
+    eye = np.eye(T)
+    diff = (eye[None, :, :] - eye[:, None, :]).reshape(T * T, T)  # row (i, j): e_j − e_i (exactly 0 where j = i)
+    d = r.add(TokenLinear(diff, np.zeros(T * T), rows), [x], (rows, T * T))
+    e = r.add(Exp(rows * T * T, source=r.node.name), [d], (rows, T * T))
+    s = r.add(TokenLinear(np.kron(np.eye(T), np.ones((1, T))), np.zeros(T), rows), [e], (rows, T))
+    return r.add(Reciprocal(rows * T, source=r.node.name), [s], (rows, T))
+
+
+def _to_last(r: OnnxReader, x: Value, axis: int) -> tuple[Value, list[int] | None]:
+    """x with `axis` moved last (a Permute), and the permutation that undoes it (None: it was last)."""
+    rank = len(x.shape)
+    if axis == rank - 1:
+        return x, None
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    index = np.transpose(np.arange(numel(x.shape)).reshape(x.shape), perm)
+    moved = r.add(Permute(index.reshape(-1)), [x], index.shape)
+    return moved, list(np.argsort(perm))
+
+
+def _permute_back(r: OnnxReader, v: Value, inverse: list[int] | None) -> Value:
+    if inverse is None:
+        return v
+    index = np.transpose(np.arange(numel(v.shape)).reshape(v.shape), inverse)
+    return r.add(Permute(index.reshape(-1)), [v], index.shape)
+
+
+@handles("Softmax")
+def _softmax(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    axis = r.axis(r.attr("axis", -1), len(x.shape))
+    moved, inverse = _to_last(r, x, axis)
+    T = moved.shape[-1]
+    p = _softmax_rows(r, moved, numel(moved.shape) // T, T)
+    out = _permute_back(r, Value(p.node, moved.shape), inverse)
+    out = Value(out.node, x.shape)
+    if r.int8:
+        out.fl = softmax_float(x.fl, numel(x.shape) // T, T, axis == len(x.shape) - 1)
+    r.set(out)
+
+
+@handles("LayerNormalization")
+def _layer_norm(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    if any(o for o in r.node.output[1:]):
+        used = {i for n in r.graph.node for i in n.input} | {o.name for o in r.graph.output}
+        if any(o in used for o in r.node.output[1:]):
+            raise r.unsupported("its Mean or InvStdDev output is read", what="LayerNormalization's second or third output")
+    axis = r.axis(r.attr("axis", -1), len(x.shape))
+    N, rows = numel(x.shape[axis:]), numel(x.shape[:axis])
+    eps = float(r.attr("epsilon", 1e-5))
+    gamma = np.broadcast_to(np.asarray(r.const(r.node.input[1]), dtype=np.float64), x.shape[axis:]).reshape(-1)
+    bname = r.node.input[2] if len(r.node.input) > 2 else ""
+    beta = np.broadcast_to(np.asarray(r.const(bname), dtype=np.float64), x.shape[axis:]).reshape(-1) if bname else np.zeros(N)
+    c = r.add(TokenLinear(np.eye(N) - 1.0 / N, np.zeros(N), rows), [x], (rows, N))  # x − mean(x)
+    xc = r.add(Concat(((rows * N,), (rows * N,)), 0), [Value(x.node, (rows * N,)), c], (2 * rows * N,))
+    var = r.add(Variance(rows, N, eps, source=r.node.name), [xc], (rows,))  # var + ε, from x's box and c's intervals
+    inv = r.add(Rsqrt(rows, source=r.node.name), [var], (rows,))
+    spread = r.add(Select(np.repeat(np.arange(rows), N), rows), [inv], (rows, N))
+    cat = r.add(Concat(((rows * N,), (rows * N,)), 0), [c, spread], (2 * rows * N,))
+    z = r.add(Product(rows * N, source=r.node.name), [cat], (rows, N))
+    out = r.add(Scale(np.tile(gamma, rows), np.tile(beta, rows)), [z], x.shape)
+    if r.int8:
+        out = layer_norm_float(r, x, var, out, gamma, beta, N, rows, eps)
+    r.set(out)
+
+
+@handles("ReduceMean", "ReduceSum")
+def _reduce_var(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    rank = len(x.shape)
+    axes = _axes(r, [None] + [r.consts.get(i) if i else None for i in r.node.input[1:]], rank)
+    if axes is None:
+        if r.attr("noop_with_empty_axes", 0):
+            return r.set(x)
+        axes = tuple(range(rank))
+    keep = bool(r.attr("keepdims", 1))
+    out_full = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    group = np.broadcast_to(np.arange(numel(out_full)).reshape(out_full), x.shape)
+    # each input unit's output: its index with the reduced axes set to 0, in the reduced shape
+    idx = np.indices(x.shape)
+    for a in axes:
+        idx[a] = 0
+    group = np.ravel_multi_index(tuple(idx), out_full).reshape(-1)
+    count = numel(x.shape) // numel(out_full)
+    w = 1.0 / count if r.node.op_type == "ReduceMean" else 1.0
+    shape = out_full if keep else tuple(d for a, d in enumerate(x.shape) if a not in axes)
+    r.set(r.add(Pool(group, np.full(numel(x.shape), w), numel(out_full)), [x], shape, flops=count))
+
+
+def _take(r: OnnxReader, x: Value, index: np.ndarray) -> Value:
+    """The units `index` (an array of x's flat positions, any shape) of x, shaped like `index`."""
+    flat = np.asarray(index).reshape(-1)
+    if flat.size == numel(x.shape) and np.array_equal(flat, np.arange(flat.size)):
+        return Value(x.node, tuple(np.shape(index)), x.fl)
+    return r.add(Select(flat, numel(x.shape)), [x], np.shape(index))
+
+
+def _positions(x: Value) -> np.ndarray:
+    return np.arange(numel(x.shape)).reshape(x.shape)
+
+
+@handles("Gather")
+def _gather(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    if not r.is_const(r.node.input[1]):
+        raise r.unsupported("indices that are a variable", what="Gather with variable indices")
+    axis = r.axis(r.attr("axis", 0), len(x.shape))
+    idx = np.asarray(r.const(r.node.input[1])).astype(np.int64)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    r.set(_take(r, x, np.take(_positions(x), idx, axis=axis)))
+
+
+@handles("Slice")
+def _slice(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    args = [r.const(i) if i else None for i in r.node.input[1:]]
+    r.set(_take(r, x, _slice_index(_positions(x), *args)))
+
+
+@handles("Split")
+def _split_var(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    args = [None] + [r.const(i) if i else None for i in r.node.input[1:]]
+    for k, part in enumerate(_split(r, [_positions(x)] + args[1:])):
+        r.set(_take(r, x, part), k)
+
+
+@handles("Expand")
+def _expand(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    target = tuple(int(d) for d in r.const(r.node.input[1]))
+    r.set(r.expand(x, _broadcast(r, x.shape, target)))
+
+
+@handles("Tile")
+def _tile(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    r.set(_take(r, x, np.tile(_positions(x), [int(d) for d in r.const(r.node.input[1])])))
+
+
+@handles("Where")
+def _where_var(r: OnnxReader) -> None:
+    cname, a, b = r.node.input
+    if not r.is_const(cname):
+        raise r.unsupported("a condition that is a variable", what="Where on a variable condition")
+    cond = np.asarray(r.const(cname), dtype=bool)
+    parts = [r.vals.get(n) if not r.is_const(n) else np.asarray(r.const(n), dtype=np.float64) for n in (a, b)]
+    shapes = [p.shape if isinstance(p, Value) else np.shape(p) for p in parts]
+    shape = _broadcast(r, cond.shape, *shapes)
+    n = numel(shape)
+    cond = np.broadcast_to(cond, shape).reshape(-1)
+    vals = [r.expand(r.var(name), shape) if not r.is_const(name) else None for name in (a, b)]
+    consts = tuple(None if v is not None else np.broadcast_to(p, shape).reshape(-1) for v, p in zip(vals, parts))
+    both = r.add(Concat(((n,), (n,)), 0, consts), [v for v in vals if v is not None], (2 * n,))
+    r.set(r.add(Select(np.where(cond, np.arange(n), n + np.arange(n)), 2 * n), [both], shape))
 
 
 # -- int8 QDQ graphs (`quantized` says which execution the reading covers) -------------------------
@@ -475,7 +836,7 @@ def _quant_params(r: OnnxReader, shape: tuple[int, ...]) -> tuple[np.ndarray, np
     else:  # no zero point: uint8 unless output_dtype says otherwise (opset 21)
         dtype, zero = r.attr("output_dtype", 2) or 2, np.zeros_like(scale)
     if dtype not in INT_RANGES:
-        raise r.unsupported("only int8 and uint8 quantization")
+        raise r.unsupported("only int8 and uint8 quantization is read", what="a quantization to another integer type")
     if scale.size > 1:  # per channel along `axis`
         axis = r.axis(r.attr("axis", 1), len(shape))
         bshape = [1] * len(shape)
@@ -496,22 +857,26 @@ def _quantize(r: OnnxReader) -> None:
 @handles("DequantizeLinear")
 def _dequantize_var(r: OnnxReader) -> None:
     """DequantizeLinear of a QuantizeLinear on the same grid: the pair's relaxation (`quantized` derives it)."""
-    from .quantized import exact_error, int32_safe, requant_error
+    from .quantized import exact_error, float_error, int32_safe, requant_error
 
     q = r.vals.get(r.node.input[0])
     if not isinstance(q, QValue):
-        raise r.unsupported("a DequantizeLinear of a variable that no QuantizeLinear made")
+        raise r.unsupported("it dequantizes a variable that no QuantizeLinear made", what="a DequantizeLinear of a float tensor")
     scale, zero, qmin, qmax = _quant_params(r, q.src.shape)
     lo, hi = q.scale * (qmin - q.zero), q.scale * (qmax - q.zero)
     if not Grid(scale, zero, qmin, qmax, as_tensor(lo), as_tensor(hi)).same(q):
-        raise r.unsupported("a DequantizeLinear whose scale or zero point differs from its QuantizeLinear's")
+        raise r.unsupported("its scale or zero point differs from its QuantizeLinear's",
+                            what="a DequantizeLinear on another grid than its QuantizeLinear")
     x = q.src
     grid = r.grids.get(x.node)
     if grid is not None and grid.same(q):  # requantized on its own grid (around a Flatten, a MaxPool): exact
-        return r.set(x)
+        return r.set(Value(x.node, x.shape, Float(U * np.maximum(np.abs(lo), np.abs(hi)), lo.copy(), hi.copy())))
     op = r.nodes[x.node].op
-    if x.node == 0:
-        out = r.add(QuantizedInput(q.scale, q.zero, qmin, qmax, source=r.node.input[0]), [x], x.shape)
+    chain = x.fl.chain if x.fl is not None else None
+    if chain is not None:  # the raw input, through its normalization (elementwise constants) only: exact (`quantized`)
+        a, b, ops = chain
+        out = r.add(QuantizedInput(q.scale, q.zero, qmin, qmax, source=r.node.input[0], pre_scale=a, pre_shift=b, pre_ops=ops),
+                    [Value(0, x.shape)], x.shape)
     else:
         if grid is not None:
             E = exact_error((grid.lo, grid.hi), q.scale, q.zero)
@@ -523,16 +888,20 @@ def _dequantize_var(r: OnnxReader) -> None:
             g = r.grids[info["input"]]
             step = None if info["w_scale"] is None or info["int_bias"] else float(g.scale.max()) * info["w_scale"]
             if not int32_safe(op, (g.lo, g.hi), g.scale, info["w_scale"]):
-                raise r.unsupported("an integer sum that may overflow int32")
+                raise r.unsupported("its integer sum may overflow int32", what="an int32 sum that may overflow")
             E = requant_error(op, (g.lo, g.hi), q.scale, q.zero, info["terms"], step)
+        elif x.fl is not None and np.all(np.isfinite(x.fl.err)) and np.all(np.isfinite(x.fl.mag)):
+            E = float_error(x.fl, q.scale, q.zero)  # a float32 value onnxruntime computes from dequantized ones
         else:
             what = r.nodes[x.node].name or type(op).__name__
-            raise r.unsupported(f"the quantized value comes from {what}, not from an affine op, a ReLU or a layout op on "
-                                "dequantized inputs: its float32 rounding is not bounded here")
+            raise r.unsupported(f"the quantized value comes from {what}, whose float32 rounding is not bounded here "
+                                "(it reads the raw input beyond its normalization, or an op whose float32 error is not derived)",
+                                what=f"a quantization of {type(op).__name__} output ({what})")
         noisy = r.add(Rounding(E, q.scale, source=r.node.input[0]), [x], x.shape)
         out = _clamp(r, noisy, lo, hi)
     r.grids[out.node] = Grid(q.scale, q.zero, qmin, qmax, as_tensor(lo), as_tensor(hi))
-    r.set(out)
+    # the dequantized value: a grid point in [lo, hi]; onnxruntime's float32 DequantizeLinear rounds it once
+    r.set(Value(out.node, x.shape, Float(U * np.maximum(np.abs(lo), np.abs(hi)), lo.copy(), hi.copy()) if r.int8 else None))
 
 
 # -- gates: the ONNX patterns of the gate families (`pipeline.gates.GateFamily.onnx`) -------------------------
@@ -560,32 +929,39 @@ def _gate_op(r: OnnxReader) -> None:
     patterns = gate_patterns()
     if not any(p[:len(ops)] == ops for p in patterns):
         known = "; ".join(" → ".join(p) for p in patterns)
-        raise r.unsupported(f"{op} is read only as a part of a gate x·g(λx) ({known})")
+        raise r.unsupported(f"{op} is read only as a part of a gate x·g(λx) ({known})",
+                            what=f"a {op} outside a gate x·g(λx)")
     fam = patterns.get(ops)
     if fam is not None and fam.onnx.whole:
         approximate = r.attr("approximate", "none")
         if approximate not in ("none", b"none"):
             form = approximate.decode() if isinstance(approximate, bytes) else approximate
-            raise r.unsupported(f"the {form} approximation of {op.upper()}")
+            raise r.unsupported(f"the {form} approximation of {op.upper()}", what=f"{op} with approximate='{form}'",
+                                fix="use the exact form (nn.GELU())")
         return r.set(r.add(Gate(fam.name, np.ones(numel(arg.shape)), source=r.node.name), [arg], arg.shape))
     r.set(Pending(ops, arg, r.node))
+
+
+def _image(r: OnnxReader, x: Value, what: str) -> tuple[int, int, int]:
+    if len(x.shape) != 4 or x.shape[0] != 1:
+        raise r.unsupported(f"a 2-d {what} on a tensor of shape {x.shape}", what=f"a {what} on shape {x.shape}")
+    return x.shape[1:]
 
 
 @handles("Conv")
 def _conv(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    if len(x.shape) != 3:
-        raise r.unsupported(f"a 2-d Conv on a tensor of shape {x.shape}")
+    in_shape = _image(r, x, "Conv")
     w = r.const(r.node.input[1]).astype(np.float64)
     if w.ndim != 4:
-        raise r.unsupported("only 2-d convolutions")
+        raise r.unsupported("only 2-d convolutions are read", what=f"a {w.ndim - 2}-d convolution")
     b = r.const(r.node.input[2]).astype(np.float64) if len(r.node.input) > 2 and r.node.input[2] else np.zeros(w.shape[0])
     pads = list(r.attr("pads", [0, 0, 0, 0]))
     if r.attr("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or pads[0] != pads[2] or pads[1] != pads[3]:
-        raise r.unsupported("auto_pad or asymmetric padding")
-    conv = Conv(w, b, x.shape, tuple(r.attr("strides", [1, 1])), (pads[0], pads[1]), tuple(r.attr("dilations", [1, 1])),
+        raise r.unsupported("auto_pad or asymmetric padding", what="a Conv with auto_pad or asymmetric padding")
+    conv = Conv(w, b, in_shape, tuple(r.attr("strides", [1, 1])), (pads[0], pads[1]), tuple(r.attr("dilations", [1, 1])),
                 r.attr("group", 1))
-    out = r.add(conv, [x], conv.out_shape)
+    out = r.add(conv, [x], (1,) + conv.out_shape)
     ws = r.const_scales.get(r.node.input[1])
     per_unit = None if ws is None else np.repeat(ws.reshape(ws.shape[0], -1).max(1), numel(conv.out_shape[1:]))
     bias_name = r.node.input[2] if len(r.node.input) > 2 else ""
@@ -596,17 +972,18 @@ def _conv(r: OnnxReader) -> None:
 @handles("AveragePool", "GlobalAveragePool")
 def _avgpool(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    if len(x.shape) != 3:
-        raise r.unsupported(f"2-d pooling on a tensor of shape {x.shape}")
+    in_shape = _image(r, x, "pooling")
     if r.node.op_type == "GlobalAveragePool":
-        op = average_pool(x.shape, x.shape[1:], (1, 1))
+        op = average_pool(in_shape, in_shape[1:], (1, 1))
     else:
         pads = list(r.attr("pads", [0, 0, 0, 0]))
         if pads[0] != pads[2] or pads[1] != pads[3] or (any(pads) and not r.attr("count_include_pad", 0)) or r.attr("ceil_mode", 0):
-            raise r.unsupported("padding not counted in the average, asymmetric padding or ceil_mode")
+            raise r.unsupported("padding not counted in the average, asymmetric padding or ceil_mode",
+                                what="an AveragePool with padding outside the average, asymmetric padding or ceil_mode",
+                                fix="use count_include_pad=True and symmetric padding")
         kernel = tuple(r.attr("kernel_shape"))
-        op = average_pool(x.shape, kernel, tuple(r.attr("strides", kernel)), (pads[0], pads[1]))
-    r.set(r.add(op, [x], op.out_shape))
+        op = average_pool(in_shape, kernel, tuple(r.attr("strides", kernel)), (pads[0], pads[1]))
+    r.set(r.add(op, [x], (1,) + op.out_shape))
 
 
 @handles("BatchNormalization")
@@ -614,65 +991,105 @@ def _batchnorm(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
     scale, bias, mean, var = (r.const(i).astype(np.float64) for i in r.node.input[1:5])
     a = scale / np.sqrt(var + r.attr("epsilon", 1e-5))
-    per_channel = lambda v: np.broadcast_to(v.reshape(-1, *([1] * (len(x.shape) - 1))), x.shape).reshape(-1)  # noqa: E731
-    r.set(r.add(Scale(per_channel(a), per_channel(bias - mean * a)), [x], x.shape))
+    per_channel = lambda v: np.broadcast_to(v.reshape(-1, *([1] * (len(x.shape) - 2))), x.shape).reshape(-1)  # noqa: E731
+    out = r.add(Scale(per_channel(a), per_channel(bias - mean * a)), [x], x.shape, flops=0)
+    if r.int8:
+        out.fl = batchnorm_float(x.fl, per_channel(a), per_channel(mean), per_channel(bias))
+    r.set(out)
 
 
 @handles("Flatten")
 def _flatten(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    full = r.with_batch(x.shape)
     axis = r.attr("axis", 1)
-    axis = axis + len(full) if axis < 0 else axis
-    if r.batch and axis != 1:
-        raise r.unsupported(f"Flatten over the batch axis (axis={axis})")
-    shape = (numel(full[axis:]),) if r.batch else (numel(full[:axis]), numel(full[axis:]))
-    r.set(Value(x.node, shape))
+    axis = axis + len(x.shape) if axis < 0 else axis
+    r.set(Value(x.node, (numel(x.shape[:axis]), numel(x.shape[axis:])), x.fl))
 
 
 @handles("Reshape")
 def _reshape(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    full = r.with_batch(x.shape)
-    target = _reshape_target(r.const(r.node.input[1]), full, r.attr("allowzero", 0))
-    if numel(tuple(target)) != numel(full):
-        raise r.unsupported(f"a reshape of {full} to {target}")
-    r.set(Value(x.node, r.without_batch(target)))
+    target = _reshape_target(r.const(r.node.input[1]), x.shape, r.attr("allowzero", 0))
+    if numel(tuple(target)) != numel(x.shape):
+        raise r.unsupported(f"a reshape of {x.shape} to {target}", what=f"a reshape of {x.shape} to {target}")
+    r.set(Value(x.node, tuple(target), x.fl))
 
 
 @handles("Squeeze", "Unsqueeze")
 def _squeeze(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
     axes = r.const(r.node.input[1]) if len(r.node.input) > 1 and r.node.input[1] else r.attr("axes", None)
-    probe = np.empty(r.with_batch(x.shape), dtype=np.int8)
-    shape = (np.expand_dims(probe, tuple(int(a) for a in axes)) if r.node.op_type == "Unsqueeze"
-             else np.squeeze(probe, None if axes is None else tuple(int(a) for a in axes))).shape
-    r.set(Value(x.node, r.without_batch(shape)))
+    probe = np.empty(x.shape, dtype=np.int8)
+    if r.node.op_type == "Unsqueeze":
+        rank = len(x.shape) + len(np.asarray(axes).reshape(-1))
+        shape = np.expand_dims(probe, tuple(sorted(int(a) + rank if int(a) < 0 else int(a) for a in np.asarray(axes).reshape(-1)))).shape
+    else:
+        shape = np.squeeze(probe, None if axes is None else tuple(int(a) for a in np.asarray(axes).reshape(-1))).shape
+    r.set(Value(x.node, tuple(shape), x.fl))
 
 
 @handles("Transpose")
 def _transpose(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
-    full = r.with_batch(x.shape)
-    perm = list(r.attr("perm", list(range(len(full)))[::-1]))
-    if r.batch and perm[0] != 0:
-        raise r.unsupported(f"a transpose that moves the batch axis (perm {perm})")
-    inner = [p - 1 for p in perm[1:]] if r.batch else perm
-    index = np.transpose(np.arange(numel(x.shape)).reshape(x.shape), inner)
+    perm = list(r.attr("perm", list(range(len(x.shape)))[::-1]))
+    index = np.transpose(_positions(x), perm)
+    moved = [d for d in range(len(perm)) if x.shape[perm[d]] > 1]
+    if [perm[d] for d in moved] == sorted(perm[d] for d in moved):  # only axes of size 1 move: the same order of units
+        return r.set(Value(x.node, index.shape, x.fl))
     r.set(r.add(Permute(index.reshape(-1)), [x], index.shape))
 
 
 @handles("Concat")
 def _concat(r: OnnxReader) -> None:
-    xs = [r.var(i) for i in r.node.input]
-    axis = r.axis(r.attr("axis"), len(xs[0].shape))
+    names = list(r.node.input)
+    parts = [np.asarray(r.const(n), dtype=np.float64) if r.is_const(n) else r.var(n) for n in names]
+    shapes = [p.shape if isinstance(p, Value) else np.shape(p) for p in parts]
+    axis = r.axis(r.attr("axis"), len(shapes[0]))
+    consts = tuple(None if isinstance(p, Value) else p for p in parts)
     try:
-        op = Concat(tuple(v.shape for v in xs), axis)
+        op = Concat(tuple(shapes), axis, consts)
     except ValueError as e:
-        raise r.unsupported(str(e)) from None
-    r.set(r.add(op, xs, op.out_shape))
+        raise r.unsupported(str(e), what=f"a Concat of shapes {shapes}") from None
+    r.set(r.add(op, [p for p in parts if isinstance(p, Value)], op.out_shape))
 
 
+
+
+def supported_ops() -> dict[str, str]:
+    """The ONNX op types the reader reads on a variable (the engine's own list: the handlers' and the gate families'
+    patterns, `readable_ops`), each with the form it takes; any op also folds when all its inputs are constants
+    (`CONSTANT_OPS`)."""
+    forms = {
+        "Gemm": "x·Wᵀ + b, W constant", "MatMul": "x·W with W constant, or a product of two variables",
+        "Add": "a constant or another variable (broadcast)", "Sub": "a constant or another variable (broadcast)",
+        "Mul": "a constant, another variable, or a gate x·g(λx)", "Div": "by a constant or a variable provably positive on the box",
+        "Conv": "2-d, symmetric padding", "AveragePool": "symmetric padding counted in the average",
+        "Concat": "variables and constants", "Where": "a constant condition", "Gather": "constant indices",
+        "Pow": "exponents 2, 0.5, -0.5, -1, 1", "Softmax": "any axis", "LayerNormalization": "its first output",
+        "QuantizeLinear": "int8/uint8, read with its DequantizeLinear", "DequantizeLinear": "of its own QuantizeLinear",
+        "Clip": "with a lower bound",
+    }
+    for ops, fam in gate_patterns().items():
+        for op in ops:
+            forms.setdefault(op, f"inside a gate x·g(λx) ({' → '.join(ops)})")
+    return {op: forms.get(op, "") for op in readable_ops()}
+
+
+# ---------------------------------------------------------------------------------------------
+# int8 graphs: following onnxruntime's float32 values (`Float`); the bounds themselves are `quantized`'s
+
+
+def _follow(r: OnnxReader, op: Op, inputs: Sequence[Value], flops: int | None) -> Float | None:
+    fls = [v.fl for v in inputs]
+    if any(f is None for f in fls):
+        return None
+    return follow(op, fls, flops, r.affine_info.get(len(r.nodes) - 1))
+
+
+def _follow_matmul(r: OnnxReader, a: Value, b: Value, nb: int, m: int, k: int, n: int) -> Float | None:
+    if a.fl is None or b.fl is None:
+        return None
+    return matmul_float(a.fl, b.fl, nb, m, k, n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -712,16 +1129,21 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
         proto, _ = to_onnx(m, torch.zeros(1, *shape), opset=20, simplify=True, dynamic_batch=False)
     except Exception as e:  # the exporter's own errors are long; the first line says what failed
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UnsupportedModel(f"{type(model).__name__} could not be exported to ONNX for verification: {first[:300]}") from None
+        raise UnsupportedModel(f"{type(model).__name__} could not be exported to ONNX for verification: {first[:300]}",
+                               what="a module the ONNX exporter cannot write", fix=None) from None
     try:
         return from_onnx(proto)
     except UnsupportedModel as e:
         node = getattr(e, "onnx_node", None)
         if node is None:
             raise
+        where = module_path(node.name)
         why = getattr(e, "why", "")
-        raise UnsupportedModel(f"{type(model).__name__}: unsupported op {node.op_type} in module '{module_path(node.name)}'"
-                               f"{': ' + why if why else ''}; the verifier reads {', '.join(readable_ops())}") from None
+        if node.op_type in readable_ops():
+            msg = f"{type(model).__name__}: {node.op_type} in module '{where}' is not read: {why}"
+        else:
+            msg = f"{type(model).__name__}: unsupported op {node.op_type} in module '{where}'; the verifier reads {', '.join(readable_ops())}"
+        raise UnsupportedModel(msg, node=where, op=node.op_type, what=e.what, fix=e.fix) from None
 
 
 def read(model: Any, input_shape: Sequence[int] | None = None) -> Graph:
@@ -733,4 +1155,3 @@ def read(model: Any, input_shape: Sequence[int] | None = None) -> Graph:
             raise ValueError("reading a torch model needs its input_shape (without the batch axis)")
         return from_torch(model, input_shape)
     return from_onnx(model)
-

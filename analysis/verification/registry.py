@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .nonlinear import OutOfDomain
 from .ops import UnsupportedModel
 from .problem import DECISIVE, Budget, Problem, Result
 
@@ -59,6 +60,8 @@ class Verifier:
         wall0, cpu0 = Budget.read("wall"), Budget.read("cpu")
         try:
             a = self.check(problem, budget)
+        except OutOfDomain as e:  # the box is too wide for a relaxation (an exp that may overflow): not decided
+            a = Answer("unknown", message=one_line(e), stage=self.name)
         except Exception as e:  # a verifier failing on one instance must not stop a benchmark
             a = Answer("error", message=one_line(e), stage=self.name)
         if a.status != "sat":
@@ -174,6 +177,8 @@ class Chain(Verifier):
             t0 = Budget.read("wall")
             try:
                 answer = link.check(problem, budget)
+            except OutOfDomain as e:  # the box is too wide for a relaxation (an exp that may overflow): not decided
+                answer = Answer("unknown", message=one_line(e), stage=link.name)
             except UnsupportedModel as e:
                 answer = Answer("error", message=one_line(e), stage=link.name)
             problem.info.setdefault("stage_seconds", {})[link.name] = round(Budget.read("wall") - t0, 4)

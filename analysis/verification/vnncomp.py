@@ -13,9 +13,9 @@ property, starting onnxruntime; run_time: the verifier on the instance, limited 
 `timeout_override`) in wall-clock seconds. Instances run through the one property loop (`harness`), `jobs` at a
 time; `shard` "K/N" runs the rows whose index is K mod N, and `merge` joins shard results.
 
-It reads what `readers.from_onnx` reads (residual graphs, convolutions, the smooth gates); any other op makes that
-instance an error whose message names the op. `main` shows each answer as it comes (a bar on a terminal, else a line
-per instance), prints one line per failed instance (missing file, unsupported op, malformed VNN-LIB, input counts
+It reads what `readers.from_onnx` reads (`readers.supported_ops()`: residual graphs, convolutions, the smooth gates,
+transformers, int8 QDQ graphs); anything else makes that instance an error whose message names the op. `main` shows
+each answer as it comes (a bar on a terminal, else a line per instance), prints one line per failed instance (missing file, unsupported op, malformed VNN-LIB, input counts
 that do not match) and exits 1 when there was one, 2 when the folder itself is unusable or the results cannot be
 written where `--out` says (checked before the first instance).
 """

@@ -21,7 +21,7 @@ from pipeline.activations import gate_of
 from .activations import _intercept
 from .core import (EXACT, GLOBAL_CHANNELS, RELU32, RELU_ROUNDING, SAMPLE_CHANNELS, SMOOTH32, Refused, _Call, _Channel,
                    _Dev, _inf_for_nan, _injected, _NoRule)
-from .rules import RULES
+from .rules import DECOMPOSED, RULES
 
 class _Walk:
     """One pass of `_Dev` boxes through a model: the channels, and which of them were refused where."""
@@ -43,6 +43,8 @@ class _Walk:
             raise Refused(reason)
 
     def apply(self, name: str, func: Callable, args: tuple, kwargs: dict, out: Any, devs: list[_Dev]) -> Any:
+        if name in DECOMPOSED:  # a composite function (nn.MultiheadAttention's): the ops it runs, each by its rule
+            return DECOMPOSED[name](self, func, args, kwargs, out)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if not all(isinstance(o, torch.Tensor) for o in outs):
             # A Python value read out of a tensor (item, bool, tolist): the forward may branch on it.

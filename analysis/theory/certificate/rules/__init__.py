@@ -10,7 +10,7 @@ from typing import Any
 from ..core import _Call
 from .affine import _conv, _linear
 from .arithmetic import _add, _div, _mul
-from .attention import _sdpa
+from .attention import _mha, _sdpa
 from .embedding import _embedding
 from .normalization import _batch_norm, _layer_norm
 from .pooling import _avg_pool, _pool_same
@@ -36,3 +36,7 @@ RULES: dict[str, Callable[[_Call], Any]] = {
     "embedding": _embedding,
     "scaled_dot_product_attention": _sdpa,
 }
+
+# Functions read as the ops they run, each through its own rule (the walk calls these with the boxed arguments):
+# DECOMPOSED[name](walk, func, args, kwargs, out) -> the output with its boxes
+DECOMPOSED: dict[str, Callable[..., Any]] = {"multi_head_attention_forward": _mha}

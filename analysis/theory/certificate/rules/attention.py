@@ -44,3 +44,54 @@ def _sdpa(c: _Call):
     if c.ch.rounding:
         box = box + SAFETY * gamma(Lk + 1) * ((P + dP) @ c.mag(p["value"]))
     return box
+
+
+def _mha(walk, func, args: tuple, kwargs: dict, out):
+    """F.multi_head_attention_forward (what nn.MultiheadAttention calls) as the ops it runs, each dispatched to its own
+    rule: the packed in-projection (`linear`), the heads' reshapes, `scaled_dot_product_attention` and the out-projection.
+    That is its own code path when need_weights=False; with need_weights=True torch computes q·scale, bmm, softmax and bmm
+    instead, whose float32 rounding `_sdpa`'s terms also cover (the scale's product is one of its γ_{E+2} terms). The
+    averaged attention weights, when asked for, get no bound (∞). Masks, bias_k/v, zero attention, separate projection
+    weights and dropout in training are refused. The decomposition is checked against torch's own output."""
+    import inspect
+
+    import torch.nn.functional as F
+
+    from ..core import Refused, _Dev
+
+    names = list(inspect.signature(func).parameters)
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    get = lambda n, d=None: p.get(n, d)  # noqa: E731
+    if (get("key_padding_mask") is not None or get("attn_mask") is not None or get("bias_k") is not None
+            or get("bias_v") is not None or get("add_zero_attn") or get("use_separate_proj_weight")
+            or get("static_k") is not None or get("static_v") is not None or get("is_causal")
+            or (get("training") and get("dropout_p", 0.0) > 0)):
+        raise Refused("multi_head_attention_forward with a mask, bias_k/v, zero attention, separate projection weights, "
+                      "a causal hint or dropout in training: no rule")
+    query, key, value = get("query"), get("key"), get("value")
+    H = int(get("num_heads"))
+    batched = query.dim() == 3
+    if not batched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    L, N, E = query.shape
+    S = key.shape[0]
+    hd = E // H
+    q, k, v = F._in_projection_packed(query, key, value, get("in_proj_weight"), get("in_proj_bias"))
+    q = q.view(L, N * H, hd).transpose(0, 1).view(N, H, L, hd)
+    k = k.view(S, N * H, hd).transpose(0, 1).view(N, H, S, hd)
+    v = v.view(S, N * H, hd).transpose(0, 1).view(N, H, S, hd)
+    attn = F.scaled_dot_product_attention(q, k, v, None, 0.0, False)
+    attn = attn.permute(2, 0, 1, 3).reshape(N * L, E)
+    y = F.linear(attn, get("out_proj_weight"), get("out_proj_bias")).view(L, N, E)
+    if not batched:
+        y = y.squeeze(1)
+    ref = out[0]
+    if not isinstance(y, _Dev) or not torch.allclose(y.value.to(torch.float64), ref.to(torch.float64), rtol=1e-6,
+                                                      atol=1e-6 * (1 + float(ref.abs().max()))):
+        raise Refused("multi_head_attention_forward's decomposition does not reproduce its output here")
+    y = walk.wrap(ref, list(y.boxes))  # torch's own value, the decomposition's boxes
+    weights = out[1]
+    if weights is not None:
+        weights = walk.wrap(weights, [torch.full(weights.shape, math.inf, dtype=torch.float64) for _ in walk.channels])
+    return type(out)((y, weights))

@@ -1,0 +1,571 @@
+"""The nonlinear ops a transformer adds to a verification graph, each with a sound linear relaxation of its own (the ops
+`bounds.Bounder` does not optimize; branch and bound splits only ReLUs, these keep their relaxations):
+
+- elementwise, convex or concave on their domain (`Curve`): `Exp`, `Reciprocal` (x > 0), `Sqrt` (x ≥ 0), `Rsqrt`
+  (1/√x, x > 0) and `Square`. Over an input interval [l, u] the chord through (l, f(l)) and (u, f(u)) is on one side
+  of f and the tangent at the middle m = (l + u)/2 on the other (auto_LiRPA's `BoundExp`, `BoundReciprocal`,
+  `BoundSqrt` choose the same lines; the middle is the tangent point of least area between line and curve, since the
+  area's derivative in m is f''(m)·((l + u)/2 − m));
+- products of two variables: `Product` (x ⊙ y elementwise) and `BatchMatMul` (A @ B over a batch of matrices). Each
+  product term x·y over the box [x_l, x_u] × [y_l, y_u] gets McCormick's two planes averaged per side (auto_LiRPA's
+  `MulHelper.interpolated_relaxation` at r = ½, its `middle` option):
+
+      x·y ≥ y_m·x + x_m·y − (x_u·y_u + x_l·y_l)/2,      x·y ≤ y_m·x + x_m·y − (x_l·y_u + x_u·y_l)/2,
+
+  (x_m, y_m the middles): the gaps are ½[(x − x_l)(y − y_l) + (x_u − x)(y_u − y)] ≥ 0 and
+  ½[(x_u − x)(y − y_l) + (x − x_l)(y_u − y)] ≥ 0, at most half a single plane's worst gap, and both sides share their
+  coefficients, so a MatMul's relaxation is two matrix products (coefficients Λ·B_mᵀ and A_mᵀ·Λ) and two constant
+  matrices −½(A_u·B_u + A_l·B_l), −½(A_u·B_l + A_l·B_u), never a tensor per product term.
+
+A softmax is read as exp and reciprocal (`readers`: softmax_i = 1/Σ_j exp(x_j − x_i), Wei et al. 2023's
+exp-reciprocal form: no division of two variables, and exp(x_i − x_i) = 1 exactly, so the sum is ≥ 1), a LayerNorm
+as centring, its `Variance` (one op on the whole row, whose range uses ‖P(x − x₀)‖ ≤ ‖r‖₂: interval arithmetic
+through Square gives a lower bound of 0 as soon as every centred unit's interval holds 0, and a LayerNorm's
+1/√(var + ε) then reaches 1/√ε), Rsqrt and a Product.
+
+A product's op reads one input, the concatenation of its two operands (the reader adds the `Concat`), so every
+nonlinear node of the graph is an activation site with one input interval, as ReLUs and gates are.
+
+Floating point: the lines are computed in float64 from torch's exp/sqrt/reciprocal (within a few ulps); each intercept
+is moved outward by `REL_SLACK` times the magnitudes involved plus `TINY`, far more than the rounding of the
+line's coefficients (relative 1e-16) and of the functions (tests/test_verify_nonlinear.py samples each relaxation
+densely in float64, each side apart, and checks exp against mpmath).
+
+An input interval outside an op's domain (a divisor whose lower bound is ≤ 0 on the box, an exp argument above
+`EXP_MAX`) has no sound finite relaxation: `OutOfDomain`, one line naming the node and the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .ops import DTYPE, Activation, UnsupportedModel, as_tensor
+
+REL_SLACK = 2.0 ** -40  # relative widening of every intercept (~9e-13; the rounding it covers is ~1e-15)
+TINY = 1e-300
+EXP_MAX = 700.0  # exp overflows float64 just above 709.78
+
+
+class OutOfDomain(UnsupportedModel):
+    """A nonlinear op's input interval leaves the op's domain on this box: no finite sound relaxation."""
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise convex / concave functions
+
+
+@dataclass(eq=False)
+class Curve(Activation):
+    """y = f(x) elementwise for a function convex (or concave) on its domain; subclasses give f, f', the side and the
+    domain. `interval` is the exact range (f monotone, or Square's minimum at 0); `lines` the chord and the tangent
+    at the middle."""
+
+    size: int
+    source: str = ""  # the ONNX node it came from (for messages)
+
+    convex: ClassVar[bool] = True
+    increasing: ClassVar[bool | None] = True  # None: not monotone (Square)
+    domain: ClassVar[tuple[float, bool] | None] = None  # (a, open): x > a (open) or x ≥ a; None: all reals
+    name: ClassVar[str] = ""
+
+    def f(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def df(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.f(h)
+
+    def check(self, l: torch.Tensor, u: torch.Tensor) -> None:
+        """OutOfDomain unless every unit's interval lies in the domain (one host read per site)."""
+        bad = None
+        if self.domain is not None:
+            a, open_ = self.domain
+            low = l.min() if l.numel() else None
+            if low is not None and (bool(low <= a) if open_ else bool(low < a)):
+                bad = f"its input's lower bound {float(low):.4g} is not {'>' if open_ else '≥'} {a:g}"
+        if bad is None and isinstance(self, Exp) and u.numel() and bool(u.max() > EXP_MAX):
+            bad = f"its input's upper bound {float(u.max()):.4g} exceeds {EXP_MAX:g} (exp overflows)"
+        if bad is not None:
+            raise OutOfDomain(f"{self.name} ({self.source or 'a node'}): {bad} on this box, so it has no finite sound "
+                              "relaxation here")
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The range over [l, u]; (−∞, ∞) for a unit whose interval leaves the domain (interval arithmetic goes on
+        with it unknown; `lines` refuses it), +∞ where exp overflows."""
+        if self.domain is not None:
+            a, open_ = self.domain
+            out = (l <= a) if open_ else (l < a)
+            if bool(out.any()):
+                inside = torch.where(out, torch.full_like(l, a + 1.0), l)
+                lo, hi = self.interval(inside, torch.maximum(u, inside))
+                inf = torch.full_like(l, math.inf)
+                return torch.where(out, -inf, lo), torch.where(out, inf, hi)
+        fl, fu = self.f(l), self.f(u)
+        if self.increasing is True:
+            lo, hi = fl, fu
+        elif self.increasing is False:
+            lo, hi = fu, fl
+        else:  # Square: the minimum at 0 when the interval holds it
+            lo = torch.where((l <= 0) & (u >= 0), torch.zeros_like(l), torch.minimum(fl, fu))
+            hi = torch.maximum(fl, fu)
+        lo = lo - (REL_SLACK * lo.abs() + TINY)  # each end widened by its own rounding (an overflow at one end
+        hi = hi + (REL_SLACK * hi.abs() + TINY)  # leaves the other finite)
+        if self.domain is not None or self.increasing is None:  # ranges ≥ 0 stay ≥ 0 (a reciprocal's, a square's)
+            lo = lo.clamp(min=0)
+        return lo, hi
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor):
+        self.check(l, u)
+        fl, fu = self.f(l), self.f(u)
+        m = (l + u) / 2
+        fm, dm = self.f(m), self.df(m)
+        width = u - l
+        # the chord anchored at l (its error over [l, u] is that of f(l), f(u) and k·(x − l), whatever the width)
+        k = torch.where(width > 0, (fu - fl) / torch.where(width > 0, width, torch.ones_like(width)), self.df(l))
+        chord_b = fl - k * l
+        tan_b = fm - dm * m
+        mag = fl.abs() + fu.abs() + fm.abs() + (k.abs() + dm.abs()) * (l.abs() + u.abs())
+        slack = REL_SLACK * mag + TINY
+        if self.convex:
+            return dm, tan_b - slack, k, chord_b + slack
+        return k, chord_b - slack, dm, tan_b + slack
+
+    def gap(self, l: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """A bound on |f(z') − f(z)| for z in [l, u] and |z' − z| ≤ d (the swap gap through this op): the largest |f'|
+        on [l − d, u + d] times d (|f'| is monotone on the domain, so it is largest at an end)."""
+        lo, hi = l - d, u + d
+        self.check(lo, hi)
+        L = torch.maximum(self.df(lo).abs(), self.df(hi).abs())
+        return L * d * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class Exp(Curve):
+    name: ClassVar[str] = "Exp"
+
+    def f(self, x):
+        return torch.exp(x)
+
+    def df(self, x):
+        return torch.exp(x)
+
+
+@dataclass(eq=False)
+class Reciprocal(Curve):
+    """1/x on x > 0 (a division by a positive quantity: a softmax's normalising sum, a LayerNorm's deviation)."""
+
+    increasing: ClassVar[bool | None] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, True)
+    name: ClassVar[str] = "Reciprocal"
+
+    def f(self, x):
+        return 1.0 / x
+
+    def df(self, x):
+        return -1.0 / (x * x)
+
+
+@dataclass(eq=False)
+class Rsqrt(Curve):
+    """1/√x on x > 0 (a LayerNorm's 1/√(var + ε) as one convex function: tighter than √ then 1/x)."""
+
+    increasing: ClassVar[bool | None] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, True)
+    name: ClassVar[str] = "Rsqrt"
+
+    def f(self, x):
+        return torch.rsqrt(x)
+
+    def df(self, x):
+        return -0.5 * torch.rsqrt(x) / x
+
+
+@dataclass(eq=False)
+class Sqrt(Curve):
+    """√x on x ≥ 0, concave: the chord below, the tangent at the middle above."""
+
+    convex: ClassVar[bool] = False
+    domain: ClassVar[tuple[float, bool] | None] = (0.0, False)
+    name: ClassVar[str] = "Sqrt"
+
+    def f(self, x):
+        return torch.sqrt(x)
+
+    def df(self, x):
+        return 0.5 / torch.sqrt(x)  # +inf at 0: only the tangent at a middle > 0 and the chord are used
+
+    def lines(self, l, u):
+        al, bl, au, bu = super().lines(l, u)
+        point = u <= 0  # the interval [0, 0]: the constant 0
+        zero = torch.zeros_like(l)
+        return (torch.where(point, zero, al), torch.where(point, zero - TINY, bl), torch.where(point, zero, au),
+                torch.where(point, zero + TINY, bu))
+
+    def gap(self, l, u, d):
+        lo = (l - d).clamp(min=0)
+        # |√a − √b| ≤ √|a − b| always; d/(2√lo) where the interval stays away from 0
+        via_slope = torch.where(lo > 0, d / (2 * torch.sqrt(torch.where(lo > 0, lo, torch.ones_like(lo)))), torch.full_like(d, math.inf))
+        return torch.minimum(torch.sqrt(d), via_slope) * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class Square(Curve):
+    increasing: ClassVar[bool | None] = None
+    name: ClassVar[str] = "Square"
+
+    def f(self, x):
+        return x * x
+
+    def df(self, x):
+        return 2 * x
+
+    def gap(self, l, u, d):
+        # |z'² − z²| = |z' − z|·|z' + z| ≤ d·(2·max|z| + d)
+        return d * (2 * torch.maximum(l.abs(), u.abs()) + d) * (1 + REL_SLACK) + TINY
+
+
+CURVES: dict[str, type[Curve]] = {c.name: c for c in (Exp, Reciprocal, Rsqrt, Sqrt, Square)}
+
+
+# ---------------------------------------------------------------------------------------------
+# products of two variables
+
+
+class _Bilinear(Activation):
+    """An op on the concatenation (x, y) of two operands, bilinear in them: not elementwise, so it gives `relax` (a
+    tuple of tensors) and `back` (the coefficients on its input and the constant, given that tuple) instead of
+    per-unit lines. `bounds.Bounder` calls those; `milp.encode` calls `milp_rows`."""
+
+    elementwise: ClassVar[bool] = False
+
+    def split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def relax(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def back(self, A: torch.Tensor, relax: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def milp_rows(self, l: torch.Tensor, u: torch.Tensor) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+        """[(M, lo, hi)]: each lo ≤ z − M·x ≤ hi (x the op's input, z its output), M a scipy matrix (out, in)."""
+        raise NotImplementedError
+
+    def lines(self, l, u):
+        raise NotImplementedError(f"{type(self).__name__} is not elementwise: its relaxation is `relax`/`back`")
+
+
+def _middle(xl, xu, yl, yu):
+    """The averaged McCormick planes' pieces per product term: x_m, y_m, γ_l, γ_u (module docstring)."""
+    return (xl + xu) / 2, (yl + yu) / 2, -(xu * yu + xl * yl) / 2, -(xl * yu + xu * yl) / 2
+
+
+@dataclass(eq=False)
+class Product(_Bilinear):
+    """z = x ⊙ y for two operands of `size` units each; input (x, y) concatenated, 2·size units."""
+
+    size: int
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (2 * self.size,)
+
+    @property
+    def out_size(self) -> int:
+        return self.size
+
+    def split(self, v):
+        return v[..., :self.size], v[..., self.size:]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x, y = self.split(h)
+        return x * y
+
+    def interval(self, l, u):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        c = torch.stack([xl * yl, xl * yu, xu * yl, xu * yu])
+        lo, hi = c.min(0).values, c.max(0).values
+        slack = REL_SLACK * c.abs().max(0).values + TINY
+        return lo - slack, hi + slack
+
+    def relax(self, l, u):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        xm, ym, gl, gu = _middle(xl, xu, yl, yu)
+        slack = REL_SLACK * 4 * torch.maximum(xl.abs(), xu.abs()) * torch.maximum(yl.abs(), yu.abs()) + TINY
+        return ym, xm, gl - slack, gu + slack
+
+    def back(self, A, relax):
+        ym, xm, gl, gu = relax
+        const = (A.clamp(min=0) * gl).sum(-1) + (A.clamp(max=0) * gu).sum(-1)
+        return torch.cat([A * ym, A * xm], dim=-1), const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        ym, xm, gl, gu = (t.numpy() for t in self.relax(l, u))
+        n = self.size
+        M = sparse.hstack([sparse.diags(ym), sparse.diags(xm)], format="csr")
+        return [(M, gl, gu)]
+
+    def gap(self, l, u, d):
+        (xl, yl), (xu, yu) = self.split(l), self.split(u)
+        dx, dy = self.split(d)
+        mx, my = torch.maximum(xl.abs(), xu.abs()), torch.maximum(yl.abs(), yu.abs())
+        # |x'y' − xy| ≤ |x' − x|·|y'| + |x|·|y' − y|
+        return (dx * (my + dy) + mx * dy) * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class BatchMatMul(_Bilinear):
+    """Z = A @ B per batch entry: A [b, m, k] and B [b, k, n] (flat, concatenated in that order) → Z [b, m, n]."""
+
+    b: int
+    m: int
+    k: int
+    n: int
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.b * self.k * (self.m + self.n),)
+
+    @property
+    def out_size(self) -> int:
+        return self.b * self.m * self.n
+
+    def split(self, v):
+        lead = v.shape[:-1]
+        na = self.b * self.m * self.k
+        return v[..., :na].reshape(*lead, self.b, self.m, self.k), v[..., na:].reshape(*lead, self.b, self.k, self.n)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a, b = self.split(h)
+        return (a @ b).reshape(h.shape[0], -1)
+
+    def interval(self, l, u):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        # per product term A_ik·B_kj: the extremes of its four corners, [b, m, k, n], summed over k
+        x = torch.stack([al, au])[:, None, :, :, :, None]  # [2, 1, b, m, k, 1]
+        y = torch.stack([bl, bu])[None, :, :, None, :, :]  # [1, 2, b, 1, k, n]
+        c = (x * y).reshape(4, self.b, self.m, self.k, self.n)
+        lo, hi = c.min(0).values.sum(2), c.max(0).values.sum(2)
+        slack = REL_SLACK * (self.k + 2) * c.abs().max(0).values.sum(2) + TINY
+        return (lo - slack).reshape(-1), (hi + slack).reshape(-1)
+
+    def relax(self, l, u):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        am, bm = (al + au) / 2, (bl + bu) / 2
+        gl = -(au @ bu + al @ bl) / 2
+        gu = -(au @ bl + al @ bu) / 2
+        ma, mb = torch.maximum(al.abs(), au.abs()), torch.maximum(bl.abs(), bu.abs())
+        slack = REL_SLACK * 4 * (self.k + 2) * (ma @ mb) + TINY
+        return am, bm, gl - slack, gu + slack
+
+    def back(self, A, relax):
+        am, bm, gl, gu = relax
+        R = A.shape[0]
+        Lam = A.reshape(R, self.b, self.m, self.n)
+        coef_a = Lam @ bm.transpose(-1, -2)  # [R, b, m, k]
+        coef_b = am.transpose(-1, -2) @ Lam  # [R, b, k, n]
+        const = (Lam.clamp(min=0) * gl).sum((1, 2, 3)) + (Lam.clamp(max=0) * gu).sum((1, 2, 3))
+        return torch.cat([coef_a.reshape(R, -1), coef_b.reshape(R, -1)], dim=-1), const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        am, bm, gl, gu = (t.numpy() for t in self.relax(l, u))
+        b, m, k, n = self.b, self.m, self.k, self.n
+        # row (β, i, j): Σ_k bm[β, k, j]·A[β, i, k] + am[β, i, k]·B[β, k, j]
+        B_, I, J, K = np.meshgrid(np.arange(b), np.arange(m), np.arange(n), np.arange(k), indexing="ij")
+        row = ((B_ * m + I) * n + J).ravel()
+        col_a = ((B_ * m + I) * k + K).ravel()
+        col_b = b * m * k + ((B_ * k + K) * n + J).ravel()
+        vals = np.concatenate([bm[B_, K, J].ravel(), am[B_, I, K].ravel()])
+        M = sparse.csr_matrix((vals, (np.concatenate([row, row]), np.concatenate([col_a, col_b]))),
+                              shape=(self.out_size, self.in_sizes()[0]))
+        return [(M, gl.reshape(-1), gu.reshape(-1))]
+
+    def gap(self, l, u, d):
+        (al, bl), (au, bu) = self.split(l), self.split(u)
+        da, db = self.split(d)
+        ma, mb = torch.maximum(al.abs(), au.abs()), torch.maximum(bl.abs(), bu.abs())
+        return ((da @ (mb + db) + ma @ db) * (1 + REL_SLACK)).reshape(-1) + TINY
+
+
+def curve(name: str, size: int, source: str = "") -> Curve:
+    return CURVES[name](size, source)
+
+
+__all__ = ["Curve", "Exp", "Reciprocal", "Rsqrt", "Sqrt", "Square", "Product", "BatchMatMul", "OutOfDomain", "CURVES",
+           "REL_SLACK", "DTYPE", "as_tensor"]
+
+
+@dataclass(eq=False)
+class Variance(_Bilinear):
+    """v = mean(c²) + ε per row of R rows × N, c = x − mean x (a LayerNorm's variance). Its input is the concatenation
+    (x, c), so that both come with their own (CROWN-tightened) intervals: with c = Px (P the centring, a projection)
+    and x in a box of centre x₀ and half-widths r, ‖c‖ ≥ ‖Px₀‖ − ‖P(x − x₀)‖ ≥ ‖Px₀‖ − ‖r‖₂, so
+    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
+    arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
+    at c's centre c₀ (‖c‖² ≥ 2c₀ᵀc − ‖c₀‖²); above, the chords c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
+
+    R: int
+    N: int
+    eps: float
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (2 * self.R * self.N,)
+
+    @property
+    def out_size(self) -> int:
+        return self.R
+
+    def split(self, v):
+        n = self.R * self.N
+        rows = lambda t: t.reshape(*t.shape[:-1], self.R, self.N)  # noqa: E731
+        return rows(v[..., :n]), rows(v[..., n:])
+
+    def forward(self, h):
+        _, c = self.split(h)
+        return (c * c).mean(-1) + self.eps
+
+    def interval(self, l, u):
+        (xl, cl), (xu, cu) = self.split(l), self.split(u)
+        sep = torch.where((cl <= 0) & (cu >= 0), torch.zeros_like(cl), torch.minimum(cl * cl, cu * cu)).sum(-1)
+        x0 = (xl + xu) / 2
+        c0 = x0 - x0.mean(-1, keepdim=True)
+        norm = (c0.norm(dim=-1) - ((xu - xl) / 2).norm(dim=-1)).clamp(min=0) ** 2
+        lo = torch.maximum(sep, norm) / self.N + self.eps
+        hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
+        return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
+
+    def relax(self, l, u):
+        (_, cl), (_, cu) = self.split(l), self.split(u)
+        c0 = (cl + cu) / 2
+        lo_coef = 2 * c0 / self.N
+        lo_const = -(c0 * c0).sum(-1) / self.N + self.eps
+        up_coef = (cl + cu) / self.N
+        up_const = -(cl * cu).sum(-1) / self.N + self.eps
+        mag = torch.maximum(cl.abs(), cu.abs())
+        slack = 8 * REL_SLACK * ((mag * mag).sum(-1) / self.N + self.eps) + TINY
+        return lo_coef.reshape(-1), lo_const - slack, up_coef.reshape(-1), up_const + slack
+
+    def back(self, A, relax):
+        lo_coef, lo_const, up_coef, up_const = relax
+        Ap, An = A.clamp(min=0), A.clamp(max=0)  # [rows, R]
+        lc, uc = lo_coef.reshape(self.R, self.N), up_coef.reshape(self.R, self.N)
+        coef = Ap[..., None] * lc + An[..., None] * uc  # [rows, R, N] on c
+        return torch.cat([A.new_zeros(A.shape[0], self.R * self.N), coef.reshape(A.shape[0], -1)], -1), \
+            Ap @ lo_const + An @ up_const
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        lo_coef, lo_const, up_coef, up_const = (t.numpy() for t in self.relax(l, u))
+        n = self.R * self.N
+        rows = np.repeat(np.arange(self.R), self.N)
+        cols = n + np.arange(n)
+        shape = (self.R, 2 * n)
+        inf = np.full(self.R, np.inf)
+        return [(sparse.csr_matrix((lo_coef, (rows, cols)), shape=shape), lo_const, inf),
+                (sparse.csr_matrix((up_coef, (rows, cols)), shape=shape), -inf, up_const)]
+
+    def gap(self, l, u, d):
+        # |mean(c'²) − mean(c²)| ≤ (‖c'‖ + ‖c‖)·‖c' − c‖/N ≤ (2‖c‖_max + ‖d_c‖)·‖d_c‖/N per row
+        (_, cl), (_, cu) = self.split(l), self.split(u)
+        _, dc = self.split(d)
+        cmax = torch.maximum(cl.abs(), cu.abs()).norm(dim=-1)
+        dn = dc.norm(dim=-1)
+        return (2 * cmax + dn) * dn / self.N * (1 + REL_SLACK) + TINY
+
+
+@dataclass(eq=False)
+class LayerNormRounding(_Bilinear):
+    """y + e, |e| ≤ E: onnxruntime's float32 LayerNormalization of an int8 graph, on the exact one y. Its input is
+    the concatenation (y [R·N], x [R·N], v [R]) of the LayerNorm's exact output, its input and its variance + ε
+    (graph nodes), so E can use their intervals over the box.
+
+    Derivation (`layer_norm_rounding`; x̃ the runtime's input, |x̃ − x| ≤ e, |x̃| ≤ A, v + ε ≥ V over the box):
+    |ỹ − y(x)| ≤ |ỹ − LN(x̃)| + |LN(x̃) − LN(x)|. The second term: LN's Jacobian γ·r·(P − z·zᵀ/N) has row sums
+    ≤ |γ|·r·(2 + √N) (Σz² ≤ N), r ≤ 1/√V along the segment. The first: the one-pass sums m̃ and E[x²]~ are within
+    γ_{N+2}·A and γ_{N+2}·A² of m and E[x²], so the variance within Δv = γ_{N+2}A² + Δm(2A + Δm) + u(A + Δm)² +
+    2.1uA², √(fl(v + ε)) within a relative ρ = τ + u + τu of √(v + ε) (τ = (Δv + u(V + Δv))/V, |√(1 + t) − 1| ≤ |t|),
+    x − m̃ within Δc = Δm + u(2A + Δm), the quotient within Δz = Δc·r/(1 − ρ) + √N·ρ/(1 − ρ), and the scale and
+    shift add 2.1u·(|γ|(√N + Δq) + |β|). Where ρ ≥ ½ or E exceeds `LN_CAP` of the output's bound, E is ∞ (unknown)."""
+
+    R: int
+    N: int
+    eps: float
+    e_in: torch.Tensor  # [R]: max |x̃ − x| per row (the LayerNorm input's followed error)
+    gamma_: torch.Tensor  # [N]
+    beta: torch.Tensor  # [N]
+    source: str = ""
+
+    def __post_init__(self):
+        self.e_in, self.gamma_, self.beta = (as_tensor(t).reshape(-1) for t in (self.e_in, self.gamma_, self.beta))
+
+    def in_sizes(self):
+        return (2 * self.R * self.N + self.R,)
+
+    @property
+    def out_size(self):
+        return self.R * self.N
+
+    def cap(self) -> torch.Tensor:
+        from .quantized import LN_CAP
+
+        return LN_CAP * (self.gamma_.abs() * math.sqrt(self.N) + self.beta.abs()) + 1e-30
+
+    def split(self, v):
+        n = self.R * self.N
+        return v[..., :n], v[..., n:2 * n], v[..., 2 * n:]
+
+    def bound(self, l, u):
+        """E per unit on the box the intervals (l, u) of (y, x, v) describe; ∞ beyond `cap` (no bound, or a larger one
+        than the reading's magnitudes allow): those units are unknown, which costs nothing where nothing reads them (a
+        LayerNorm over every token of which the head reads one)."""
+        _, xl, vl = self.split(l)
+        _, xu, _ = self.split(u)
+        mag = torch.maximum(xl.abs(), xu.abs()).reshape(self.R, self.N) + self.e_in.to(l.dtype)[:, None]
+        A = (mag.mean(1), (mag * mag).mean(1), mag.max(1).values)
+        from .quantized import layer_norm_rounding
+
+        E = layer_norm_rounding(A, vl, self.e_in.to(l.dtype), self.gamma_.to(l.dtype), self.beta.to(l.dtype),
+                                self.N, self.eps)
+        beyond = ~(E <= self.cap().to(l.dtype)[None])
+        return torch.where(beyond, torch.full_like(E, math.inf), E).reshape(-1)
+
+    def forward(self, h):
+        return self.split(h)[0]
+
+    def interval(self, l, u):
+        E = self.bound(l, u)
+        return self.split(l)[0] - E, self.split(u)[0] + E
+
+    def relax(self, l, u):
+        return (self.bound(l, u),)
+
+    def back(self, A, relax):
+        (E,) = relax
+        rest = A.new_zeros(A.shape[0], self.R * self.N + self.R)
+        # an unbounded unit costs −∞ only to the rows that read it (0·∞ is 0 here, not NaN)
+        cost = torch.where(A != 0, A.abs() * E, torch.zeros_like(A))
+        return torch.cat([A, rest], dim=-1), -cost.sum(-1)
+
+    def milp_rows(self, l, u):
+        from scipy import sparse
+
+        E = self.bound(l, u).numpy()
+        n = self.R * self.N
+        M = sparse.hstack([sparse.identity(n), sparse.csr_matrix((n, n + self.R))], format="csr")
+        return [(M, -E, E)]
+
+    def gap(self, l, u, d):
+        return self.split(d)[0]

@@ -1,0 +1,244 @@
+"""Transformers in the verification engine: a ViT of one's own (nn.MultiheadAttention, LayerNorm, a class token, 4×4
+patches; `benchmarks.vit_digits.TinyViT`) read from its torch module and from a dynamic-batch ONNX export (the
+Shape/Gather/Equal/Where chain folded), every transformer op against onnxruntime, bounds that contain sampled outputs
+(CROWN, α-CROWN; float and int8 against onnxruntime), verdicts whose witnesses replay, branch and bound and the MILP
+on the new ops, and `api.check` through nn.MultiheadAttention."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from analysis.verification import milp
+from analysis.verification.bab import Settings, bab
+from analysis.verification.bounds import Bounder, Spec
+from analysis.verification.ops import UnsupportedModel
+from analysis.verification.readers import from_onnx, from_torch, supported_ops
+from analysis.verification.vnnlib import robustness_spec
+from benchmarks.vit_digits import TinyViT
+from pipeline.relu_swap import to_relu
+from quantize import ort as ort_util
+from quantize.export import save, to_onnx
+
+# the exported graph runs the float32 weights in float64: its outputs and torch's float64 ones agree to rounding
+READ_TOL = 1e-9
+# onnxruntime (float32) against the float64 graph: a few float32 ulps of the logits' scale
+ORT_TOL = 1e-4
+
+
+def _vit(seed: int = 0, relu: bool = True, **kw) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    m = TinyViT(**{"dim": 8, "heads": 2, "hidden": 16, **kw}).eval()
+    with torch.no_grad():  # learned positions and class token of a trained model's size, not the init's 0.02
+        m.pos.normal_(0, 0.5)
+        m.cls.normal_(0, 0.5)
+    return to_relu(m) if relu else m
+
+
+def _ort(path, x: np.ndarray) -> np.ndarray:
+    sess = ort_util.session(path)
+    return sess.run(None, {sess.get_inputs()[0].name: np.asarray(x, dtype=np.float32)})[0].astype(np.float64)
+
+
+def _x(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def _export(model, path, dynamic: bool = True):
+    proto, _ = to_onnx(copy.deepcopy(model).float(), torch.zeros(1, 1, 8, 8), opset=20, simplify=True, dynamic_batch=dynamic)
+    save(proto, path)
+    return proto
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_vit_module_reads_back_as_the_same_function(relu):
+    model = _vit(relu=relu, depth=2)
+    net = from_torch(model, (1, 8, 8))
+    x = _x(16)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double()).numpy()
+    np.testing.assert_allclose(net.forward(x.reshape(16, -1).double()).numpy(), ref, atol=READ_TOL * 1e3, rtol=READ_TOL)
+    assert net.smooth != relu and net.num_outputs == 10
+
+
+def test_dynamic_batch_export_with_the_equal_where_chain_reads_and_matches_onnxruntime(tmp_path):
+    model = _vit()
+    proto = _export(model, tmp_path / "vit.onnx")
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"Equal", "Where", "Softmax", "LayerNormalization", "MatMul"} <= ops  # what nn.MultiheadAttention exports
+    net = from_onnx(tmp_path / "vit.onnx")
+    x = _x(32).numpy()
+    y = _ort(tmp_path / "vit.onnx", x)
+    np.testing.assert_allclose(net.forward(x.reshape(32, -1).astype(np.float64)).numpy(), y, atol=ORT_TOL)
+
+
+def _typed(v):
+    kind = np.asarray(v).dtype.kind
+    return np.asarray(v, dtype={"f": np.float32, "b": np.bool_}.get(kind, np.int64))
+
+
+def _model(nodes, inits, in_shape, out_shape, path):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+                              [onnx.numpy_helper.from_array(_typed(v), k) for k, v in inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    return path
+
+
+def test_every_transformer_op_on_a_variable_agrees_with_onnxruntime(tmp_path):
+    """LayerNormalization, Softmax on a middle axis, ReduceMean, a division by a positive variable, Sqrt, Pow 2, Exp,
+    Gather, Slice, Split, Where on a constant condition, Expand, Tile, Concat with a constant, a MatMul of two variables."""
+    rng = np.random.default_rng(0)
+    T, D = 3, 4
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1, epsilon=1e-5),
+        helper.make_node("Softmax", ["ln"], ["sm"], axis=1),
+        helper.make_node("Mul", ["sm", "sm"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "ax2"], ["rm"], keepdims=1),
+        helper.make_node("Add", ["rm", "one"], ["den"]),
+        helper.make_node("Div", ["x", "den"], ["q"]),  # x / (mean(sm²) + 1): a positive divisor
+        helper.make_node("Pow", ["q", "two"], ["p2"]),
+        helper.make_node("Add", ["p2", "one"], ["p2b"]),
+        helper.make_node("Sqrt", ["p2b"], ["sr"]),
+        helper.make_node("Exp", ["sm"], ["ex"]),
+        helper.make_node("Gather", ["sr", "i0"], ["g0"], axis=1),  # [1, D]
+        helper.make_node("Slice", ["ex", "s0", "s1", "s2"], ["sl"]),  # [1, T, 2]
+        helper.make_node("Split", ["sl", "sp"], ["a1", "a2"], axis=2),
+        helper.make_node("Where", ["cond", "a1", "c3"], ["wh"]),
+        helper.make_node("Expand", ["g0", "eshape"], ["exq"]),  # [1, T, D]
+        helper.make_node("Tile", ["a2", "reps"], ["ti"]),  # [1, T, 4]
+        helper.make_node("Transpose", ["exq"], ["tr"], perm=[0, 2, 1]),  # [1, D, T]
+        helper.make_node("MatMul", ["ti", "tr"], ["mm"]),  # [1, T, T]
+        helper.make_node("Concat", ["mm", "wh", "cst"], ["y"], axis=2),  # [1, T, T + 1 + 1]
+    ]
+    inits = {"g": rng.normal(size=D), "b": rng.normal(size=D), "ax2": np.array([2]), "one": np.array([1.0]),
+             "two": np.array(2.0), "i0": np.array(1), "s0": np.array([0]), "s1": np.array([2]), "s2": np.array([2]),
+             "sp": np.array([1, 1]), "cond": np.array([[[True], [False], [True]]]), "c3": np.array([[[0.5]]]),
+             "eshape": np.array([1, T, D]), "reps": np.array([1, 1, 4]), "cst": rng.normal(size=(1, T, 1))}
+    path = _model(nodes, inits, [1, T, D], [1, T, T + 2], tmp_path / "ops.onnx")
+    net = from_onnx(path)
+    x = rng.normal(size=(50, 1, T, D)).astype(np.float32)
+    y = np.concatenate([_ort(path, xi).reshape(1, -1) for xi in x])  # the graph is written for batch 1
+    np.testing.assert_allclose(net.forward(x.reshape(50, -1).astype(np.float64)).numpy(), y, atol=ORT_TOL, rtol=ORT_TOL)
+    for op in ("LayerNormalization", "Softmax", "ReduceMean", "Sqrt", "Pow", "Exp", "Where", "Expand", "Split"):
+        assert op in supported_ops()
+
+
+def _sampled(net, lb, ub, n, seed=0):
+    rng = np.random.default_rng(seed)
+    pts = np.concatenate([rng.uniform(lb, ub, (n, lb.size)), np.where(rng.random((n, lb.size)) < 0.5, lb, ub)])
+    return pts
+
+
+@pytest.mark.parametrize("eps", [0.003, 0.03])
+def test_crown_and_alpha_crown_bounds_of_a_vit_contain_every_sampled_output(eps):
+    model = _vit(depth=1)
+    net = from_torch(model, (1, 8, 8))
+    x0 = _x(1, seed=3).reshape(-1).double().numpy()
+    lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+    b = Bounder(net, lb, ub)
+    K = net.num_outputs
+    spec = Spec(np.concatenate([np.eye(K), -np.eye(K)]), np.zeros(2 * K))
+    b.crown()
+    crown = b.spec_bounds(spec).numpy()
+    alpha = b.alpha_spec(spec, list(range(2 * K)), steps=10).numpy()
+    pts = _sampled(net, lb, ub, 3000)
+    with torch.no_grad():
+        y = copy.deepcopy(model).double()(torch.as_tensor(pts).reshape(-1, 1, 8, 8)).numpy()
+    for low in (crown, alpha):
+        assert np.all(y >= low[:K] - 1e-9) and np.all(y <= -low[K:] + 1e-9)
+    assert np.all(alpha >= crown - 1e-9)  # α-CROWN only tightens
+    width = -alpha[K:] - alpha[:K]
+    assert np.all(width < 50 * (y.max(0) - y.min(0)) + 1e-6)  # and is not vacuous
+
+
+def test_a_vit_property_is_decided_and_a_witness_replays_in_onnxruntime(tmp_path):
+    from analysis.verification.harness import OnnxRecheck
+    from analysis.verification.problem import Budget, Problem
+    from analysis.verification.registry import get_verifier
+
+    model = _vit(depth=1, seed=1)  # a margin of 0.13 at this sample: proved at 1e-4, broken at 0.1
+    path = tmp_path / "m.onnx"
+    _export(model, path)
+    net = from_onnx(path)
+    x0 = _x(1, seed=4).reshape(-1).double().numpy()
+    label = int(np.argmax(_ort(path, x0.reshape(1, 1, 8, 8))[0]))
+
+    answers = {}
+    for eps in (1e-4, 0.1):
+        problem = Problem([robustness_spec(x0, eps, 0.0, 1.0, label, 10)], net, path, recheck=OnnxRecheck(path))
+        answers[eps] = get_verifier("auto").run(problem, Budget(30.0))
+    assert answers[1e-4].status == "unsat"
+    sat = answers[0.1]
+    assert sat.status == "sat"
+    x = sat.counterexample.astype(np.float32)
+    lb, ub = np.clip(x0 - 0.1, 0, 1), np.clip(x0 + 0.1, 0, 1)
+    assert np.all(x >= lb.astype(np.float32)) and np.all(x <= ub.astype(np.float32))
+    y = _ort(path, x.reshape(1, 1, 8, 8))[0]
+    assert np.max(np.delete(y, label)) > y[label]  # strictly violating in onnxruntime
+
+
+def test_branch_and_bound_and_the_milp_read_the_new_ops():
+    """Branch and bound splits the MLP's ReLUs while the attention keeps its relaxations: a verdict, or a timeout with a
+    finite global lower bound below every sampled value; the MILP encodes the attention by the same planes, so its LP relaxation's
+    minimum of each spec row is at least CROWN's bound and at most every sampled value."""
+    from scipy.optimize import linprog
+
+    model = _vit(depth=1, seed=1)
+    net = from_torch(model, (1, 8, 8))
+    x0 = _x(1, seed=4).reshape(-1).double().numpy()
+    label = int(net.forward(x0).argmax())
+    spec = robustness_spec(x0, 0.05, 0.0, 1.0, label, 10)
+    b = Bounder(net, spec.lb, spec.ub)
+    b.crown()
+    rows, owner = Spec.from_disjuncts(spec.disjuncts)
+    crown = b.spec_bounds(rows)
+    opn = [d for d in range(len(spec.disjuncts)) if not any(float(crown[i]) > 0 for i, o in enumerate(owner) if o == d)]
+    assert opn  # CROWN leaves some open here
+    t = __import__("time").perf_counter()
+    status, x, msg, stats = bab(b, spec, opn, lambda: __import__("time").perf_counter() - t > 4, lambda: 4.0, Settings(batch=16, steps=3))
+    assert status in ("unsat", "timeout"), msg
+    pts = _sampled(net, spec.lb, spec.ub, 2000)
+    values = net.forward(pts).numpy() @ rows.C.numpy().T + rows.d.numpy()
+    if status == "timeout":  # a finite global lower bound, below every sampled value of the open rows
+        mine = [i for i, o in enumerate(owner) if o in opn]
+        assert -1.0 < stats["global_lower"] <= values[:, mine].min()
+    enc = milp.encode(b.net, spec.lb, spec.ub, b.pre)
+    for r in range(rows.C.shape[0]):
+        c = np.zeros(enc.num_vars)
+        c[enc.y] = rows.C[r].numpy()
+        lp = linprog(c, A_ub=np.concatenate([enc.matrix.toarray(), -enc.matrix.toarray()]),
+                     b_ub=np.concatenate([np.where(np.isfinite(enc.row_hi), enc.row_hi, 1e30),
+                                          -np.where(np.isfinite(enc.row_lo), enc.row_lo, -1e30)]),
+                     bounds=list(zip(enc.var_lb, enc.var_ub)), method="highs")
+        assert lp.status == 0
+        low = lp.fun + float(rows.d[r])
+        assert low >= float(crown[r]) - 1e-6 and low <= values[:, r].min() + 1e-9
+
+
+def test_an_unreadable_transformer_names_the_form_and_the_fix():
+    class Tanhy(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x.flatten(1) @ torch.ones(64, 3))
+
+    with pytest.raises(UnsupportedModel) as e:
+        from_torch(Tanhy(), (1, 8, 8))
+    assert "unsupported op Tanh" in str(e.value) and e.value.op == "Tanh" and e.value.fix
+
+
+def test_api_check_holds_through_multi_head_attention():
+    from analysis import api
+
+    from pipeline import to_gates
+
+    model, _ = to_gates(_vit(relu=False), inplace=False)
+    x = _x(64)
+    y = torch.zeros(64, dtype=torch.long)
+    r = api.check(model.eval(), (x, y))
+    assert r["verdict"]["certificate"] == "holds", r["verdict"]
+    assert r["certificate"]["per_sample"]["status"] == "sound"
