@@ -197,7 +197,21 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     "counterexample" (the input, float32, shaped like one example) and "output" (onnxruntime's outputs there, float32;
     None otherwise), "certified": {eps: fraction unsat}}. `analysis.verification.vnnlib.format_witness(x, y)` writes a
     counterexample in VNN-COMP's form. The verify stage itself (VNN-LIB files, instances.csv, witnesses) stays a stage
-    over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder."""
+    over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder.
+
+    What the verifier reads, per built-in architecture and network kind (`analysis.robustness.coverage`, generated
+    by the engine's readers; a model of your own is read when its export uses only `readers.supported_ops()`, e.g. a
+    ViT with nn.MultiheadAttention, LayerNorm and a class token):
+
+    | architecture | float ReLU | smooth (λ-GELU) | int8 |
+    |---|---|---|---|
+    | `mlp` | read | read | read |
+    | `cnn` | read | read | read |
+    | `resnet18_cifar` | read | read | read |
+    | `deit_tiny` | read | read | read |
+    | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) |
+    | `preact_resnet` | read | read | read |
+    """
     from pipeline.config import VerifyConfig
 
     from .verification import harness, registry

@@ -132,7 +132,7 @@ def test_unsupported_onnx_op_is_one_line(small, capsys):
     onnx.save(make_model(graph, 17), small / "onnx" / "net.onnx")
     with pytest.raises(NotImplementedError):
         from_onnx(small / "onnx" / "net.onnx")
-    _fails_one_line(small, capsys, "Erf (node 'erf1') is not read: Erf is read only in SERF")  # the form met, not a contradiction
+    _fails_one_line(small, capsys, "Erf (node 'erf1') is not read: Erf is read only as a part of a gate x·g(λx)")  # the form met, not a contradiction
 
 
 def test_missing_file_is_one_line(small, capsys):

@@ -115,6 +115,14 @@ class OnnxReader:
         if len(inputs) != 1 or len(self.graph.output) != 1:
             raise UnsupportedModel(f"the graph has {len(inputs)} inputs and {len(self.graph.output)} outputs; one of each is supported",
                                    what=f"{len(inputs)} inputs and {len(self.graph.output)} outputs")
+        elem = inputs[0].type.tensor_type.elem_type
+        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+            kind = onnx.TensorProto.DataType.Name(elem).lower()
+            raise UnsupportedModel(f"the graph's input '{inputs[0].name}' is {kind} (token ids or indices): the verifier's "
+                                   "properties are boxes over a float input; verify the model from its embedding on "
+                                   "(a module that takes the embedded tokens as its input)",
+                                   what=f"an integer input ({kind}: token ids or indices)",
+                                   fix="verify the model from its embedding on (a module that takes the embedded tokens as its input)")
         dims = [d.dim_value if d.dim_value > 0 else 1 for d in inputs[0].type.tensor_type.shape.dim]
         if not dims:
             raise UnsupportedModel("the graph input has no shape", what="an input without a shape")
@@ -211,6 +219,22 @@ class OnnxReader:
         return e
 
     # -- the walk -----------------------------------------------------------------------------
+    def _starts_gate(self, node: Any) -> bool:
+        """Whether `node` begins the op chain of a gate pattern of two or more ops (Exp → Tanh), each next op the only
+        reader of the one before: an op with a handler of its own (Exp) is then a part of the gate."""
+        for ops in gate_patterns():
+            if len(ops) < 2 or ops[0] != node.op_type:
+                continue
+            cur = node
+            for op in ops[1:]:
+                nxt = [n for n in self.graph.node if cur.output[0] in n.input]
+                if len(nxt) != 1 or nxt[0].op_type != op:
+                    break
+                cur = nxt[0]
+            else:
+                return True
+        return False
+
     def read(self) -> Graph:
         for node in self.graph.node:
             self.node = node
@@ -221,7 +245,9 @@ class OnnxReader:
                 for k, v in enumerate(CONSTANT_OPS[node.op_type](self, [self.consts.get(i) if i else None for i in node.input])):
                     self.consts[node.output[k]] = np.asarray(v)
                 continue
-            handler = HANDLERS.get(node.op_type) or _gate_handler(node.op_type)
+            handler = HANDLERS.get(node.op_type)
+            if handler is None or self._starts_gate(node):
+                handler = _gate_handler(node.op_type) or handler
             if handler is None:
                 raise self.unknown_op()
             handler(self)
@@ -1125,6 +1151,12 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
 
     shape = tuple(int(d) for d in input_shape)
     m = copy.deepcopy(model).float().cpu().eval()
+    first = next((mod for mod in m.modules() if not list(mod.children())), None)
+    if isinstance(first, torch.nn.Embedding):  # its input is token ids: no float box to bound
+        fix = "verify the model from its embedding on (a module that takes the embedded tokens as its input)"
+        raise UnsupportedModel(f"{type(model).__name__} takes token ids (its first module is an nn.Embedding): the "
+                               f"verifier's properties are boxes over a float input; {fix}",
+                               what="an integer input (token ids into an nn.Embedding)", fix=fix)
     try:
         proto, _ = to_onnx(m, torch.zeros(1, *shape), opset=20, simplify=True, dynamic_batch=False)
     except Exception as e:  # the exporter's own errors are long; the first line says what failed
