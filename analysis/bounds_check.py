@@ -9,7 +9,7 @@ Per gate layer ℓ with hardness λ (per unit for per-channel gates), on the val
 - `sup`: the deployed gate module's own output f̂(x) stays within c/λ of ReLU (c of the gate's family,
   `pipeline.gates.sup_constant`, as the certificate has it),
       max λ·(|ReLU(x) − f̂(x)| − rounding(x)) ≤ c·(1 + check.sup_rtol),
-  rounding(x) = SAFETY·K_GATE·u·|x| the float32 evaluation allowance of the certificate. This is the
+  rounding(x) = SAFETY·(K_GATE·u·|x| + UNDERFLOW) the float32 evaluation allowance of the certificate. This is the
   premise of the global certificate (c/λ per unit), measured on the module that ships rather than on
   the formula: a gate that computes something other than x·g(λx) with its reported λ fails it.
 - `gate_l1`: the density-weighted gate error E_p|H(x) − g(λx)| against its prediction p̂(0)·E∞(λ) =
@@ -57,7 +57,8 @@ from .theory.certificate import chain32
 PREDICTION_RTOL = 0.10
 PREDICTION_Z = 4.0
 # The float32 allowance in the `sup` check: the certificate's own bound on a gate's float32 evaluation error.
-GATE_ROUNDING = certificate.SAFETY * certificate.K_GATE * certificate.U32
+def _gate_rounding(x_abs: torch.Tensor) -> torch.Tensor:
+    return certificate.SAFETY * certificate.gate_rounding(x_abs)
 
 
 class _LayerStats:
@@ -90,7 +91,7 @@ class _LayerStats:
         self.max_gap = max(self.max_gap, float(gap.max()))
         self.max_gap_module = max(self.max_gap_module, float(module_gap.max()))
         # c/λ per unit ⇒ compare λ·(gap − float32 allowance) with c
-        self.max_excess_scaled = max(self.max_excess_scaled, float(((module_gap - GATE_ROUNDING * x.abs()) * lam).max()))
+        self.max_excess_scaled = max(self.max_excess_scaled, float(((module_gap - _gate_rounding(x.abs())) * lam).max()))
         self.n_soft += int(((gz > self.delta) & (gz < 1 - self.delta)).sum())
         self.n_band += int(in_band.sum())
         self.sum_inv_lam_band += float((in_band.double() / lam).sum())
@@ -120,7 +121,7 @@ def layer_report(st: _LayerStats, summary: dict[str, Any], sup_rtol: float) -> d
     lam = st.lam
     checks = {
         "sup": {"pass": bool(st.max_excess_scaled <= c * (1 + sup_rtol)), "measured": st.max_excess_scaled, "bound": c,
-                "rule": "max λ·(|ReLU(x) − f̂(x)| − SAFETY·K_GATE·u·|x|) ≤ c·(1 + check.sup_rtol), f̂ the gate module's output",
+                "rule": "max λ·(|ReLU(x) − f̂(x)| − SAFETY·(K_GATE·u·|x| + UNDERFLOW)) ≤ c·(1 + check.sup_rtol), f̂ the gate module's output",
                 "sup_rtol": sup_rtol},
         "gate_l1": _prediction(mean_gate, pred_gate, st.n_band, "E_p|H(x) − g(λx)|"),
         "act_l1": _prediction(mean_gap, pred_act, st.n_band, "mean |ReLU(x) − f_λ(x)|"),

@@ -66,7 +66,8 @@ fl(a ∘ b) = (a ∘ b)(1 + θ), |θ| ≤ u = 2⁻²⁴ (round to nearest, no un
   Accuracy and Stability of Numerical Algorithms, §3.1); a sum of two: u·(|a| + |b|); a product: u·|a·b|;
   scalars given as Python floats add one more u (the constant's own rounding);
 - elementwise library functions (exp, log1p, erf, tanh, sqrt) within `ULP_ELEMENTWISE` ulp; a gate
-  f_λ(x) = x·g(λx) as a whole within K_GATE·u·|x| (≤ 4 roundings and g's ulp error, each at most ~u·|x| in
+  f_λ(x) = x·g(λx) as a whole within K_GATE·u·|x| + UNDERFLOW (`core.gate_rounding`: the last term for a value the
+  kernels flush to 0; ≤ 4 roundings and g's ulp error, each at most ~u·|x| in
   absolute terms because 0 ≤ g ≤ 1, plus λ's own float32 rounding, |∂f/∂λ|·|Δλ| ≤ 0.25·|x|·2u);
 - LayerNorm, BatchNorm and the softmax: the γ bounds of their sums (`_layer_norm_rounding`, `_sdpa`);
 - every local term is multiplied by `SAFETY` = 2, which absorbs the float64 reference's own rounding
@@ -84,10 +85,10 @@ ascent on every registered model and assert they stay under δ̃ + ε̃.
 from __future__ import annotations
 
 from .activations import ACTIVATION_RULES, ActivationRule
-from .core import ABOUT, K_GATE, SAFETY, U32, ULP_ELEMENTWISE, Refused, gamma, gate_constant
+from .core import ABOUT, K_GATE, SAFETY, U32, ULP_ELEMENTWISE, Refused, gamma, gate_constant, gate_rounding
 from .interpreter import Certifier, SwapBound, certified_fraction, certified_mask, relu_swapped, swap_bound, swap_bound_per_sample
 from .rules import RULES
 
 __all__ = ["ABOUT", "ACTIVATION_RULES", "ActivationRule", "Certifier", "K_GATE", "RULES", "Refused", "SAFETY", "SwapBound", "U32",
-           "ULP_ELEMENTWISE", "certified_fraction", "certified_mask", "gamma", "gate_constant", "relu_swapped", "swap_bound",
+           "ULP_ELEMENTWISE", "certified_fraction", "gate_rounding", "certified_mask", "gamma", "gate_constant", "relu_swapped", "swap_bound",
            "swap_bound_per_sample"]

@@ -18,7 +18,7 @@ from torch import nn
 
 from pipeline.activations import Gate, LogSigmoid, PReLU, gate_of
 
-from .core import K_GATE, SAFETY, ULP_ELEMENTWISE, U32, Refused, _Dev, _gate_lipschitz, _per_unit, gate_constant
+from .core import SAFETY, ULP_ELEMENTWISE, U32, Refused, _Dev, _gate_lipschitz, _per_unit, gate_constant, gate_rounding
 
 def _gate_forward(fam: str, lam: torch.Tensor, orig: Callable, x: Any) -> Any:
     if not isinstance(x, _Dev):
@@ -33,7 +33,7 @@ def _gate_forward(fam: str, lam: torch.Tensor, orig: Callable, x: Any) -> Any:
         elif ch.gate == "swap":
             b = d + _per_unit(gate_constant(fam) / lam, d)
         elif ch.gate == "smooth":  # S̃'s gate at ṽ vs S's at z: Lipschitz, plus its float32 evaluation
-            b = _gate_lipschitz(fam) * d + SAFETY * K_GATE * U32 * (z.abs() + d)
+            b = _gate_lipschitz(fam) * d + SAFETY * gate_rounding(z.abs() + d)
         else:  # R̃ vs R: ReLU on both sides, 1-Lipschitz and exact in float
             b = d
         boxes.append(b)

@@ -23,7 +23,14 @@ from pipeline.numerics import GAMMA_SLACK, SAFETY, UNDERFLOW, dot_error, gamma  
 from pipeline.numerics import LIBRARY_ULPS as ULP_ELEMENTWISE
 from pipeline.numerics import U as U32
 
-K_GATE = 16  # |fl(f_λ(x)) − f_λ(x)| ≤ K_GATE·u·|x| for every gate family (module docstring)
+K_GATE = 16  # |fl(f_λ(x)) − f_λ(x)| ≤ K_GATE·u·|x| + UNDERFLOW for every gate family (module docstring)
+
+
+def gate_rounding(x_abs):
+    """The float32 evaluation error of a gate f_λ(x) = x·g(λx) at |x| ≤ x_abs: K_GATE·u·|x|, plus UNDERFLOW for a
+    value flushed to 0 (the C++ kernel runs with flush-to-zero, `pipeline/kernels/lambda_gelu.cpp`; the CUDA kernels
+    flush their exponential)."""
+    return K_GATE * U32 * x_abs + UNDERFLOW
 # The statements a certificate can make, for reports ({samples}: filled in by the check with the count it was given).
 ABOUT = {
     "global": "any input, real arithmetic",
