@@ -16,7 +16,7 @@ import torch
 from pipeline.numerics import SAFETY, U, gamma
 
 from .nonlinear import LayerNormRounding
-from .ops import Activation, Concat, Conv, Linear, Permute, Pool, ReLU, Scale, Select, Sum, TokenLinear
+from .ops import Activation, Concat, Conv, Linear, Pool, ReLU, Scale, Select, Sum, TokenLinear
 from .quantized import SOFTMAX_K, affine_error
 
 
@@ -56,14 +56,14 @@ def follow(op, fls, flops: int | None, info: dict | None):
     """The `Float` of `op`'s output from its inputs' (None: not followed, e.g. exp or a product, whose handler
     gives its own or leaves the value unbounded). `flops`: float32 operations per unit of an elementwise op; `info`: an
     affine node's weight scales and bias (`readers._record_affine`)."""
-    if not isinstance(op, (Concat, Conv, Linear, Permute, Pool, ReLU, Scale, Select, Sum, TokenLinear)):
+    if not isinstance(op, (Concat, Conv, Linear, Pool, ReLU, Scale, Select, Sum, TokenLinear)):
         return None
     if isinstance(op, ReLU):
         return Float(fls[0].err.copy(), np.maximum(fls[0].lo, 0), np.maximum(fls[0].hi, 0))
     lo, hi = _ranges(op, fls)
     with torch.no_grad():
         moved = op.abs_forward(*(_t(f.err) for f in fls))[0].numpy()  # the inputs' errors carried through |M|
-        if isinstance(op, (Concat, Permute, Select)):  # data movement: exact
+        if isinstance(op, (Concat, Select)):  # data movement (Permute is a Select): exact
             return Float(moved, lo, hi)
         mags = [_t(np.maximum(np.abs(f.lo), np.abs(f.hi)) + f.err) for f in fls]
         if isinstance(op, Scale):

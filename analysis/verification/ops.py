@@ -448,45 +448,6 @@ class Concat(Affine):
 
 
 @dataclass(eq=False)
-class Permute(Affine):
-    """y[j] = x[index[j]] for a permutation `index` (a Transpose)."""
-
-    index: torch.Tensor
-
-    def __post_init__(self) -> None:
-        self.index = torch.as_tensor(self.index, dtype=torch.long).reshape(-1)
-        if not torch.equal(torch.sort(self.index).values, torch.arange(self.index.numel(), device=self.index.device)):
-            raise ValueError("Permute needs a permutation of 0..n-1")
-
-    def in_sizes(self) -> tuple[int, ...]:
-        return (self.index.numel(),)
-
-    @property
-    def out_size(self) -> int:
-        return self.index.numel()
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h[:, self.index]
-
-    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        out = torch.empty_like(A)
-        out[:, self.index] = A
-        return [out], A.new_zeros(A.shape[0])
-
-    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(bounds[0]), self.forward(bounds[1])
-
-    def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
-        return self.forward(d)
-
-    def sparse(self):
-        from scipy import sparse
-
-        n = self.index.numel()
-        return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.cpu().numpy())), shape=(n, n))], np.zeros(n)
-
-
-@dataclass(eq=False)
 class Select(Affine):
     """y[j] = x[index[j]] for any index into the input (repeats allowed): a Gather, Slice, Split, Expand or Tile on a
     variable, a broadcast of one operand of a two-variable op to the other's shape."""
@@ -524,6 +485,24 @@ class Select(Affine):
 
         n = self.index.numel()
         return [sparse.csr_matrix((np.ones(n), (np.arange(n), self.index.cpu().numpy())), shape=(n, self.in_size))], np.zeros(n)
+
+
+@dataclass(eq=False)
+class Permute(Select):
+    """y[j] = x[index[j]] for a permutation `index` (a Transpose): a Select whose back is a scatter, not a sum."""
+
+    in_size: int = -1  # the index's length
+
+    def __post_init__(self) -> None:
+        self.index = torch.as_tensor(self.index, dtype=torch.long).reshape(-1)
+        if not torch.equal(torch.sort(self.index).values, torch.arange(self.index.numel(), device=self.index.device)):
+            raise ValueError("Permute needs a permutation of 0..n-1")
+        self.in_size = self.index.numel()
+
+    def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        out = torch.empty_like(A)
+        out[:, self.index] = A
+        return [out], A.new_zeros(A.shape[0])
 
 
 @dataclass(eq=False)
