@@ -141,6 +141,10 @@ class OnnxReader:
         self.grids: dict[int, Grid] = {}
         self.affine_info: dict[int, dict[str, Any]] = {}
         self.wide_weights: set[str] = set()  # 8-bit weights: outside what `quantized` covers
+        self.chains: dict[str, list[tuple[str, ...]]] = {}  # the gate patterns of two or more ops, by their first op
+        for ops in gate_patterns():
+            if len(ops) > 1:
+                self.chains.setdefault(ops[0], []).append(ops)
 
     # -- building -----------------------------------------------------------------------------
     def add(self, op: Op, inputs: Sequence[Value], shape: Sequence[int], flops: int | None = None) -> Value:
@@ -222,9 +226,7 @@ class OnnxReader:
     def _starts_gate(self, node: Any) -> bool:
         """Whether `node` begins the op chain of a gate pattern of two or more ops (Exp → Tanh), each next op the only
         reader of the one before: an op with a handler of its own (Exp) is then a part of the gate."""
-        for ops in gate_patterns():
-            if len(ops) < 2 or ops[0] != node.op_type:
-                continue
+        for ops in self.chains.get(node.op_type, ()):
             cur = node
             for op in ops[1:]:
                 nxt = [n for n in self.graph.node if cur.output[0] in n.input]
@@ -246,7 +248,7 @@ class OnnxReader:
                     self.consts[node.output[k]] = np.asarray(v)
                 continue
             handler = HANDLERS.get(node.op_type)
-            if handler is None or self._starts_gate(node):
+            if handler is None or (node.op_type in self.chains and self._starts_gate(node)):
                 handler = _gate_handler(node.op_type) or handler
             if handler is None:
                 raise self.unknown_op()

@@ -90,5 +90,5 @@ from .interpreter import Certifier, SwapBound, certified_fraction, certified_mas
 from .rules import RULES
 
 __all__ = ["ABOUT", "ACTIVATION_RULES", "ActivationRule", "Certifier", "K_GATE", "RULES", "Refused", "SAFETY", "SwapBound", "U32",
-           "ULP_ELEMENTWISE", "certified_fraction", "gate_rounding", "certified_mask", "gamma", "gate_constant", "relu_swapped", "swap_bound",
+           "ULP_ELEMENTWISE", "certified_fraction", "certified_mask", "gamma", "gate_constant", "gate_rounding", "relu_swapped", "swap_bound",
            "swap_bound_per_sample"]

@@ -31,6 +31,8 @@ def gate_rounding(x_abs):
     value flushed to 0 (the C++ kernel runs with flush-to-zero, `pipeline/kernels/lambda_gelu.cpp`; the CUDA kernels
     flush their exponential)."""
     return K_GATE * U32 * x_abs + UNDERFLOW
+
+
 # The statements a certificate can make, for reports ({samples}: filled in by the check with the count it was given).
 ABOUT = {
     "global": "any input, real arithmetic",
