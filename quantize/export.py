@@ -94,11 +94,14 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
     return out
 
 
-def fold_normalization(model: nn.Sequential, input_shape: tuple[int, ...]) -> nn.Sequential | None:
+def fold_normalization(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Sequential | None:
     """An input normalization (a first module computing x·scale + shift, like `pipeline.models.Normalize`),
     an optional Flatten and a Linear become [Flatten →] Linear' with W' = W·diag(scale), b' = b + W·shift
     (float64 algebra); None if the model does not start that way. A Conv cannot take the fold (its zero
-    padding is not zero after the shift), so a CNN keeps its Mul/Add prologue."""
+    padding is not zero after the shift), so a CNN keeps its Mul/Add prologue; a model that is not an nn.Sequential
+    gives None too."""
+    if not isinstance(model, nn.Sequential):
+        return None
     names = list(model._modules)
     mods = list(model._modules.values())
     flat = len(mods) > 1 and isinstance(mods[1], nn.Flatten)
@@ -128,7 +131,7 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
     from pipeline.relu_swap import unfold_linked_relu
 
     net = unfold_linked_relu(model).eval()
-    return (fold_normalization(net, tuple(input_shape)) if isinstance(net, nn.Sequential) else None) or net
+    return fold_normalization(net, tuple(input_shape)) or net
 
 
 def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,

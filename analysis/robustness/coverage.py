@@ -21,7 +21,6 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from analysis.verification.ops import UnsupportedModel
@@ -83,10 +82,9 @@ def row(name: str, workdir: Path) -> dict[str, str]:
         from_onnx(relu_path)
 
     def int8():
-        folded = (export_mod.fold_normalization(relu, shape) if isinstance(relu, torch.nn.Sequential) else None) or relu
-        proto, _ = to_onnx(folded, x[:2], 20, True, None)
+        proto, _ = to_onnx(export_mod.fold_normalization(relu, shape) or relu, x[:2], 20, True, None)
         export_mod.save(proto, fp32_path)
-        quantize_file(fp32_path, int8_path, x.numpy().astype(np.float32 if name != "gpt" else np.int64), Config(), workdir)
+        quantize_file(fp32_path, int8_path, x.numpy(), Config(), workdir)  # float32 inputs, or int64 token ids
         from_onnx(int8_path)
 
     return {"float ReLU": _cell(float_relu), "smooth (λ-GELU)": _cell(lambda: from_torch(smooth, shape)),
