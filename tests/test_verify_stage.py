@@ -205,7 +205,7 @@ def test_summary_fractions_match_results(done):
     run, _, metrics = done
     rows = _rows(run)
     s = json.loads(run.file("verify", "summary.json").read_text())
-    assert s["clock"] == "wall" and s["verifiers"] == VERIFIERS and s["chains"]["auto"] == "pgd+crown+alpha-crown+bab"
+    assert s["clock"] == "wall" and s["verifiers"] == VERIFIERS and s["chains"]["auto"] == "crown+pgd+alpha-crown+bab"
     assert "not the int8 model" in s["networks"]["relu"] and "best.pt" in s["networks"]["smooth"]
     assert len(s["table"]) == len(VARIANTS) * len(EPSILONS) * len(VERIFIERS)
     for e in s["table"]:

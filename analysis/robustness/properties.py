@@ -5,9 +5,9 @@ Which network a certificate is about:
 - **swapped ReLU** (`relu_properties`): ``verify/onnx/<variant>.onnx``, the float32 ReLU network of
   ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself), input normalization folded
   into its first Gemm (`quantize.export.export_for_verifiers`), evaluated in float64 with its float32 weights. Decided
-  by the staged verifier (`verify.verifiers`, default "auto": PGD attack → CROWN → α-CROWN → branch and bound on the
-  unstable ReLUs those bounds leave); every counterexample is re-checked in onnxruntime on the float32 point its
-  witness states (`analysis.verification.problem`).
+  by the staged verifier (`verify.verifiers`, default "auto": CROWN → PGD attack (a probe) → α-CROWN → branch and
+  bound on the unstable ReLUs those bounds leave); every counterexample is re-checked in onnxruntime on the float32
+  point its witness states (`analysis.verification.problem`).
 - **int8** (the same function; its rows and files named `int8_name(variant)`, ``<variant>-int8``, their own category in
   ``results.csv``): the int8 QDQ model of the variant's ReLU form that the int8 stage wrote, as onnxruntime's CPU
   kernels run it. The reader (`analysis.verification.readers`) turns each QuantizeLinear/DequantizeLinear pair into a

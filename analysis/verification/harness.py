@@ -2,17 +2,36 @@
 properties here.
 
 A `Task` is one property: how to build its `Problem` (the preparation: reading the network, parsing the property,
-starting onnxruntime; timed as ``prepare_time``) and the verifier that answers it. Two ways to spend time:
+starting onnxruntime; timed as ``prepare_time``) and the verifier that answers it. Where the time goes, in every mode
+(issue 40: the time goes where it decides):
 
-- `PerTask`: each task gets its own limit (VNN-COMP's per-instance timeout); with several jobs, each worker takes
-  the next task from a shared queue.
-- `StageBudget`: one wall-clock budget for all tasks. Rounds: every open task gets `first` seconds, then ×4 per
-  round, capped by its fair share of what is left (time left / tasks still open); a task is final when it is
-  decided or its method ended undecided inside its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH`
-  times its last is left to give it. Easy properties finish in the first round and the time they leave goes to
-  the hard ones. Later rounds start with the tasks whose bounds came closest to a decision; a task keeps its
-  Problem between rounds in its worker, so the bounds computed once are reused. With several jobs the tasks are
-  dealt round-robin to the workers, each running rounds on its share against the one deadline.
+1. **The first bound pass** (`first_pass`): every property a worker holds gets one CROWN pass before any property
+   gets anything else, the properties of one network batched into one call, then α-CROWN on the rows still open
+   where there is time (`ALPHA_SHARE` of what is left). The pass of each network's first property runs alone and is
+   timed; `on_plan` receives those costs (`Plan`) and `shortfall` says which limit would cover one pass per property
+   when the one given does not. A property the pass decides is answered at once.
+2. **Each open property's own turns**: its verifier's chain, whose bound links find the pass's bounds computed; the
+   attack is a probe with its own small share (`verifiers.ATTACK_SHARE`); then α-CROWN where the pass did not run it,
+   then branch and bound, the properties nearest to a decision (the largest margin bound) first.
+
+Two ways to spend time:
+
+- `PerTask`: each task gets its own limit (VNN-COMP's per-instance timeout). Its share of its chunk's batched pass
+  counts against it: a chunk (a network's tasks, cut into one chunk per job) may spend `PASS_SHARE` of its tasks'
+  limits together on the pass, and the first task's measured pass no more than its own limit. With several jobs,
+  each worker takes the next chunk from a shared queue.
+- `StageBudget`: one wall-clock budget for all tasks; the pass for all of them comes first, against the one
+  deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
+  is left (time left / tasks still open); a task is final when it is decided or its method ended undecided inside
+  its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH` times its last is left to give it. Easy
+  properties finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem
+  between rounds in its worker, so the bounds computed once are reused and branch and bound goes on from its open
+  domains. With several jobs the tasks are dealt round-robin to the workers, each running its share against the
+  one deadline.
+
+Every limit holds within a second: a turn looks at its `Budget`, and past it by `problem.HARD_GRACE_S` it is
+stopped from outside (`problem.hard_limit`). A task's reported seconds are all it spent (its share of the pass and
+its turns). Why an open property is open: `problem.open_reason` ("budget": no bound pass finished in its time).
 
 Workers are separate processes (spawned, one torch thread each: the matrices of one property are small, and
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
@@ -33,7 +52,7 @@ import os
 import queue as queue_mod
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +61,19 @@ import torch
 
 from pipeline.shards import in_shard, parse_shard
 
+from . import first_pass
 from .graph import Graph
-from .problem import DECISIVE, RESULTS, Budget, Problem, Result
+from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, hard_limit
 from .readers import read
 from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
 
 ROUND_GROWTH = 4.0  # each StageBudget round multiplies the per-task limit by this
 MIN_TURN_GROWTH = 1.5  # a task open after a turn gets another only when it can be this much longer
+# a chunk's first pass may use this share of its properties' limits together (PerTask); α-CROWN over the rows still open
+# then this share of what is left (both modes): the rest is each property's own turn
+PASS_SHARE = 0.5
+ALPHA_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +90,14 @@ class Task:
     known: Result | None = None  # an answer known without solving (a misclassified sample); nothing is built
 
     def build(self, cache: dict[Any, Any]) -> Problem:
+        raise NotImplementedError
+
+    def network_key(self) -> Any:
+        """What identifies its network in a worker: the first pass batches the properties of one network."""
+        raise NotImplementedError
+
+    def network_label(self) -> str:
+        """Its network in one word, for the first pass's costs."""
         raise NotImplementedError
 
 
@@ -100,6 +132,12 @@ class FileTask(Task):
         problem.recheck(specs[0].lb)  # onnxruntime's first run belongs to the preparation
         return problem
 
+    def network_key(self) -> Any:
+        return ("file", str(self.onnx))
+
+    def network_label(self) -> str:
+        return Path(self.onnx).name if self.onnx is not None else "?"
+
 
 @dataclass
 class SpecTask(Task):
@@ -108,9 +146,16 @@ class SpecTask(Task):
     net: Graph | None = None
     specs: list[VnnlibSpec] = field(default_factory=list)
     recheck: Callable[[np.ndarray], np.ndarray] | None = None
+    network: str = "network"  # its network's name in messages
 
     def build(self, cache: dict[Any, Any]) -> Problem:
         return Problem(self.specs, network=self.net, recheck=self.recheck)
+
+    def network_key(self) -> Any:
+        return ("graph", id(self.net))  # tasks sent to a worker together share their graph there too
+
+    def network_label(self) -> str:
+        return self.network
 
 
 class ModuleRecheck:
@@ -177,6 +222,36 @@ class Outcome:
     final: bool = True  # False: a StageBudget round that did not decide it; a later outcome replaces it
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one worker measured before its first pass went on (`first_pass.measure`): one CROWN pass of each of its
+    networks on the network's first property, alone; `elapsed` seconds since the run began when measured, and
+    `needed` the seconds since then by which its first pass for every property is estimated to end (a pass per
+    property at the measured cost: the batched call is no slower). `workers` plans come in all; `shortfall` reads
+    them."""
+
+    costs: list[first_pass.Cost]
+    elapsed: float
+    needed: float
+    workers: int
+    limit: float | None = None  # per-task limits: the smallest limit of the tasks measured
+
+
+def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | None:
+    """The limit that would cover one bound pass per property, when the one given does not (None when it does): for a
+    stage budget the seconds in all; for per-task limits the seconds per property whose `PASS_SHARE` covers the
+    costliest network's pass (a pass that did not finish in the time it had counts as not covered)."""
+    if not plans:
+        return None
+    if isinstance(limits, StageBudget):
+        need = max(p.needed for p in plans)
+        return need if need > limits.seconds else None
+    worst = max(c.seconds for p in plans for c in p.costs)
+    limit = min(limits.timeout if p.limit is None else p.limit for p in plans)
+    need = worst / PASS_SHARE
+    return need if need > limit or not all(c.finished for p in plans for c in p.costs) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # solving one task
 
@@ -193,58 +268,216 @@ def resolve_device(name: str) -> str:
         raise ValueError(str(e)) from None
 
 
-def _solve(task: Task, cache: dict[Any, Any], problems: dict[int, tuple[Problem, float]], index: int,
-           seconds: float, clock: str, options: dict[str, Any], device: str = "cpu") -> tuple[Result, float]:
-    if task.known is not None:
-        return task.known, 0.0
-    if index in problems:
-        problem, prepare = problems[index]
-    else:
+class _Worker:
+    """One process's share of the tasks: their problems (built once, kept between turns, each network's graph read once
+    per ONNX file: `FileTask.build`'s cache), the verifiers, and the seconds each task has spent so far (its share of
+    the first pass, then its turns): a task's reported time is all of it."""
+
+    def __init__(self, clock: str, options: dict[str, Any], device: str, emit: Callable[[Any], None]):
+        self.clock, self.options, self.device, self.emit = clock, options, device, emit
+        self.cache: dict[Any, Any] = {}
+        self.problems: dict[int, tuple[Problem, float]] = {}
+        self.spent: dict[int, float] = {}
+        self.items: dict[int, list[first_pass.Item]] = {}  # each task's first-pass items (one per input box)
+
+    def verifier(self, task: Task):
+        if not isinstance(task.verifier, str):
+            return task.verifier
+        vkey = ("verifier", task.verifier)
+        if vkey not in self.cache:
+            self.cache[vkey] = get_verifier(task.verifier, **self.options)
+        return self.cache[vkey]
+
+    def problem(self, i: int, task: Task) -> tuple[Problem | None, Result | None]:
+        """Task i's Problem (built on first use: its preparation, timed), or the error that building it raised."""
+        if i not in self.problems:
+            t0 = Budget.read("wall")
+            try:
+                problem = task.build(self.cache)
+            except Exception as e:
+                return None, Result("error", 0.0, message=one_line(e))
+            problem.device = self.device
+            self.problems[i] = (problem, Budget.read("wall") - t0)
+        return self.problems[i][0], None
+
+    def prepare(self, i: int) -> float:
+        return self.problems.get(i, (None, 0.0))[1]
+
+    def drop(self, i: int) -> None:
+        self.problems.pop(i, None)
+        self.items.pop(i, None)
+
+    # -- the first pass ----------------------------------------------------------------------
+    def first_pass(self, indexed: Sequence[tuple[int, Task]], crown_deadline: Callable[[list[int]], float],
+                   alpha_deadline: Callable[[list[int]], float], note: Callable[[list[first_pass.Cost], float], None],
+                   limit: Callable[[Task], float] = lambda task: math.inf) -> list[int]:
+        """Every task's first bound pass (`first_pass`), per network: the first property of each network alone and
+        timed, then `note(costs, seconds the rest are estimated to need)`, then the rest batched, then α-CROWN where
+        its deadline allows. Emits the final answer of every task the pass decided within its `limit`, and of every
+        task that could not be built; returns the indices still open."""
+        groups: dict[Any, list[tuple[int, Task]]] = {}
+        for i, task in indexed:
+            if task.known is not None:
+                self.emit(Outcome(i, task.key, task.known, 0.0))
+                continue
+            problem, error = self.problem(i, task)
+            if error is not None:
+                self.emit(Outcome(i, task.key, error, 0.0))
+                continue
+            groups.setdefault(task.network_key(), []).append((i, task))
+        items: dict[Any, list[first_pass.Item]] = {}
+        for g, members in groups.items():
+            items[g] = [it for i, task in members for it in self._items(i, task)]
+        costs: list[first_pass.Cost] = []
+        for g, members in groups.items():
+            if items[g]:
+                costs += first_pass.measure(items[g], crown_deadline([i for i, _ in members]), members[0][1].network_label())
+        note(costs, sum(c.seconds * (c.properties - 1) for c in costs))
+        for g, members in groups.items():
+            first_pass.crown(items[g], crown_deadline([i for i, _ in members]))
+        for g, members in groups.items():
+            first_pass.alpha(items[g], alpha_deadline([i for i, _ in members]))
+        tasks = dict(indexed)
+        still = []
+        for g, members in groups.items():
+            for i, _ in members:
+                mine = self.items.get(i, [])
+                for it in mine:
+                    self.spent[i] = self.spent.get(i, 0.0) + it.seconds
+                    it.seconds = 0.0
+                if not first_pass.decided(mine) or self.spent.get(i, 0.0) > limit(tasks[i]):
+                    still.append(i)
+                    continue
+                problem = self.problems[i][0]
+                stage = mine[0].state.stage
+                msg = (f"{stage}: unsat ({'; '.join(it.state.verdict() for it in mine)}); the first bound pass, batched "
+                       f"over {len({it.index for it in items[g]})} properties of {tasks[i].network_label()}")
+                self.emit(Outcome(i, tasks[i].key, Result("unsat", self.spent.get(i, 0.0), message=msg, stage=stage,
+                                                           info={**problem.info, "first_pass": True}), self.prepare(i)))
+                self.drop(i)
+        return still
+
+    def _items(self, i: int, task: Task) -> list[first_pass.Item]:
+        """Task i's first-pass items: its verifier's bound-pass state per input box (none when it computes no bounds, or
+        when building the state fails: its turn then meets the same error and reports it)."""
+        problem = self.problems[i][0]
+        verifier = self.verifier(task)
+        mine = []
         t0 = Budget.read("wall")
         try:
-            problem = task.build(cache)
-        except Exception as e:
-            return Result("error", 0.0, message=one_line(e)), Budget.read("wall") - t0
-        problem.device = device
-        prepare = Budget.read("wall") - t0
-        problems[index] = (problem, prepare)
-    if isinstance(task.verifier, str):
-        vkey = ("verifier", task.verifier)
-        if vkey not in cache:
-            cache[vkey] = get_verifier(task.verifier, **options)
-        verifier = cache[vkey]
-    else:
-        verifier = task.verifier
-    result = verifier.run(problem, Budget(seconds, clock))
-    if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
-        result = Result("timeout", result.seconds, None, None, result.message, result.stage, result.cpu_seconds, result.info)
-    return result, prepare
+            for k in range(len(problem.specs)):
+                problem.check_shapes(k)
+                st = verifier.bound_pass(problem, k)
+                if st is None:
+                    return []
+                st.alpha = verifier.alpha_pass()
+                mine.append(first_pass.Item(i, problem, k, st))
+        except Exception:
+            return []
+        if mine:
+            mine[0].seconds += Budget.read("wall") - t0  # the states' interval bounds
+            self.items[i] = mine
+        return mine
+
+    # -- a turn ------------------------------------------------------------------------------
+    def solve(self, i: int, task: Task, seconds: float) -> Result:
+        """One turn of task i with `seconds` (its problem kept: the bounds and open domains of earlier turns go on);
+        the time reported is all the task has spent. A turn past its limit by `problem.HARD_GRACE_S` is stopped from
+        outside (`problem.hard_limit`)."""
+        if task.known is not None:
+            return task.known
+        problem, error = self.problem(i, task)
+        if error is not None:
+            return error
+        verifier = self.verifier(task)
+        t0, c0 = Budget.read("wall"), Budget.read("cpu")
+        try:
+            with hard_limit(seconds, self.clock):
+                result = verifier.run(problem, Budget(seconds, self.clock))
+        except Overrun as e:
+            result = Result("timeout", Budget.read("wall") - t0, message=f"{verifier.name}: {e}",
+                            cpu_seconds=Budget.read("cpu") - c0, info=dict(problem.info))
+        if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
+            result = replace(result, status="timeout")
+        before = self.spent.get(i, 0.0)
+        self.spent[i] = before + result.seconds
+        return replace(result, seconds=before + result.seconds, cpu_seconds=before + result.cpu_seconds)
+
+    def unrun(self, i: int, task: Task, why: str) -> Result:
+        """The final answer of a task that gets no (further) turn: its last answer, else a timeout saying why, with what
+        its first pass found (its margin bound)."""
+        problem = self.problems.get(i, (None, 0.0))[0]
+        info = dict(problem.info) if problem is not None else {}
+        bound = f" (its bounds: {info['bound']}, margin bound {info['margin_lb']:.4g})" if "margin_lb" in info else ""
+        return Result("timeout", self.spent.get(i, 0.0), message=f"not run: {why}{bound}", info=info)
 
 
-def _closeness(result: Result) -> float:
+def _closeness(result: Result | None, problem: Problem | None = None) -> float:
     """How near a property came to a decision (for the order of later rounds): its margin's lower bound."""
-    v = result.info.get("margin_lb")
+    info = result.info if result is not None else (problem.info if problem is not None else {})
+    v = info.get("margin_lb")
     return -float(v) if v is not None and math.isfinite(float(v)) else math.inf
 
 
-def _run_per_task(indexed: Iterable[tuple[int, Task]], limits: PerTask, clock: str, options: dict[str, Any],
-                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf) -> None:
-    cache: dict[Any, Any] = {}
-    for i, task in indexed:
-        problems: dict[int, tuple[Problem, float]] = {}
-        seconds = min(task.timeout if task.timeout is not None else limits.timeout, deadline - Budget.read("wall"))
-        if seconds <= 0:
-            emit(Outcome(i, task.key, Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
+def _plan_note(note: Callable[[Plan], None] | None, started: float, workers: int, limit: float | None = None
+               ) -> Callable[[list, float], None]:
+    def send(costs: list[first_pass.Cost], rest: float) -> None:
+        if note is not None and costs:
+            now = Budget.read("wall")
+            note(Plan(costs, round(now - started, 3), round(now - started + rest, 3), workers, limit))
+    return send
+
+
+def _run_per_task(chunks: Iterable[list[tuple[int, Task]]], limits: PerTask, clock: str, options: dict[str, Any],
+                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf,
+                  note: Callable[[Plan], None] | None = None, started: float = 0.0, workers: int = 1) -> None:
+    w = _Worker(clock, options, device, emit)
+
+    def limit(task: Task) -> float:
+        return task.timeout if task.timeout is not None else limits.timeout
+
+    for chunk in chunks:
+        tasks = dict(chunk)
+        if Budget.read("wall") >= deadline:
+            for i, task in chunk:
+                emit(Outcome(i, task.key, task.known or Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
             continue
-        result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
-        emit(Outcome(i, task.key, result, prepare))
+        t0 = Budget.read("wall")
+
+        def pooled(share: float) -> Callable[[list[int]], float]:
+            def at(indices: list[int]) -> float:
+                return min(deadline, Budget.read("wall") + share * sum(limit(tasks[i]) - w.spent.get(i, 0.0) for i in indices))
+            return at
+
+        first_limit = min(limit(task) for _, task in chunk)
+        crown_at = pooled(PASS_SHARE)
+        # the first property of a network is measured alone, within its own limit
+        open_ = w.first_pass(chunk, lambda idx: min(crown_at(idx), t0 + first_limit) if len(idx) == 1 else crown_at(idx),
+                             pooled(ALPHA_SHARE), _plan_note(note, started, workers, first_limit), limit)
+        for i in open_:
+            task = tasks[i]
+            seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - Budget.read("wall"))
+            if seconds <= 0:
+                why = "its limit went to its first bound pass" if Budget.read("wall") < deadline else \
+                    "the run's wall budget was spent"
+                emit(Outcome(i, task.key, w.unrun(i, task, why), w.prepare(i)))
+            else:
+                emit(Outcome(i, task.key, w.solve(i, task, seconds), w.prepare(i)))
+            w.drop(i)
 
 
 def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadline: float, clock: str,
-                options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
-    cache: dict[Any, Any] = {}
-    problems: dict[int, tuple[Problem, float]] = {}
-    open_ = list(indexed)
+                options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu",
+                note: Callable[[Plan], None] | None = None, started: float = 0.0, workers: int = 1) -> None:
+    w = _Worker(clock, options, device, emit)
+    tasks = dict(indexed)
+    at_deadline = lambda idx: deadline  # noqa: E731  (the stage's one deadline: the pass for all comes first)
+    open_ids = w.first_pass(indexed, at_deadline,
+                            lambda idx: Budget.read("wall") + ALPHA_SHARE * (deadline - Budget.read("wall")),
+                            _plan_note(note, started, workers))
+    # the open ones nearest to a decision first
+    open_ids.sort(key=lambda i: _closeness(None, w.problems.get(i, (None, 0.0))[0]))
+    open_ = [(i, tasks[i]) for i in open_ids]
     last: dict[int, Result] = {}
     ran: dict[int, float] = {}  # each open task's longest turn so far
     limit = limits.first
@@ -257,18 +490,17 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
                 # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
                 # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
                 # left, but the links before it run again, so a turn no longer than the last decides little more)
-                prev = last.get(i)
-                result = prev if prev is not None else Result("timeout", 0.0, message="not run: the stage budget was spent")
-                emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))
-                problems.pop(i, None)
+                result = last.get(i) or w.unrun(i, task, "the stage budget was spent")
+                emit(Outcome(i, task.key, result, w.prepare(i)))
+                w.drop(i)
                 continue
-            result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
+            result = w.solve(i, task, seconds)
             ran[i] = seconds
             # only a timeout can change with more time: "unknown" means the method ended inside its limit undecided
             final = result.status != "timeout" or task.known is not None
-            emit(Outcome(i, task.key, result, prepare, final))
+            emit(Outcome(i, task.key, result, w.prepare(i), final))
             if final:
-                problems.pop(i, None)
+                w.drop(i)
             else:
                 last[i] = result
                 still.append((i, task))
@@ -277,37 +509,14 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
         limit *= ROUND_GROWTH
 
 
-# ---------------------------------------------------------------------------------------------
-# workers
-
-
-def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float, clock: str, options: dict[str, Any],
-            out: Any, device: str = "cpu") -> None:
-    torch.set_num_threads(1)
-    try:
-        if mode == "queue":
-            def pull() -> Iterable[tuple[int, Task]]:
-                while True:
-                    try:
-                        item = work.get_nowait()
-                    except queue_mod.Empty:
-                        return
-                    yield item
-            _run_per_task(pull(), limits, clock, options, out.put, device, deadline)
-        else:
-            _run_rounds(work, limits, deadline, clock, options, out.put, device)
-    except BaseException as e:  # reported to the parent, which fails every task this worker still held
-        out.put(("crash", one_line(e)))
-    finally:
-        out.put(("done", os.getpid()))
-
-
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
-        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
+        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str,
+        on_plan: Callable[[Plan], None] | None = None) -> list[Outcome]:
     """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
     `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
-    (`label(key)` names the task in its line)."""
+    (`label(key)` names the task in its line). `on_plan(plan)`: each worker's measured cost of one bound pass per
+    network, as it comes (before its first pass goes on; `shortfall` says what limit would cover it)."""
     from pipeline.progress import Progress
 
     options = dict(options or {})
@@ -329,14 +538,15 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
     indexed = list(enumerate(tasks))
     total = limits.seconds if isinstance(limits, StageBudget) else limits.wall_s
-    deadline = Budget.read("wall") + (math.inf if total is None else total)
+    started = Budget.read("wall")
+    deadline = started + (math.inf if total is None else total)
     if jobs == 1:
         if isinstance(limits, StageBudget):
-            _run_rounds(indexed, limits, deadline, clock, options, emit, device)
+            _run_rounds(indexed, limits, deadline, clock, options, emit, device, on_plan, started, 1)
         else:
-            _run_per_task(indexed, limits, clock, options, emit, device, deadline)
+            _run_per_task(_chunks(indexed, 1), limits, clock, options, emit, device, deadline, on_plan, started, 1)
     else:
-        _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device)
+        _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device, on_plan, started)
     if bar is not None:
         bar.close()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
@@ -346,18 +556,19 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
 
 def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jobs: int, deadline: float, clock: str,
-              options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
+              options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu",
+              on_plan: Callable[[Plan], None] | None = None, started: float = 0.0) -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools started can hang
     out = ctx.Queue()
     if isinstance(limits, PerTask):
         work = ctx.Queue()
-        for item in indexed:
-            work.put(item)
+        for chunk in _chunks(indexed, jobs):
+            work.put(chunk)
         shares = [("queue", work)] * jobs
     else:
         shares = [("rounds", indexed[j::jobs]) for j in range(jobs)]
-    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out, device), daemon=True)
-             for mode, w in shares]
+    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out, device, started, jobs),
+                         daemon=True) for mode, w in shares]
     for p in procs:
         p.start()
     running = len(procs)
@@ -371,6 +582,9 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
                 continue
             if isinstance(msg, Outcome):
                 emit(msg)
+            elif msg[0] == "plan":
+                if on_plan is not None:
+                    on_plan(msg[1])
             elif msg[0] == "done":
                 running -= 1
     finally:
@@ -378,6 +592,45 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+
+
+def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float, clock: str, options: dict[str, Any],
+            out: Any, device: str, started: float, workers: int) -> None:
+    torch.set_num_threads(1)
+    note = lambda plan: out.put(("plan", plan))  # noqa: E731
+    try:
+        if mode == "queue":
+            def pull() -> Iterable[list[tuple[int, Task]]]:
+                while True:
+                    try:
+                        item = work.get_nowait()
+                    except queue_mod.Empty:
+                        return
+                    yield item
+            _run_per_task(pull(), limits, clock, options, out.put, device, deadline, note, started, workers)
+        else:
+            _run_rounds(work, limits, deadline, clock, options, out.put, device, note, started, workers)
+    except BaseException as e:  # reported to the parent, which fails every task this worker still held
+        out.put(("crash", one_line(e)))
+    finally:
+        out.put(("done", os.getpid()))
+
+
+def _chunks(indexed: Sequence[tuple[int, Task]], jobs: int) -> list[list[tuple[int, Task]]]:
+    """Per-task limits: the tasks of each network (in order) cut into `jobs` chunks, so each worker's first pass batches
+    a network's properties and the workers share the network's properties between them."""
+    groups: dict[Any, list[tuple[int, Task]]] = {}
+    for item in indexed:
+        groups.setdefault(item[1].network_key() if item[1].known is None else ("known",), []).append(item)
+    out = []
+    for members in groups.values():
+        size = max(1, math.ceil(len(members) / jobs))
+        out += [members[j:j + size] for j in range(0, len(members), size)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
