@@ -229,7 +229,7 @@ def smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray,
                         known = Result("sat", 0.0, message=f"the smooth network predicts {predicted[k]} at the sample itself",
                                        stage="clean")
                     tasks.append(harness.SpecTask(key=key, verifier=chain, timeout=vcfg.timeout_s or None, known=known,
-                                                  net=net, specs=[spec], recheck=recheck))
+                                                  net=net, specs=[spec], recheck=recheck, network=f"{variant} (smooth)"))
                     rows[key] = {"variant": variant, "sample": k, "eps": format_real(eps), "route": route,
                                  "network": f"smooth {facts.activation} ({src.relative_to(run.path)})",
                                  "label": labels[k], "predicted": predicted[k], "result": "", "final": 0}

@@ -36,6 +36,11 @@ class Item:
     state: Any
     seconds: float = 0.0  # its share of the passes' time so far
 
+    @property
+    def primary(self) -> bool:
+        """Are its bounds the property's own network's (not another one's: the via-relu route's ReLU version)?"""
+        return self.state.source is self.problem.network
+
 
 @dataclass(frozen=True)
 class Cost:
@@ -101,7 +106,7 @@ def measure(items: Sequence[Item], deadline: float, network: str) -> list[Cost]:
         first = group[0]
         before = first.seconds
         _crown([first], deadline)
-        name = network if first.state.source is first.problem.network else f"{network} ({first.state.what})"
+        name = network if first.primary else f"{network} ({first.state.what})"
         costs.append(Cost(name, first.seconds - before, first.state.level != "ibp", len(group)))
     return costs
 

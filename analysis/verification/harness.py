@@ -333,8 +333,9 @@ class _Worker:
             if items[g]:
                 costs += first_pass.measure(items[g], crown_deadline([i for i, _ in members]), members[0][1].network_label())
         note(costs, sum(c.seconds * (c.properties - 1) for c in costs))
-        for g, members in groups.items():
-            first_pass.crown(items[g], crown_deadline([i for i, _ in members]))
+        for primary in (True, False):  # the properties' own networks first, another network's bounds after
+            for g, members in groups.items():
+                first_pass.crown([it for it in items[g] if it.primary == primary], crown_deadline([i for i, _ in members]))
         for g, members in groups.items():
             first_pass.alpha(items[g], alpha_deadline([i for i, _ in members]))
         tasks = dict(indexed)

@@ -143,7 +143,8 @@ def open_reason(result: "Result") -> str:
         return ""
     if result.status != "timeout":
         return result.status
-    if result.info.get("bound") == "ibp" or result.message.startswith("not run"):
+    bound = result.info.get("bound")
+    if bound == "ibp" or (bound is None and result.message.startswith("not run")):
         return "budget"
     return "timeout"
 
