@@ -263,10 +263,12 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
             plans.append(plan)
             need = harness.shortfall(plans, limits)
             if need is not None and not note[0]:
-                costs = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
-                note[0] = (f"verify: timeout_s={timeout_s:g} cannot cover one CROWN pass of the model per property ({costs}, "
-                           f"measured on its first property, against {harness.PASS_SHARE:g} of each limit): properties "
-                           f"without a finished pass end `budget`; timeout_s={math.ceil(need)} would cover it")
+                done = all(c.finished for c in plan.costs)
+                costs = ", ".join(f"{'more than ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
+                note[0] = (f"verify: timeout_s={timeout_s:g} cannot cover one CROWN pass of the model per property ({costs} "
+                           f"on its first property, against {harness.PASS_SHARE:g} of each limit): properties without a "
+                           f"finished pass end `budget`; timeout_s={'' if done else 'more than '}{math.ceil(need)} would "
+                           f"cover it")
                 print(note[0])
 
         outcomes = harness.run(tasks, limits, jobs=jobs, clock=clock,

@@ -289,3 +289,14 @@ def test_every_limit_holds_within_a_second_even_for_work_that_ignores_it(busy):
     import torch
 
     assert torch.is_grad_enabled()
+
+
+def test_a_stage_budget_keeps_each_tasks_own_cap():
+    """`Task.timeout` inside a stage budget (the stage's verify.timeout_s) caps each task's time in all: the hard tasks
+    time out at their cap although the budget would have given them the time to decide."""
+    tasks = _tasks([EASY_S, HARD_S, HARD_S])
+    for t in tasks:
+        t.timeout = 0.4
+    out = harness.run(tasks, harness.StageBudget(6.0, first=0.3))
+    assert [o.result.status for o in out] == ["unsat", "timeout", "timeout"]
+    assert all(o.result.seconds <= 0.4 + 0.1 for o in out)

@@ -35,6 +35,7 @@ class Item:
     k: int
     state: Any
     seconds: float = 0.0  # its share of the passes' time so far
+    tried: bool = False  # its CROWN pass has run (finished or stopped): the first pass does not run it again
 
     @property
     def primary(self) -> bool:
@@ -73,10 +74,11 @@ def _crown(items: Sequence[Item], deadline: float) -> None:
     """CROWN for the items' bounders (one graph) in one `crown_many` call, each stopping at `deadline`; each item's
     share of the call's time recorded. A bounder whose pass raised (an exp that may overflow) is tried alone, and what
     stopped it is kept for its turn to report (`state.failed`)."""
-    todo = [it for it in items if it.state.level == "ibp" and it.state.failed is None]
+    todo = [it for it in items if not it.tried and it.state.level == "ibp" and it.state.failed is None]
     if not todo:
         return
     for it in todo:
+        it.tried = True
         it.state.bounder.expired = _until(deadline)
     t0 = _now()
     try:
@@ -98,14 +100,14 @@ def _crown(items: Sequence[Item], deadline: float) -> None:
         it.state.crowned()
 
 
-def measure(items: Sequence[Item], deadline: float, network: str) -> list[Cost]:
-    """The CROWN pass of the first item of each graph among `items` (one network's), alone and timed: what one pass of
-    that graph costs. The rest are left for `crown`."""
+def measure(items: Sequence[Item], deadline: Callable[[Item], float], network: str) -> list[Cost]:
+    """The CROWN pass of the first item of each graph among `items` (one network's), alone and timed until
+    `deadline(item)`: what one pass of that graph costs. The rest are left for `crown`."""
     costs = []
     for group in _by_graph(items).values():
         first = group[0]
         before = first.seconds
-        _crown([first], deadline)
+        _crown([first], deadline(first))
         name = network if first.primary else f"{network} ({first.state.what})"
         costs.append(Cost(name, first.seconds - before, first.state.level != "ibp", len(group)))
     return costs

@@ -300,6 +300,23 @@ class _Worker:
             self.problems[i] = (problem, Budget.read("wall") - t0)
         return self.problems[i][0], None
 
+    def deadlines(self, tasks: dict[int, Task], limit: Callable[[Task], float], deadline: float, crown_share: float,
+                  alpha_share: float) -> tuple[Callable, Callable, Callable]:
+        """The first pass's deadlines (measure, crown, α) for tasks with per-task limits `limit(task)` (∞: none) inside
+        one `deadline`: the first property of a network alone within what its limit has left; the batched passes
+        within the given shares of what their tasks' limits have left together (and of the time to `deadline`)."""
+        def now() -> float:
+            return Budget.read("wall")
+
+        def pooled(share: float) -> Callable[[list[int]], float]:
+            def at(indices: list[int]) -> float:
+                left = sum(limit(tasks[i]) - self.spent.get(i, 0.0) for i in indices)
+                return min(deadline if share >= 1 else now() + share * (deadline - now()), now() + share * left)
+            return at
+
+        return (lambda i: min(deadline, now() + limit(tasks[i]) - self.spent.get(i, 0.0))), pooled(crown_share), \
+            pooled(alpha_share)
+
     def prepare(self, i: int) -> float:
         return self.problems.get(i, (None, 0.0))[1]
 
@@ -308,13 +325,15 @@ class _Worker:
         self.items.pop(i, None)
 
     # -- the first pass ----------------------------------------------------------------------
-    def first_pass(self, indexed: Sequence[tuple[int, Task]], crown_deadline: Callable[[list[int]], float],
-                   alpha_deadline: Callable[[list[int]], float], note: Callable[[list[first_pass.Cost], float], None],
+    def first_pass(self, indexed: Sequence[tuple[int, Task]], measure_deadline: Callable[[int], float],
+                   crown_deadline: Callable[[list[int]], float], alpha_deadline: Callable[[list[int]], float],
+                   note: Callable[[list[first_pass.Cost], float], None],
                    limit: Callable[[Task], float] = lambda task: math.inf) -> list[int]:
         """Every task's first bound pass (`first_pass`), per network: the first property of each network alone and
-        timed, then `note(costs, seconds the rest are estimated to need)`, then the rest batched, then α-CROWN where
-        its deadline allows. Emits the final answer of every task the pass decided within its `limit`, and of every
-        task that could not be built; returns the indices still open."""
+        timed (until `measure_deadline(its index)`), then `note(costs, seconds the rest are estimated to need)`, then
+        the rest batched (until `crown_deadline(their indices)`), then α-CROWN (until `alpha_deadline`). Emits the final
+        answer of every task the pass decided within its `limit`, and of every task that could not be built; returns
+        the indices still open."""
         groups: dict[Any, list[tuple[int, Task]]] = {}
         for i, task in indexed:
             if task.known is not None:
@@ -331,11 +350,13 @@ class _Worker:
         costs: list[first_pass.Cost] = []
         for g, members in groups.items():
             if items[g]:
-                costs += first_pass.measure(items[g], crown_deadline([i for i, _ in members]), members[0][1].network_label())
+                costs += first_pass.measure(items[g], lambda it: measure_deadline(it.index), members[0][1].network_label())
         note(costs, sum(c.seconds * (c.properties - 1) for c in costs))
         for primary in (True, False):  # the properties' own networks first, another network's bounds after
             for g, members in groups.items():
-                first_pass.crown([it for it in items[g] if it.primary == primary], crown_deadline([i for i, _ in members]))
+                mine = [it for it in items[g] if it.primary == primary and not it.tried]
+                if mine:
+                    first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})))
         for g, members in groups.items():
             first_pass.alpha(items[g], alpha_deadline([i for i, _ in members]))
         tasks = dict(indexed)
@@ -443,18 +464,9 @@ def _run_per_task(chunks: Iterable[list[tuple[int, Task]]], limits: PerTask, clo
             for i, task in chunk:
                 emit(Outcome(i, task.key, task.known or Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
             continue
-        t0 = Budget.read("wall")
-
-        def pooled(share: float) -> Callable[[list[int]], float]:
-            def at(indices: list[int]) -> float:
-                return min(deadline, Budget.read("wall") + share * sum(limit(tasks[i]) - w.spent.get(i, 0.0) for i in indices))
-            return at
-
-        first_limit = min(limit(task) for _, task in chunk)
-        crown_at = pooled(PASS_SHARE)
-        # the first property of a network is measured alone, within its own limit
-        open_ = w.first_pass(chunk, lambda idx: min(crown_at(idx), t0 + first_limit) if len(idx) == 1 else crown_at(idx),
-                             pooled(ALPHA_SHARE), _plan_note(note, started, workers, first_limit), limit)
+        # the first property of a network is measured alone, within its own limit; the rest share PASS_SHARE of theirs
+        open_ = w.first_pass(chunk, *w.deadlines(tasks, limit, deadline, PASS_SHARE, ALPHA_SHARE),
+                             _plan_note(note, started, workers, min(limit(task) for _, task in chunk)), limit)
         for i in open_:
             task = tasks[i]
             seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - Budget.read("wall"))
@@ -472,10 +484,13 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
                 note: Callable[[Plan], None] | None = None, started: float = 0.0, workers: int = 1) -> None:
     w = _Worker(clock, options, device, emit)
     tasks = dict(indexed)
-    at_deadline = lambda idx: deadline  # noqa: E731  (the stage's one deadline: the pass for all comes first)
-    open_ids = w.first_pass(indexed, at_deadline,
-                            lambda idx: Budget.read("wall") + ALPHA_SHARE * (deadline - Budget.read("wall")),
-                            _plan_note(note, started, workers))
+
+    def cap(task: Task) -> float:  # a task's own limit within the stage budget (the stage's verify.timeout_s)
+        return task.timeout if task.timeout is not None else math.inf
+
+    # the stage's one deadline for the pass of every property (it comes first), each within its own cap
+    open_ids = w.first_pass(indexed, *w.deadlines(tasks, cap, deadline, 1.0, ALPHA_SHARE), _plan_note(note, started, workers),
+                            cap)
     # the open ones nearest to a decision first
     open_ids.sort(key=lambda i: _closeness(None, w.problems.get(i, (None, 0.0))[0]))
     open_ = [(i, tasks[i]) for i in open_ids]
@@ -486,12 +501,13 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
         still = []
         for n, (i, task) in enumerate(open_):
             left = deadline - Budget.read("wall")
-            seconds = min(limit, left / (len(open_) - n))
+            seconds = min(limit, left / (len(open_) - n), cap(task) - w.spent.get(i, 0.0))
             if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
                 # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
                 # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
                 # left, but the links before it run again, so a turn no longer than the last decides little more)
-                result = last.get(i) or w.unrun(i, task, "the stage budget was spent")
+                why = "its own limit was spent" if cap(task) <= w.spent.get(i, 0.0) else "the stage budget was spent"
+                result = last.get(i) or w.unrun(i, task, why)
                 emit(Outcome(i, task.key, result, w.prepare(i)))
                 w.drop(i)
                 continue

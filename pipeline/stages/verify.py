@@ -16,7 +16,8 @@ property. ``verify.jobs`` worker processes (0: the run's thread count) solve pro
 
 Reads: `swap/<variant>/relu.pt`, `train/<variant>/best.pt`, `quantize/quantize.json` and its int8 files, each variant's
 record, the validation split. Writes under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
-``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, or the cap), ``results.csv``
+``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, at least what its network's first
+bound pass needs as measured (`harness.PASS_SHARE` of the limit, rounded up to a second), or the cap), ``results.csv``
 (VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
 ``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, why an
 open one is open (``reason``: ``budget`` when no bound pass finished in its time, ``timeout`` when the search after it
@@ -132,6 +133,11 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         write_instances_csv(out / "instances.csv", [(o, v, round(share[is_int8(Path(o).stem)], 3))
                                                      for o, v in relu.instances])
         seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
+        if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
+            need = {name: c["seconds"] / harness.PASS_SHARE for rec in passes.values() for name, c in rec["costs"].items()}
+            write_instances_csv(out / "instances.csv", [
+                (o, v, round(max(share[is_int8(Path(o).stem)], math.ceil(need.get(Path(o).name, 0.0))), 3))
+                for o, v in relu.instances])
     finally:
         torch.set_num_threads(threads)
     verified = [name for name, m in relu.models.items() if m.get("onnx")]
