@@ -267,8 +267,8 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
                 costs = ", ".join(f"{'more than ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
                 note[0] = (f"verify: timeout_s={timeout_s:g} cannot cover one CROWN pass of the model per property ({costs} "
                            f"on its first property, against {harness.PASS_SHARE:g} of each limit): properties without a "
-                           f"finished pass end `budget`; timeout_s={'' if done else 'more than '}{math.ceil(need)} would "
-                           f"cover it")
+                           f"finished pass end `budget`; " + (f"timeout_s={math.ceil(need)} would cover it" if done else
+                                                               f"it needs a timeout_s above {math.ceil(need)}"))
                 print(note[0])
 
         outcomes = harness.run(tasks, limits, jobs=jobs, clock=clock,
