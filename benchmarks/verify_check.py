@@ -41,8 +41,10 @@ def _run(sess, x: np.ndarray) -> np.ndarray:
 
 def check_run(run: Path, seed: int = 0) -> dict:
     verify = run / "verify"
-    details = {(r["variant"] if "variant" in r else "", r["vnnlib"]): r for r in csv.DictReader(open(verify / "details.csv"))}
-    by_vnnlib = {r["vnnlib"]: r for r in details.values()}
+    summary = json.loads((verify / "summary.json").read_text())
+    first = summary["verifiers"][0]  # the verifier results.csv is written for
+    # a float model's rows and its int8 model's share their property files: a row is its category's and its file's
+    details = {(r["variant"], r["vnnlib"]): r for r in csv.DictReader(open(verify / "details.csv")) if r["verifier"] == first}
     rows = list(csv.reader(open(verify / "results.csv")))
     rng = np.random.default_rng(seed)
     models: dict[str, dict] = {}
@@ -76,7 +78,7 @@ def check_run(run: Path, seed: int = 0) -> dict:
             if np.any(v <= 0):
                 m["wrong"].append(f"{vnnlib}: unsat, but onnxruntime finds an unsafe point")
         else:
-            d = by_vnnlib.get(vnnlib, {})
+            d = details.get((category, vnnlib), {})
             margin = d.get("margin_lb", "")
             m["open_margins"][Path(vnnlib).stem] = float(margin) if margin not in ("", None) else None
             why = d.get("reason") or result
@@ -86,7 +88,6 @@ def check_run(run: Path, seed: int = 0) -> dict:
         m["decided"] = decided
         m["decided_fraction"] = round(decided / max(m["properties"], 1), 3)
         m["seconds"] = round(m["seconds"], 1)
-    summary = json.loads((verify / "summary.json").read_text())
     notes = {k: v.get("note") for k, v in summary.get("models", {}).items() if v.get("note")}
     return {"run": str(run), "models": models, "smooth": check_smooth(run, rng), "not_verified": notes,
             "epsilons": summary.get("epsilons"), "samples": summary.get("samples")}
