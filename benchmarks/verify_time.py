@@ -185,7 +185,8 @@ def markdown(res: dict[str, Any]) -> str:
                 (db, nb), (da, na) = b["decided"][k], a["decided"][k]
                 return f"{db}/{nb} → **{da}/{na}**"
 
-            covered = "; ".join(f"{part}: {'covered' if p['covered'] else 'short: ' + p['line'].split('; ', 1)[-1]}"
+            covered = "; ".join(f"{part}: " + ("covered" if p["covered"] else
+                                                f"**short**: {p['needed_s']:.0f} s needed, {p['budget_s']:g} s given")
                                 for part, p in (a.get("first_pass") or {}).items())
             rows.append([name, cell("relu"), cell("smooth"), cell("int8"),
                          f"{b['stage_seconds']:.1f} → **{a['stage_seconds']:.1f}**", covered])
@@ -206,7 +207,7 @@ def markdown(res: dict[str, Any]) -> str:
                    + table(["run", "part", "one pass", "needed for all, s", "budget s"], costs))
     lim = res.get("limits")
     if lim:
-        rows = [[v, lim[v]["max_seconds"], lim[v]["wall_s"], "yes" if lim[v]["held"] else "**no**",
+        rows = [[v, f"{lim[v]['max_seconds']:.2f}", f"{lim[v]['wall_s']:.1f}", "yes" if lim[v]["held"] else "**no**",
                  ", ".join(f"{k} {n}" for k, n in Counter(f"{r['result']} ({r['reason']})" if r["reason"] else r["result"]
                                                           for r in lim[v]["rows"]).items()), lim[v]["note"] or "—"]
                 for v in ("crown", "auto") if v in lim]
