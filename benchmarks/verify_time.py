@@ -13,6 +13,10 @@ Sections:
   verify/summary.json) and after: float ReLU, int8 and smooth (either route) properties decided, the verify stage's
   seconds, each part's first pass (one CROWN pass per network, measured on its first property; whether the budget
   covered it) and the open properties' reasons.
+- standin: two `pipeline vnncomp` results of the same stand-in folder (`--before`, `--after`: results.csv files),
+  compared instance by instance: decided per network, the instances whose answer changed, sat/unsat conflicts, the
+  largest run_time against the limit. The runs themselves (under the lock, 2 jobs):
+  `pipeline vnncomp FOLDER --instances FILE --timeout 30 --jobs 2 --out CSV`, once from each checkout.
 - limits: `analysis.api.verify` with `timeout_s` on timm's `vit_tiny_patch16_224` shrunk to 64 tokens (img 32, patch 4,
   dim 64, depth 2, 2 heads; ReLU, seeded random weights, random images), verifier "crown" and "auto": each property's
   reported seconds and the wall time of the call, against the limit plus one second.
@@ -133,6 +137,31 @@ def _vit():
                              num_heads=2, num_classes=10, act_layer=nn.ReLU).eval()
 
 
+def section_standin(args: argparse.Namespace, log) -> dict[str, Any]:
+    from analysis.verification.vnncomp import read_results
+
+    before = {(r["onnx"], r["vnnlib"]): r for r in read_results(Path(args.before))}
+    after = {(r["onnx"], r["vnnlib"]): r for r in read_results(Path(args.after))}
+
+    def count(rows: dict) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (onnx, _), r in rows.items():
+            out.setdefault(Path(onnx).stem, {}).setdefault(r["result"], 0)
+            out[Path(onnx).stem][r["result"]] += 1
+        return out
+
+    changed = [[k[0], k[1], before[k]["result"], after[k]["result"]] for k in before if k in after
+               and before[k]["result"] != after[k]["result"]]
+    conflicts = [k for k in before if k in after and {before[k]["result"], after[k]["result"]} == {"sat", "unsat"}]
+    decided = {n: sum(r["result"] in ("sat", "unsat") for r in rows.values()) for n, rows in (("before", before), ("after", after))}
+    out = {"before_file": args.before, "after_file": args.after, "instances": len(after), "decided": decided,
+           "by_network": {"before": count(before), "after": count(after)}, "changed": changed,
+           "conflicts": [list(k) for k in conflicts], "max_run_time": {
+               "before": max(r["run_time"] for r in before.values()), "after": max(r["run_time"] for r in after.values())}}
+    log(f"  decided {decided}, changed {len(changed)}, conflicts {len(conflicts)}")
+    return out
+
+
 def section_limits(args: argparse.Namespace, log) -> dict[str, Any]:
     import torch
 
@@ -160,7 +189,7 @@ def section_limits(args: argparse.Namespace, log) -> dict[str, Any]:
     return out
 
 
-SECTIONS = {"stage": section_stage, "limits": section_limits}
+SECTIONS = {"stage": section_stage, "standin": section_standin, "limits": section_limits}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -205,6 +234,16 @@ def markdown(res: dict[str, Any]) -> str:
                  for name, r in st["runs"].items() if "after" in r for part, p in (r["after"].get("first_pass") or {}).items()]
         out.append("One CROWN pass per network, measured on its first property (the stage's own measurement):\n\n"
                    + table(["run", "part", "one pass", "needed for all, s", "budget s"], costs))
+    sd = res.get("standin")
+    if sd:
+        nets = sorted(sd["by_network"]["after"])
+        rows = [[n, *[", ".join(f"{k} {v}" for k, v in sorted(sd["by_network"][w].get(n, {}).items())) for w in ("before", "after")]]
+                for n in nets]
+        out.append(f"## The mnist_fc stand-in, {sd['instances']} instances, 30 s each, 2 jobs: main c1c507a against this "
+                   f"branch\n\n`{sd['before_file']}` against `{sd['after_file']}`: decided {sd['decided']['before']} → "
+                   f"**{sd['decided']['after']}**; {len(sd['changed'])} instances changed their answer, "
+                   f"{len(sd['conflicts'])} sat/unsat conflicts; largest run_time {sd['max_run_time']['before']:.2f} s → "
+                   f"{sd['max_run_time']['after']:.2f} s.\n\n" + table(["network", "before", "after"], rows))
     lim = res.get("limits")
     if lim:
         rows = [[v, f"{lim[v]['max_seconds']:.2f}", f"{lim[v]['wall_s']:.1f}", "yes" if lim[v]["held"] else "**no**",
@@ -225,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="/work/runs", help="stage: where the finished runs are")
     p.add_argument("--names", default="preact816,preact1632,cnn1632,deit32x2,mlp", help="stage: the runs, comma-separated")
     p.add_argument("--work", default="runs/verify-time", help="stage: where the copies go")
+    p.add_argument("--before", default="", help="standin: the results.csv of the earlier checkout")
+    p.add_argument("--after", default="", help="standin: the results.csv of this checkout")
     p.add_argument("--timeout", type=float, default=30.0, help="limits: timeout_s per property")
     p.add_argument("--samples", type=int, default=2, help="limits: properties per verifier")
     p.add_argument("--out", default=str(OUT / "issue40.json"))
