@@ -108,7 +108,7 @@ def measure(items: Sequence[Item], deadline: Callable[[Item], float], network: s
         first = group[0]
         before = first.seconds
         _crown([first], deadline(first))
-        name = network if first.primary else f"{network} ({first.state.what})"
+        name = network if first.primary else f"{network}, {first.state.what}"
         costs.append(Cost(name, first.seconds - before, first.state.level != "ibp", len(group)))
     return costs
 

@@ -278,6 +278,7 @@ class _Worker:
         self.cache: dict[Any, Any] = {}
         self.problems: dict[int, tuple[Problem, float]] = {}
         self.spent: dict[int, float] = {}
+        self.spent_cpu: dict[int, float] = {}  # its turns' CPU seconds (the first pass is timed on the wall clock only)
         self.items: dict[int, list[first_pass.Item]] = {}  # each task's first-pass items (one per input box)
 
     def verifier(self, task: Task):
@@ -421,13 +422,13 @@ class _Worker:
                             cpu_seconds=Budget.read("cpu") - c0, info=dict(problem.info))
         if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
             result = replace(result, status="timeout")
-        before = self.spent.get(i, 0.0)
-        self.spent[i] = before + result.seconds
-        return replace(result, seconds=before + result.seconds, cpu_seconds=before + result.cpu_seconds)
+        before, cpu = self.spent.get(i, 0.0), self.spent_cpu.get(i, 0.0)
+        self.spent[i], self.spent_cpu[i] = before + result.seconds, cpu + result.cpu_seconds
+        return replace(result, seconds=self.spent[i], cpu_seconds=self.spent_cpu[i])
 
     def unrun(self, i: int, task: Task, why: str) -> Result:
-        """The final answer of a task that gets no (further) turn: its last answer, else a timeout saying why, with what
-        its first pass found (its margin bound)."""
+        """A timeout for a task that gets no turn (or no further one), saying why, with what its bounds found so far
+        (the last pass that finished, its margin bound)."""
         problem = self.problems.get(i, (None, 0.0))[0]
         info = dict(problem.info) if problem is not None else {}
         bound = f" (its bounds: {info['bound']}, margin bound {info['margin_lb']:.4g})" if "margin_lb" in info else ""

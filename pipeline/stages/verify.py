@@ -323,7 +323,7 @@ def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, prop
                 costs[c.network] = c
     each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
     lower = "at least " if not all(c.finished for c in costs.values()) else ""
-    would = math.ceil(need * BUDGET_ROOM / 10) * 10
+    would = _would(need)
     return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: one CROWN pass took {each} "
             f"(each network's first property); {properties} properties on {plans[0].workers} worker(s) need "
             f"{lower}{need:.0f} s for it; {setting}={would} would. The pass runs for every property first; the "
@@ -341,6 +341,12 @@ def pass_record(plans: Sequence[harness.Plan], budget: float, setting: str, prop
             mine["finished"] = mine["finished"] and c.finished
             mine["properties"] += c.properties
     need = max((p.needed for p in plans), default=0.0)
-    return {"setting": setting, "budget_s": budget, "costs": costs, "needed_s": round(need, 2),
-            "covered": harness.shortfall(plans, harness.StageBudget(budget)) is None,
+    short = harness.shortfall(plans, harness.StageBudget(budget))
+    return {"setting": setting, "budget_s": budget, "costs": costs, "needed_s": round(need, 2), "covered": short is None,
+            "would_s": None if short is None else _would(short),
             "line": (budget_line(plans, budget, setting, properties) or "").strip()}
+
+
+def _would(need: float) -> int:
+    """The budget a short one names: the need with room, rounded up to 10 s."""
+    return math.ceil(need * BUDGET_ROOM / 10) * 10

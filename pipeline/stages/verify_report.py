@@ -68,7 +68,8 @@ def _first_pass_lines(s: dict[str, Any]) -> list[str]:
         line = (f"One bound pass (CROWN) per {what[:-1]}, measured on its first property: {costs}; estimated "
                 f"{rec['needed_s']:.1f} s for every property's pass against `{rec['setting']}` = {rec['budget_s']:g} s.")
         if not rec["covered"]:
-            line += f" **The budget did not cover it:** {rec['line'].removeprefix('verify: ')}"
+            line += (f" **The budget did not cover it**: `{rec['setting']}` = {rec['would_s']} would (the stage said so "
+                     "in its log); the properties left without a finished pass say `budget` below.")
         out.append(line)
     return out
 
