@@ -358,8 +358,9 @@ class _Worker:
                 mine = [it for it in items[g] if it.primary == primary and not it.tried]
                 if mine:
                     first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})))
-        for g, members in groups.items():
-            first_pass.alpha(items[g], alpha_deadline([i for i, _ in members]))
+        at = alpha_deadline([i for members in groups.values() for i, _ in members])  # one share for all networks
+        for g in groups:
+            first_pass.alpha(items[g], at)
         tasks = dict(indexed)
         still = []
         for g, members in groups.items():
