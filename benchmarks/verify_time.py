@@ -195,7 +195,9 @@ SECTIONS = {"stage": section_stage, "standin": section_standin, "limits": sectio
 def markdown(res: dict[str, Any]) -> str:
     from pipeline.render import table
 
+    summary = OUT / "ISSUE40-summary.md"  # hand-written: the goals, each with its number
     out = ["# Issue 40: time where it decides (the verify stage, api.verify, pipeline vnncomp)",
+           *([summary.read_text().strip()] if summary.is_file() else []),
            f"Machine: {res['machine']['cpu']}, {res['machine']['cores_available']} cores (shared), torch threads 1. "
            "Command: `python -m benchmarks.verify_time SECTION` (see its docstring). Measured at "
            + ", ".join(f"{k} {res[k]['commit']}" for k in SECTIONS if k in res) + "."]
