@@ -88,6 +88,7 @@ class Task:
     verifier: Any = "auto"  # a registry name or chain, or a Verifier
     timeout: float | None = None  # PerTask: this task's limit (None: the default of PerTask)
     known: Result | None = None  # an answer known without solving (a misclassified sample); nothing is built
+    network: str = ""  # its network's name in messages (default: the ONNX file's name, or "network")
 
     def build(self, cache: dict[Any, Any]) -> Problem:
         raise NotImplementedError
@@ -136,7 +137,7 @@ class FileTask(Task):
         return ("file", str(self.onnx))
 
     def network_label(self) -> str:
-        return Path(self.onnx).name if self.onnx is not None else "?"
+        return self.network or (Path(self.onnx).name if self.onnx is not None else "network")
 
 
 @dataclass
@@ -146,7 +147,6 @@ class SpecTask(Task):
     net: Graph | None = None
     specs: list[VnnlibSpec] = field(default_factory=list)
     recheck: Callable[[np.ndarray], np.ndarray] | None = None
-    network: str = "network"  # its network's name in messages
 
     def build(self, cache: dict[Any, Any]) -> Problem:
         return Problem(self.specs, network=self.net, recheck=self.recheck)
@@ -155,7 +155,7 @@ class SpecTask(Task):
         return ("graph", id(self.net))  # tasks sent to a worker together share their graph there too
 
     def network_label(self) -> str:
-        return self.network
+        return self.network or "network"
 
 
 class ModuleRecheck:

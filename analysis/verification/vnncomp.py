@@ -181,7 +181,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
             for src in (onnx_src, vnn_src):
                 if src.is_file() and src not in plain:
                     plain[src] = _plain(src, tmp)
-            tasks.append(harness.FileTask(key=(onnx_rel, vnnlib_rel), verifier=verifier,
+            tasks.append(harness.FileTask(key=(onnx_rel, vnnlib_rel), verifier=verifier, network=onnx_rel,
                                           timeout=float(timeout_override) if timeout_override is not None else timeout,
                                           onnx=plain.get(onnx_src, onnx_src), vnnlib=plain.get(vnn_src, vnn_src)))
 
