@@ -230,9 +230,12 @@ def test_a_budget_that_cannot_cover_one_pass_per_property_says_so_and_each_open_
     t0 = time.perf_counter()
     out = harness.run(tasks, harness.StageBudget(1.5), on_plan=plans.append)
     assert time.perf_counter() - t0 < 1.5 + 1.0
-    need = harness.shortfall(plans, harness.StageBudget(1.5))
+    estimate, after = plans  # before the pass went on, and after it
+    need = harness.shortfall([estimate], harness.StageBudget(1.5))
     assert need is not None and 0.25 * len(tasks) <= need <= 0.25 * len(tasks) + 1.0
-    assert harness.shortfall(plans, harness.StageBudget(need + 0.1)) is None
+    assert harness.shortfall([estimate], harness.StageBudget(need + 0.1)) is None
+    assert after.reached < after.properties == len(tasks)  # the pass itself says it fell short, extrapolated alike
+    assert 0.25 * len(tasks) <= harness.shortfall(plans, harness.StageBudget(1.5)) <= 0.25 * len(tasks) + 1.0
     bound = [o.result.info["bound"] for o in out]
     assert 2 <= sum(b != "ibp" for b in bound) <= 7
     for o, b in zip(out, bound):

@@ -150,6 +150,11 @@ def alpha(items: Sequence[Item], deadline: float) -> None:
                 it.state.alpha_done(lowers[n], complete)
 
 
+def reached(items: Sequence[Item]) -> int:
+    """How many items got a finished CROWN pass (or one that stopped for a reason other than time: its turn reports it)."""
+    return sum(it.state.level != "ibp" or it.state.failed is not None for it in items)
+
+
 def decided(items: Sequence[Item]) -> bool:
     """Do the items (every input box of one property) all exclude every disjunct?"""
     return bool(items) and all(not it.state.open for it in items)

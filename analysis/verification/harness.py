@@ -224,32 +224,41 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one worker measured before its first pass went on (`first_pass.measure`): one CROWN pass of each of its
-    networks on the network's first property, alone; `elapsed` seconds since the run began when measured, and
-    `needed` the seconds since then by which its first pass for every property is estimated to end (a pass per
-    property at the measured cost: the batched call is no slower). `workers` plans come in all; `shortfall` reads
-    them."""
+    """What one worker (`worker`, of `workers`) found about its first pass, twice: before it goes on (`reached` None),
+    one CROWN pass of each of its networks on the network's first property, alone (`costs`), and `needed`, the seconds
+    since the run began by which its pass for every property is estimated to end (a pass per property at the measured
+    cost); and after it (`reached` of its `properties` got a finished pass, in `pass_seconds`), `needed`
+    extrapolated from the pass's own rate when it did not reach them all (a batched call can cost more per property
+    than one alone). `elapsed`: seconds since the run began when it was sent. `shortfall` reads them."""
 
     costs: list[first_pass.Cost]
     elapsed: float
     needed: float
     workers: int
     limit: float | None = None  # per-task limits: the smallest limit of the tasks measured
+    worker: int = 0
+    reached: int | None = None
+    properties: int = 0
+    pass_seconds: float = 0.0
 
 
 def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | None:
-    """The limit that would cover one bound pass per property, when the one given does not (None when it does): for a
-    stage budget the seconds in all; for per-task limits the seconds per property whose `PASS_SHARE` covers the
-    costliest network's pass (a pass that did not finish in the time it had counts as not covered)."""
+    """The limit that would cover one bound pass per property, when the one given does not (None when it does), from
+    each worker's latest plan: for a stage budget the seconds in all; for per-task limits the seconds per property
+    whose `PASS_SHARE` covers the costliest pass (a pass that did not finish in the time it had, or a first pass that
+    did not reach every property, counts as not covered)."""
     if not plans:
         return None
+    latest = list({p.worker: p for p in plans}.values())
+    short = any(p.reached is not None and p.reached < p.properties for p in latest)
     if isinstance(limits, StageBudget):
-        need = max(p.needed for p in plans)
-        return need if need > limits.seconds else None
-    worst = max(c.seconds for p in plans for c in p.costs)
-    limit = min(limits.timeout if p.limit is None else p.limit for p in plans)
-    need = worst / PASS_SHARE
-    return need if need > limit or not all(c.finished for p in plans for c in p.costs) else None
+        need = max(p.needed for p in latest)
+        return max(need, limits.seconds) if need > limits.seconds or short else None
+    per = [c.seconds for p in plans for c in p.costs]
+    per += [p.pass_seconds / p.reached for p in latest if p.reached]
+    need = max(per) / PASS_SHARE
+    limit = min(limits.timeout if p.limit is None else p.limit for p in latest)
+    return need if need > limit or short or not all(c.finished for p in plans for c in p.costs) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +358,7 @@ class _Worker:
         for g, members in groups.items():
             items[g] = [it for i, task in members for it in self._items(i, task)]
         costs: list[first_pass.Cost] = []
+        began = Budget.read("wall")
         for g, members in groups.items():
             if items[g]:
                 costs += first_pass.measure(items[g], lambda it: measure_deadline(it.index), members[0][1].network_label())
@@ -358,6 +368,8 @@ class _Worker:
                 mine = [it for it in items[g] if it.primary == primary and not it.tried]
                 if mine:
                     first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})))
+        every = [it for g in groups for it in items[g]]
+        note(costs, 0.0, first_pass.reached(every), len(every), Budget.read("wall") - began, began)
         at = alpha_deadline([i for members in groups.values() for i, _ in members])  # one share for all networks
         for g in groups:
             first_pass.alpha(items[g], at)
@@ -444,11 +456,19 @@ def _closeness(result: Result | None, problem: Problem | None = None) -> float:
 
 
 def _plan_note(note: Callable[[Plan], None] | None, started: float, workers: int, limit: float | None = None
-               ) -> Callable[[list, float], None]:
-    def send(costs: list[first_pass.Cost], rest: float) -> None:
-        if note is not None and costs:
-            now = Budget.read("wall")
-            note(Plan(costs, round(now - started, 3), round(now - started + rest, 3), workers, limit))
+               ) -> Callable[..., None]:
+    """`send(costs, rest)` before the pass goes on; `send(costs, 0.0, reached, properties, pass_seconds, began)` after
+    it (`began`: when the pass began, on the wall clock)."""
+    def send(costs: list[first_pass.Cost], rest: float, reached: int | None = None, properties: int = 0,
+             pass_seconds: float = 0.0, began: float = 0.0) -> None:
+        if note is None or not costs:
+            return
+        now = Budget.read("wall")
+        needed = now - started + rest
+        if reached is not None and reached < properties:  # extrapolated from the pass's own rate
+            needed = began - started + pass_seconds * properties / max(reached, 1)
+        note(Plan(costs, round(now - started, 3), round(needed, 3), workers, limit, os.getpid(), reached, properties,
+                  round(pass_seconds, 3)))
     return send
 
 

@@ -292,14 +292,21 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
                 t0 = time.perf_counter()
                 if part:
                     plans: list[harness.Plan] = []
+                    said: list[str] = []
 
                     def planned(plan: harness.Plan, budget: float = budget, setting: str = setting,
-                                part: list = part, plans: list = plans) -> None:
+                                part: list = part, plans: list = plans, said: list = said) -> None:
+                        # once every worker has measured (before the passes go on), and again once every worker's
+                        # pass has ended (a batch can cost more per property than one alone): one line, once
                         plans.append(plan)
-                        if len(plans) == plan.workers:  # every worker has measured: one line, before the passes go on
-                            line = budget_line(plans, budget, setting, sum(t.known is None for t in part))
-                            if line:
-                                bar.note(line)
+                        latest = {p.worker: p for p in plans}
+                        phases = {p.reached is None for p in latest.values()}
+                        if said or len(latest) < plan.workers or len(phases) > 1:
+                            return
+                        line = budget_line(plans, budget, setting, sum(t.known is None for t in part))
+                        if line:
+                            said.append(line)
+                            bar.note(line)
 
                     harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
                                 device=device, on_plan=planned)
@@ -312,7 +319,8 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
 
 def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> str | None:
     """One line when `setting` (= `budget` seconds) cannot cover one bound pass per property, with the budget that
-    would (None when it covers them): the measured cost of one pass of each network, on its first property."""
+    would (None when it covers them): the measured cost of one pass of each network, on its first property, or, once
+    the pass is over, how many properties it reached."""
     need = harness.shortfall(plans, harness.StageBudget(budget))
     if need is None:
         return None
@@ -322,28 +330,38 @@ def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, prop
             if c.network not in costs or c.seconds > costs[c.network].seconds:
                 costs[c.network] = c
     each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
-    lower = "at least " if not all(c.finished for c in costs.values()) else ""
-    would = _would(need)
-    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: one CROWN pass took {each} "
-            f"(each network's first property); {properties} properties on {plans[0].workers} worker(s) need "
-            f"{lower}{need:.0f} s for it; {setting}={would} would. The pass runs for every property first; the "
-            f"properties it leaves open without time say `budget` in details.csv.")
+    latest = list({p.worker: p for p in plans}.values())
+    if all(p.reached is not None for p in latest):
+        reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
+        how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
+               f"CROWN pass took {each} on each network's first property alone)")
+    else:
+        lower = "at least " if not all(c.finished for c in costs.values()) else ""
+        how = (f"one CROWN pass took {each} (each network's first property); {properties} properties on "
+               f"{plans[0].workers} worker(s) need {lower}{need:.0f} s for it")
+    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: {how}; {setting}={_would(need)} "
+            f"would. The pass runs for every property first; the properties it leaves open without time say `budget` "
+            f"in details.csv.")
 
 
 def pass_record(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> dict[str, Any]:
-    """What summary.json keeps of the first pass: each network's measured pass, the estimate, whether the budget covered
-    it, and the line said when it did not."""
+    """What summary.json keeps of the first pass: each network's measured pass, the estimate (or, once the pass ended
+    short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
+    did not."""
     costs: dict[str, dict[str, Any]] = {}
-    for plan in plans:
+    latest = list({p.worker: p for p in plans}.values())
+    for plan in latest:
         for c in plan.costs:
             mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
             mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
             mine["finished"] = mine["finished"] and c.finished
             mine["properties"] += c.properties
-    need = max((p.needed for p in plans), default=0.0)
     short = harness.shortfall(plans, harness.StageBudget(budget))
-    return {"setting": setting, "budget_s": budget, "costs": costs, "needed_s": round(need, 2), "covered": short is None,
+    done = [p for p in latest if p.reached is not None]
+    return {"setting": setting, "budget_s": budget, "costs": costs,
+            "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
             "would_s": None if short is None else _would(short),
+            "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
             "line": (budget_line(plans, budget, setting, properties) or "").strip()}
 
 
