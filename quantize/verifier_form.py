@@ -217,3 +217,17 @@ def to_verifier_form(proto: onnx.ModelProto, input_shape: tuple[int, ...]) -> tu
                           "conv1x1": "the first Conv, 1×1 with weight diag(1/std) and bias −mean/std"}[facts["normalization"]]
                           + "); output: logits")
     return out, facts
+
+
+def signature(proto: onnx.ModelProto) -> str:
+    """A digest of a graph's form, not its weights: the opset, and per node its op, attributes and the shapes of its
+    constant inputs. Two exports of one architecture in one form share it; a change of the form changes it (the
+    record of which loaders read the form, benchmarks/peers/readers/, is checked against it)."""
+    import hashlib
+
+    init = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    parts = [f"opset {max(o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx'))}"]
+    for n in proto.graph.node:
+        attrs = sorted((a.name, repr(onnx.helper.get_attribute_value(a))) for a in n.attribute)
+        parts.append(f"{n.op_type} {attrs} {[init.get(i) for i in n.input]}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

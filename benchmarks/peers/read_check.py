@@ -9,12 +9,11 @@ Imports only numpy, onnx, torch and the loader (the project is not installed in 
 - `onnx2pytorch`: `onnx2pytorch.ConvertModel(model, experimental=True)`, as α,β-CROWN's `load_model_onnx` calls it.
 - `onnx2torch`: `onnx2torch.convert(model)`.
 - `auto_lirpa`: onnx2pytorch as above, then auto_LiRPA's `BoundedModule` (its default convolutional mode, patches)
-  and one CROWN pass on the L∞ box of radius `eps` around the first input, clipped to [low, high]: read when the
-  pass gives finite bounds that hold at `SOUNDNESS_SAMPLES` points of the box (its corners' signs at random, and
-  uniform points), run through the loaded model.
+  and one CROWN pass on the box [box_lo, box_hi]: read when the pass gives finite bounds that hold at
+  `SOUNDNESS_SAMPLES` points of the box (a quarter of them corners, the rest uniform), run through the loaded model.
 
-A job: {"name", "onnx", "npz"} where the npz holds x [N, ...] and onnxruntime's outputs y [N, K], plus "eps", "low",
-"high" for auto_lirpa. A file is read when the loader builds a model and its outputs on every x are within
+A job: {"name", "onnx", "npz"} where the npz holds x [N, ...], onnxruntime's outputs y [N, K] and a box box_lo,
+box_hi of one input's shape (a property's input set). A file is read when the loader builds a model and its outputs on every x are within
 `READ_RTOL`·(1 + max|y|) of onnxruntime's (another float32 engine sums in another order; a wrong op or weight is
 far off). The first line of any error is kept.
 """
@@ -80,11 +79,11 @@ def outputs(net: torch.nn.Module, x: np.ndarray) -> np.ndarray:
     return np.concatenate([net(torch.from_numpy(x[i:i + 1]).float()).reshape(1, -1).numpy() for i in range(len(x))])
 
 
-def crown(net: torch.nn.Module, x0: np.ndarray, eps: float, low: float, high: float) -> dict:
+def crown(net: torch.nn.Module, box_lo: np.ndarray, box_hi: np.ndarray) -> dict:
     from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
-    x = torch.from_numpy(x0[None]).float()
-    lo, hi = (x - eps).clamp(min=low), (x + eps).clamp(max=high)
+    lo, hi = torch.from_numpy(box_lo[None]).float(), torch.from_numpy(box_hi[None]).float()
+    x = (lo + hi) / 2
     t0 = time.perf_counter()
     bounded = BoundedModule(net, torch.zeros_like(x), device="cpu")
     build = time.perf_counter() - t0
@@ -117,7 +116,7 @@ def check(tool: str, job: dict) -> dict:
         out["same_function"] = diff <= out["tolerance"]
         if tool == "auto_lirpa" and out["same_function"]:
             stage = "bound"
-            out["crown"] = crown(net, x[0], job["eps"], job["low"], job["high"])
+            out["crown"] = crown(net, data["box_lo"], data["box_hi"])
         out["read"] = out["same_function"] and (tool != "auto_lirpa" or out["crown"]["holds"])
     except Exception as e:  # noqa: BLE001 (a peer's failure of any kind is the measurement)
         out.update(read=False, stage=stage, error=first_line(e), at=where(e))
