@@ -1,14 +1,16 @@
 """The verifiers' form of an exported graph: rewrites that keep its function and let the ONNX loaders of other
 verifiers read it (`to_verifier_form`, called by `quantize.export.export_for_verifiers`). Which loaders read the
-result is measured by benchmarks/peers/readers.py (onnx2pytorch, the loader α,β-CROWN vendors; onnx2torch;
+result is measured by benchmarks/peers/readers.py (onnx2pytorch, whose fork α,β-CROWN loads with; onnx2torch;
 neuralsat; auto_LiRPA's convolutional path behind onnx2pytorch), recorded in benchmarks/peers/readers/.
 
 - Opset 17 (`OPSET`, or the export's own where that is lower): the first with LayerNormalization as one op, the
   newest any ReLU graph of ours needs. Later opsets only renumber ops these graphs use (Reshape 19, Split 18,
   Constant 19), which onnx2torch 1.5.15 then refuses ("Converter is not implemented ... Reshape, version=19").
-- A Constant node becomes an initializer: onnx2torch 1.5.15 has no converter for Constant (opset ≥ 19).
+- A Constant node (onnxsim leaves one for attention's scale) becomes an initializer, so that the rank rewrite below
+  sees it (and onnx2torch 1.5.15, which has no converter for Constant 19, reads it at any opset).
 - BatchNormalization drops `training_mode` where it is 0, its default: onnx2pytorch 0.6.0 raises
-  "NotImplementedError: Extraction of attribute training_mode not implemented", as α,β-CROWN's copy of it does.
+  "NotImplementedError: Extraction of attribute training_mode not implemented", as α,β-CROWN's fork and neuralsat's
+  copy of it do.
   The exporter writes it on every BatchNorm it could not fold into the Conv before it (a pre-activation block's,
   after a residual Add or beside a shortcut).
 - The input normalization (Mul, Add by per-channel constants on the graph's input: y = s·x + t) becomes a Conv.

@@ -1,10 +1,10 @@
 """Do other verifiers read the ONNX files we ship for them (`verify/onnx/`, the verifiers' form of
 `quantize/verifier_form.py`)? Four readers that install from PyPI or GitHub, each in its own venv:
 
-- onnx2pytorch 0.6.0 (the loader α,β-CROWN vendors; `readers_setup.sh onnx2pytorch`),
+- onnx2pytorch 0.6.0 (PyPI's release of the loader α,β-CROWN uses in a fork; `readers_setup.sh onnx2pytorch`),
 - onnx2torch 1.5.15 (`readers_setup.sh onnx2torch`),
-- auto_LiRPA's convolutional path: onnx2pytorch → `BoundedModule` and one CROWN pass (auto_lirpa_setup.sh, helper
-  i40engine's branch: PyPI's auto-lirpa 0.3 does not import on torch 2.13),
+- auto_LiRPA's convolutional path: onnx2pytorch → `BoundedModule` and one CROWN pass (`auto_lirpa_setup.sh`, from
+  auto_LiRPA's GitHub source: PyPI's auto-lirpa 0.3 does not import on torch 2.13),
 - neuralsat 0.2.17 (`neuralsat_setup.sh`): its own main.py on one property (`run_neuralsat.run_one`).
 
     flock /tmp/heavy.lock .venv/bin/python -m benchmarks.peers.readers --out benchmarks/peers/readers \\
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -60,6 +61,11 @@ EPS = 0.002  # the box of a tiny case: the issue's ε, around the first input
 SAMPLES = 8  # inputs on which a loader's model must match onnxruntime's
 NEURALSAT_LIMIT = 30.0
 RECORD = ROOT / "benchmarks" / "peers" / "readers" / "record.json"
+
+
+def _safe(name: str) -> str:
+    """A case's name as one file name."""
+    return re.sub(r"[^\w.-]+", "_", name)
 
 
 def _npz(path: Path, onnx_path: Path, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
@@ -112,7 +118,7 @@ def run_cases(run_name: str, run_dir: Path, work: Path) -> list[dict[str, Any]]:
         lo, hi = spec.lb.reshape(shape), spec.ub.reshape(shape)
         gen = np.random.default_rng(0)
         x = np.concatenate([((lo + hi) / 2)[None], gen.uniform(lo.min(), hi.max(), (SAMPLES - 1, *shape))])
-        stem = f"{run_name}.{Path(onnx_rel).stem}"
+        stem = _safe(f"{run_name}.{Path(onnx_rel).stem}")
         _npz(work / f"{stem}.npz", verify / onnx_rel, x, lo, hi)
         kind = "int8" if Path(onnx_rel).stem.endswith("-int8") else "float ReLU"
         cases.append({"name": f"{run_name} {Path(onnx_rel).name}", "architecture": None, "kind": kind, "source": run_name,
@@ -144,7 +150,7 @@ def run_neuralsat(venv: Path, cases: list[dict[str, Any]], work: Path) -> tuple[
     src = source_dir(python)
     out: dict[str, dict[str, Any]] = {}
     for c in cases:
-        folder = work / "neuralsat" / c["name"].replace(" ", "_").replace("(", "").replace(")", "")
+        folder = work / "neuralsat" / _safe(c["name"])
         (folder / "onnx").mkdir(parents=True, exist_ok=True)
         (folder / "vnnlib").mkdir(exist_ok=True)
         (folder / "onnx" / "net.onnx").write_bytes(Path(c["onnx"]).read_bytes())
@@ -152,9 +158,9 @@ def run_neuralsat(venv: Path, cases: list[dict[str, Any]], work: Path) -> tuple[
             (folder / "vnnlib" / "prop.vnnlib").write_bytes(Path(c["vnnlib"]).read_bytes())
         else:
             data = np.load(c["npz"])
-            lo, hi = data["box_lo"].astype(np.float64), data["box_hi"].astype(np.float64)
+            lo, hi = data["box_lo"].astype(np.float64).reshape(-1), data["box_hi"].astype(np.float64).reshape(-1)
             center = (lo + hi) / 2
-            y = ort_util.infer(ort_util.session(c["onnx"]), center[None].astype(np.float32))[0]
+            y = ort_util.infer(ort_util.session(c["onnx"]), center.reshape(data["box_lo"].shape)[None].astype(np.float32))[0]
             write_vnnlib(folder / "vnnlib" / "prop.vnnlib",
                          robustness_spec(center, float(np.max(hi - lo)) / 2, lo, hi, int(np.argmax(y)), int(y.size)))
         t0 = time.perf_counter()
@@ -175,11 +181,14 @@ def run_neuralsat(venv: Path, cases: list[dict[str, Any]], work: Path) -> tuple[
 
 
 def why(result: dict[str, Any]) -> str:
-    """A result's cell: "read", or "not read: <the first line of what failed>"."""
+    """A result's cell: "read" (with neuralsat's answer, auto_LiRPA's CROWN time), or "not read: <what failed>"."""
     if result["read"]:
-        return "read"
-    if "error" in result:
-        return f"not read: {result['error']}"
+        if "answer" in result:
+            wit = result.get("witness_check")
+            return f"read ({result['answer']}" + (f", witness {'valid' if wit['valid'] else 'INVALID'}" if wit else "") + ")"
+        return f"read (CROWN {result['crown']['crown_s']:.2f} s)" if "crown" in result else "read"
+    if "error" in result:  # an assertion without a message is named by where it failed
+        return f"not read: {result['error']}" + (f" at {result['at']}" if result["error"].endswith(": ") and result.get("at") else "")
     if not result.get("same_function", True):
         return f"not read: another function (max |diff| {result['max_abs_diff']:.3g} > {result['tolerance']:.3g})"
     c = result.get("crown") or {}
@@ -191,21 +200,29 @@ def markdown(record: dict[str, Any]) -> str:
     from pipeline.render import table
 
     tools = list(record["tools"])
-    rows = [[c["name"], *[why(c["results"][t]) for t in tools]] for c in record["cases"]]
     labels = [record["tools"][t]["label"] for t in tools]
-    read = {t: sum(c["results"][t]["read"] for c in record["cases"] if c["kind"] == "float ReLU") for t in tools}
-    n_float = sum(c["kind"] == "float ReLU" for c in record["cases"])
+    cases = {k: [c for c in record["cases"] if c["kind"] == k] for k in ("float ReLU", "int8")}
+    read = {k: {t: sum(c["results"][t]["read"] for c in cs) for t in tools} for k, cs in cases.items()}
+    int8_why = {t: sorted({why(c["results"][t]).removeprefix("not read: ") for c in cases["int8"] if not c["results"][t]["read"]})
+                for t in tools}
     return (f"# Which verifiers read the ONNX files we ship\n\n"
             f"Made by `benchmarks/peers/readers.py` on {record['commit']} ({record['seconds']:.0f} s; load "
             f"{record['load_before']} → {record['load_after']}). Tools: "
             + "; ".join(f"{v['label']}: {v['version']}" for v in record["tools"].values()) + ".\n\n"
-            f"Float ReLU files read, of {n_float}: " + ", ".join(f"{record['tools'][t]['label']} {read[t]}" for t in tools) + ". The int8 files (QDQ) "
-            "are read by none: no loader here converts QuantizeLinear/DequantizeLinear into a model it can bound.\n\n"
-            + table(["file", *labels], rows) + "\n\n"
-            "Read: the loader's model computes onnxruntime's outputs on 8 inputs (within 1e-4·(1 + max|y|)); for "
-            "auto_LiRPA also one CROWN pass whose bounds hold at 512 points of the box; for neuralsat, its main.py "
-            f"answers one property within {NEURALSAT_LIMIT:g} s (sat, unsat, timeout or unknown: it checks its own "
-            "conversion against onnxruntime first). neuralsat's answers and any witness checks are in record.json.\n")
+            "Files: each built-in architecture's tiny instance (random weights) as the verify stage ships it, and the "
+            "verify/onnx files of finished runs, named `<run> <file>`; `main-c1c507a/<run>` is the run as main c1c507a "
+            "wrote it, `<run>` the same run with its verify stage redone on this branch.\n\n"
+            f"Float ReLU files read, of {len(cases['float ReLU'])}: "
+            + ", ".join(f"{record['tools'][t]['label']} {read['float ReLU'][t]}" for t in tools) + ".\n\n"
+            + table(["float ReLU file", *labels], [[c["name"], *[why(c["results"][t]) for t in tools]] for c in cases["float ReLU"]])
+            + f"\n\nThe int8 files (QDQ), {len(cases['int8'])}: read by "
+            + ", ".join(f"{record['tools'][t]['label']} {read['int8'][t]}" for t in tools) + ". What stopped each:\n\n"
+            + "\n".join(f"- {record['tools'][t]['label']}: " + "; ".join(f"`{w}`" for w in int8_why[t]) for t in tools if int8_why[t])
+            + "\n\nRead: the loader's model computes onnxruntime's outputs on 8 inputs (within 1e-4·(1 + max|y|)); for "
+            "auto_LiRPA also one CROWN pass (time in the cell) whose bounds hold at 512 points of the box; for neuralsat, "
+            f"its main.py answers one property within {NEURALSAT_LIMIT:g} s (sat, unsat, timeout or unknown; it checks its "
+            "own conversion against onnxruntime first), a sat witness re-checked in onnxruntime. Every row is in "
+            "record.json.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"a tool's venv (default .peers/<tool>); tools: {', '.join(TOOLS)}")
     p.add_argument("--run", action="append", default=[], metavar="NAME=RUN_DIR", help="a finished run's verify/onnx too")
     p.add_argument("--no-tiny", action="store_true", help="only the --run files")
+    p.add_argument("--render", action="store_true", help="only rewrite SUMMARY.md from --out's record.json")
     args = p.parse_args(argv)
+    if args.render:
+        atomic_write_text(args.out / "SUMMARY.md", markdown(json.loads((args.out / "record.json").read_text())))
+        return 0
     venvs = {t: ROOT / ".peers" / t for t in TOOLS}
     for item in args.venv:
         tool, _, path = item.partition("=")

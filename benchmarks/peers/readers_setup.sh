@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A repeatable install of one ONNX loader from PyPI on the CPU torch, in its own venv, for the reader check of
-# benchmarks/peers/readers.py: `onnx2pytorch` 0.6.0 (the loader α,β-CROWN vendors; default venv
-# /work/peers/onnx2pytorch) or `onnx2torch` 1.5.15 (/work/peers/onnx2torch). neuralsat has its own script
-# (neuralsat_setup.sh) and auto_LiRPA its own (auto_lirpa_setup.sh, helper i40engine's branch).
+# benchmarks/peers/readers.py: `onnx2pytorch` 0.6.0 (PyPI's release of the loader α,β-CROWN uses in a fork; default
+# venv .peers/onnx2pytorch, git-ignored) or `onnx2torch` 1.5.15 (.peers/onnx2torch). neuralsat has its own script
+# (neuralsat_setup.sh), and so has auto_LiRPA (auto_lirpa_setup.sh).
 #
 # Why not a plain `pip install onnx2pytorch`: both loaders require torchvision, and PyPI's torchvision 0.28.0 (the
 # build for torch 2.13) fails at import on the CPU torch ("operator torchvision::nms does not exist"); both import
@@ -11,18 +11,19 @@
 # requirements with torch held by a constraint; torchvision stays out, and every run of the loader puts
 # benchmarks/peers/stand_ins first on PYTHONPATH (a torchvision whose names exist and raise when called: a graph with
 # one of those ops fails with that message; none of ours has one).
-# Idempotent: a second call only checks.
+# pip then says the loader requires torchvision, which is not installed: expected. Idempotent.
 #
 # Usage: benchmarks/peers/readers_setup.sh onnx2pytorch|onnx2torch [VENV]
 set -euo pipefail
-STAND_INS="$(cd "$(dirname "$0")" && pwd)/stand_ins"
+cd "$(dirname "$0")/../.."
+STAND_INS="$PWD/benchmarks/peers/stand_ins"
 TOOL="${1:?usage: readers_setup.sh onnx2pytorch|onnx2torch [VENV]}"
 case "$TOOL" in
   onnx2pytorch) PKG="onnx2pytorch==0.6.0"; REQS=("onnx>=1.6.0") ;;
   onnx2torch) PKG="onnx2torch==1.5.15"; REQS=("numpy>=1.16.4" "onnx>=1.9.0") ;;
   *) echo "error: unknown loader '$TOOL' (onnx2pytorch or onnx2torch)" >&2; exit 2 ;;
 esac
-VENV="${2:-/work/peers/$TOOL}"
+VENV="${2:-.peers/$TOOL}"
 PY="${PYTHON:-python3}"
 TORCH=2.13.0
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
