@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pipeline.onnx_io import ExportError
+
 OPSET = 17
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 
@@ -99,7 +101,7 @@ def drop_default_training_mode(g: _Graph) -> int:
             continue
         for a in [a for a in node.attribute if a.name == "training_mode"]:
             if a.i != 0:
-                raise ValueError(f"{node.name}: a BatchNormalization in training mode (export the model in eval mode)")
+                raise ExportError(f"{node.name}: a BatchNormalization in training mode; export the model in eval mode")
             node.attribute.remove(a)
             n += 1
     return n

@@ -21,7 +21,7 @@ from _onnx import make_model
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.readers import from_onnx
 from quantize import verifier_form
-from quantize.export import export_for_verifiers, save, to_onnx, verifier_model
+from quantize.export import ExportError, export_for_verifiers, save, to_onnx, verifier_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,7 +198,7 @@ def test_constants_become_initializers_at_their_variables_rank():
 def test_a_batchnorm_in_training_mode_is_refused():
     nodes = [helper.make_node("BatchNormalization", ["input", "g", "b", "m", "v"], ["logits"], training_mode=1)]
     proto = _graph(nodes, {"g": np.ones(2), "b": np.zeros(2), "m": np.zeros(2), "v": np.ones(2)}, [1, 2, 2, 2], [1, 2, 2, 2])
-    with pytest.raises(ValueError, match="training mode"):
+    with pytest.raises(ExportError, match="training mode; export the model in eval mode"):
         verifier_form.to_verifier_form(proto, (2, 2, 2))
 
 
