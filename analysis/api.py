@@ -203,14 +203,14 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     by the engine's readers; a model of your own is read when its export uses only `readers.supported_ops()`, e.g. a
     ViT with nn.MultiheadAttention, LayerNorm and a class token):
 
-    | architecture | float ReLU | smooth (λ-GELU) | int8 |
-    |---|---|---|---|
-    | `mlp` | read | read | read |
-    | `cnn` | read | read | read |
-    | `resnet18_cifar` | read | read | read |
-    | `deit_tiny` | read | read | read |
-    | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) |
-    | `preact_resnet` | read | read | read |
+    | architecture | float ReLU | smooth (λ-GELU) | int8 | float ReLU read by a second tool |
+    |---|---|---|---|---|
+    | `mlp` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `cnn` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `resnet18_cifar` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `deit_tiny` | read | read | read | yes: onnx2pytorch, onnx2torch |
+    | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) | — |
+    | `preact_resnet` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
     """
     from pipeline.config import VerifyConfig
 

@@ -36,10 +36,11 @@ from torch import nn
 from pipeline.atomic_io import atomic_path
 from pipeline.devices import cpu_model
 # The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
-from pipeline.onnx_io import ExportError, to_onnx  # noqa: F401
+from pipeline.onnx_io import ExportError, check_graph, to_onnx  # noqa: F401
 
 from . import ort as ort_util
 from . import rounding
+from . import verifier_form
 
 # Slack on top of the derived rounding bound (quantize/rounding.py), absolute and times max|logit|: the defaults
 # of export.atol and export.rtol. None is needed where every op has a rule; they are for ops that have none.
@@ -137,13 +138,16 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
 def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,
                          opset: int = 20, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
                          metadata: dict[str, str] | None = None) -> dict[str, Any]:
-    """`verifier_model(model)` to a batch-1 ONNX at `path` (Flatten/Gemm/Conv/Relu, a Mul/Add prologue
-    only where the fold is impossible), checked against `model` itself on the inputs `x` like every export."""
+    """`verifier_model(model)` to a batch-1 ONNX at `path` in the form other verifiers' loaders read
+    (`quantize.verifier_form`: Flatten/Gemm/Conv/Relu, a Mul/Add prologue only where no fold is exact), checked
+    against `model` itself on the inputs `x` like every export."""
     net = verifier_model(model, input_shape)
-    proto, facts = to_onnx(net, x[:1], opset, simplify=True, metadata=metadata, dynamic_batch=False)
+    proto, facts = to_onnx(net, x[:1], min(opset, verifier_form.OPSET), simplify=True, metadata=metadata, dynamic_batch=False)
+    proto, form = verifier_form.to_verifier_form(proto, tuple(input_shape))
+    check_graph(proto, dynamic_batch=False)
     save(proto, path)
     check = compare(path, model, x, atol, rtol)
-    return {"path": str(path), **facts, "ops": ort_util.op_counts(proto), **check}
+    return {"path": str(path), **facts, "verifier_form": form, "ops": ort_util.op_counts(proto), **check}
 
 
 def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict[str, str]:
