@@ -156,7 +156,7 @@ def _classify(m: nn.Module) -> _Kind:
         return _Kind("gate", found.family, found.describe(), found)
     if isinstance(m, activation_types()) or type(m).__module__ == "torch.nn.modules.activation":
         return _Kind("not_gate", reason=_not_a_gate(m))
-    if recognize.candidate(m) and ACTIVATION_NAME.search(type(m).__name__):
+    if next(m.children(), None) is None and ACTIVATION_NAME.search(type(m).__name__):
         return _Kind("not_gate", reason=_not_a_gate(m) + f" (if it is a gate x·g(λx), declare GATE = one of "
                                                           f"{recognize.family_names()} on its class)")
     return _Kind("other")
