@@ -191,12 +191,12 @@ def _check_hardenable(model: nn.Module, gates: list[HardenableGate], example: An
     if found.calls:  # the anneal would not reach them either
         raise HardenError(smooth_work_error(found.calls, "Hardener"))
     if found.calls is None and gates:  # cannot be seen here; the swap of a model with data (swap_report) still looks
-        warnings.warn(f"Hardener: gate functions called inside forward() were not looked for ({found.how}); pass "
+        warnings.warn(f"Hardener: smooth work inside forward() was not looked for ({found.how}); pass "
                       "example=<an input batch> so that an F.gelu called there is found before training, not at the swap",
                       UserWarning, stacklevel=3)
     if not gates:
         seen = ("" if found.calls is not None else
-                f"; gate functions called inside forward() were not looked for ({found.how}): "
+                f"; smooth work inside forward() was not looked for ({found.how}): "
                 "to_gates(model, example=<an input batch>) finds them")
         raise HardenError("Hardener: the model has no hardenable gate, so there is nothing to anneal: convert it with "
                           "to_gates(model) first (nn.GELU, nn.SiLU, F.gelu held as an attribute); an F.gelu called "

@@ -240,8 +240,9 @@ def certified_fraction(logits: torch.Tensor, bound: torch.Tensor | float) -> flo
     return float(certified_mask(logits, bound).to(torch.float64).mean())
 
 
-def relu_swapped(model: nn.Module) -> nn.Module:
-    """A copy of `model` with every gate replaced by ReLU (`pipeline.relu_swap.to_relu`, the swap stage's walker)."""
+def relu_swapped(model: nn.Module, example: Any = None) -> nn.Module:
+    """A copy of `model` with every gate replaced by ReLU (`pipeline.relu_swap.to_relu`, the swap stage's walker;
+    `example`: an input batch for its watched forward where none can be read from the model)."""
     from pipeline.relu_swap import to_relu
 
-    return to_relu(copy.deepcopy(model))
+    return to_relu(copy.deepcopy(model), example)
