@@ -13,18 +13,21 @@ walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What beco
   registry's GELU / SiLU / SERF / Mish, a user's module declaring `GATE`) becomes the registry's hardenable
   activation of that family (λ-GELU, λ-Swish, λ-SERF; `hardenable_for`), with λ(0) from the GateConfig. A
   family without one (Mish today) is left and reported; a plug-in that registers one makes it convert;
-- a function held as a module attribute (HF transformers' `self.act = nn.functional.gelu`, a block's
-  `self.act_fn = F.silu`) becomes the same gate, set under that attribute name (a submodule now, called the
-  same way); `filter_fn` gets the owning module and the attribute's fqn;
+- an activation module of any other class that computes a registered gate, recognized by what it computes
+  (`pipeline.recognize`: timm's GELU, GPT-2's NewGELUActivation, QuickGELU, nn.GELU(approximate='tanh'), HF's
+  GELUActivation as one site, not its inner F.gelu), becomes that family's gate starting at the matched λ where it
+  is above λ(0) (QuickGELU: 1.702); the site records the λ and the largest difference (`match_lambda`, `match_diff`);
+- a function held as a module attribute (a block's `self.act_fn = F.silu`, a partial(F.gelu, approximate='tanh'))
+  becomes the same gate, set under that attribute name (a submodule now, called the same way); `filter_fn` gets the
+  owning module and the attribute's fqn;
 - a hardenable gate is kept as it is; ReLU is already the swapped form.
 
-Everything else that is an activation is listed in `report.left` with its reason, never skipped silently:
-nn.GELU(approximate='tanh') (x·Φ̃(x) with a tanh Φ̃: not the family Algorithm 1 bounds), activations that
-are no gate (Tanh, ELU, PReLU, ...), unknown activation classes (a leaf module whose class name says it is
-one), and F.gelu / F.silu / F.mish called inside some forward (not a module, so nothing can replace or swap it),
-found by one watched forward (`pipeline.probe`) on `example`, or on a zero batch read from the first layer; when
-neither can run, `report.probe` says so and names `example=`. `strict=True` raises `ConvertError` instead of
-leaving any (and when the forward could not be watched).
+Every other activation is listed, never skipped silently: in `report.left` what stays smooth through the anneal and
+the swap (a family with no hardenable gate, F.gelu / F.silu / F.mish called inside some forward, found by one watched
+forward, `pipeline.probe`, on `example` or on an input read from the model; when none can run, `report.probe` says so
+and names `example=`), and in `report.not_gates` the activations that compute no gate x·g(λx) (Tanh, ELU, Hardswish,
+a clipped GELU: the swap keeps them as they are). `strict=True` raises `ConvertError` when anything is left (and when
+the forward could not be watched).
 
 The converted model is not the same function: λ starts at `gate.init_lambda` (λ = 1 + softplus(s/t) is
 never exactly 1), so a pretrained model wants an init_lambda close to 1 and some fine-tuning.
@@ -199,10 +202,10 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
     inplace: change `model` itself (else a deep copy is converted and returned).
     strict: raise ConvertError when any activation is left.
     example: an input batch (a tensor, or a tuple of forward's arguments). Needed for
-        granularity="channel" (each site's width is read from it). Gate functions called inside a forward are
-        found by one forward on it; without it, on a zero batch read from the first layer (`pipeline.probe`):
-        an nn.Linear or nn.Embedding first. Where neither is possible the report says so (`report.probe`) and
-        names example=, since such a call can be seen no other way.
+        granularity="channel" (each site's width is read from it). Smooth work left inside a forward is found by one
+        forward on it; without it, on a zero batch read from the model (`pipeline.probe.probe_inputs`: a declared input
+        shape, a first nn.Linear or nn.Embedding, a first convolution's in_channels at a few sizes). Where none runs the
+        report says so (`report.probe`) and names example=, since such a call can be seen no other way.
     """
     gate = gate or GateConfig()
     if gate.granularity == "channel" and example is None:

@@ -7,29 +7,30 @@ from counting the smooth ops the swapped forward calls. Skipped where the `model
 from __future__ import annotations
 
 import copy
-import inspect
 import pickle
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from scipy import special
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from _zoo import FAMILIES, build, data, zoo_or_skip
 from analysis import api
+from benchmarks.zoo import FAMILIES, SmoothOps, build, data, harden
 from pipeline import Hardener, to_gates, to_relu
+from pipeline.extras import import_timm, import_transformers
 from pipeline.hardener import HardenError
-from pipeline.recognize import MATCH_ATOL, grid
 from pipeline.relu_swap import SwapError
 
-timm, transformers = zoo_or_skip()
+try:
+    timm, transformers = import_timm(), import_transformers()
+except ImportError as exc:  # the models extra is not installed
+    pytest.skip(str(exc), allow_module_level=True)
 
 SWAP_MAX_DLOGIT = 1e-2  # the issue's goal for a hardened model's swap
 INT8_POINTS = 0.01  # int8 accuracy within 1 point of fp32
 LAMBDA_ATOL = 2e-3  # the λ a recognized activation matches (the tanh GELU's best λ is 1.00066)
+MATCH_ATOL = 2e-3  # pipeline.recognize.MATCH_ATOL, the tolerance of a match (held equal by a test below)
 
 # What every class of timm's and transformers' activation registries computes: (gate family, λ) or None (no gate).
 # A class that appears in a later release fails `test_every_registered_activation_class` until it is added here.
@@ -63,6 +64,8 @@ def _reference(family: str, lam: float, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("lib,name,cls", _registry(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_registered_activation_class(lib, name, cls):
+    from pipeline.recognize import grid
+
     act = _instance(cls)
     assert name in GATE or name in NO_GATE, f"{lib} registers {name!r} ({cls}): say in GATE or NO_GATE what it computes"
     net = nn.Sequential(nn.Linear(4, 4), act, nn.Linear(4, 4))
@@ -88,56 +91,11 @@ def test_every_registered_activation_class(lib, name, cls):
     assert diff <= MATCH_ATOL and diff == pytest.approx(site.match_diff, rel=1e-6, abs=1e-12)
 
 
-class SmoothOps(TorchFunctionMode):
-    """Counts the smooth elementwise functions a forward calls, by the class of the module that called them."""
-
-    NAMES = {"gelu", "silu", "mish", "erf", "erfc", "tanh", "sigmoid", "softplus", "exp"}
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.stack, self.counts, self.handles = [], {}, []
-        for m in model.modules():
-            self.handles += [m.register_forward_pre_hook(lambda mod, a: self.stack.append(type(mod).__name__)),
-                             m.register_forward_hook(self._leave)]
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        return super().__exit__(*exc)
-
-    def _leave(self, module, args, output) -> None:  # None: the output stays
-        self.stack.pop()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "").strip("_")
-        if name in self.NAMES:
-            key = (self.stack[-1] if self.stack else "(root)", name)
-            self.counts[key] = self.counts.get(key, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
-def _logits(out):
-    return out.logits if hasattr(out, "logits") else out
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def hardened(request):
     """The family's model converted with no declaration and hardened to λ_target in a plain loop (4 epochs)."""
-    name = request.param
-    x, y = data(name)
-    model, report = to_gates(build(name))
-    epochs = 4
-    hardener = Hardener(model, epochs=epochs)
-    opt = torch.optim.Adam(hardener.param_groups(lr=3e-3, weight_decay=0.0), lr=3e-3)
-    g = torch.Generator().manual_seed(0)
-    for epoch in range(1, epochs + 1):
-        hardener.start_epoch(epoch)
-        model.train()
-        for i in torch.randperm(512, generator=g).split(64):
-            opt.zero_grad()
-            F.cross_entropy(_logits(model(x[i])), y[i]).backward()
-            opt.step()
-    return name, model.eval(), report, hardener, (x[:512], y[:512], x[512:], y[512:])
+    model, report, hardener, split = harden(request.param)
+    return request.param, model, report, hardener, split
 
 
 def test_converted_with_no_declaration_and_hardened(hardened):
@@ -157,7 +115,7 @@ def test_swap_export_int8_and_no_smooth_op_left(hardened, tmp_path):
     counter = SmoothOps(relu)
     with torch.no_grad(), counter:
         relu(x[:4])
-    assert {k: v for k, v in counter.counts.items() if k != ("Tanh", "tanh")} == {}, counter.counts
+    assert {k: v for k, v in counter.counts.items() if k != "Tanh.tanh"} == {}, counter.counts  # BERT's pooler
     exported = api.export_onnx(relu, x[:2], tmp_path / "relu.onnx", check_inputs=x)
     assert exported["ort_bound_ratio"] <= 1 and exported["samples_bounded"] == len(x)
     assert not any(op in exported["ops"] for op in ("Gelu", "Erf", "Sigmoid", "Softplus")), exported["ops"]
@@ -190,6 +148,12 @@ def test_conv_first_model_is_watched_without_an_example():
     assert "`stages.0.blocks.0.mlp.act` (GELU" in str(e.value) and "\n" not in str(e.value)
     _, report = to_gates(model)
     assert report.probed and len(report.converted) == 4
+
+
+def test_the_match_tolerance_is_the_recognizers():
+    from pipeline import recognize
+
+    assert recognize.MATCH_ATOL == MATCH_ATOL
 
 
 class Unsized(nn.Module):
@@ -267,8 +231,25 @@ def test_trainer_callback_hardens_inside_trainer_train(tmp_path):
         wrong.train()
 
 
-def test_docs_show_timm_create_model_then_to_gates():
+def _readme_block(heading: str) -> str:
+    import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "timm.create_model(" in text and "to_gates(" in inspect.cleandoc(text)
+    section = text.split(f"### {heading}", 1)[1].split("\n#", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_timm_block_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(_readme_block("A timm model"), "README.md", "exec"), ns)  # noqa: S102 - the documented example itself
+    assert ns["hardener"].hardened() and len(ns["report"].converted) == 4 and (tmp_path / "convnext.int8.onnx").is_file()
+
+
+def test_readme_hugging_face_block_runs(tmp_path, monkeypatch):
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the models extra installs it)")
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(_readme_block("A Hugging Face model"), "README.md", "exec"), ns)  # noqa: S102
+    assert ns["hardener"].hardened() and (tmp_path / "gpt2.int8.onnx").is_file()
