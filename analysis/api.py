@@ -29,7 +29,7 @@ from torch import nn
 from pipeline.config import CheckConfig, QuantizeConfig
 from pipeline.data import as_split
 from pipeline.activations import gate_of
-from pipeline.outputs import logits_view
+from pipeline.outputs import logits_view, traceable
 from pipeline.probe import smooth_calls
 from pipeline.relu_swap import SwapError, smooth_work_error, swap_report, to_relu
 from quantize import export as export_mod
@@ -114,7 +114,8 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
     x = example if check_inputs is None else check_inputs
     with _as_given(model):
         net, output = logits_view(model, _on_device(model, example))
-        proto, facts = export_mod.to_onnx(net, example, opset, simplify, metadata, dynamic_batch)
+        with traceable(net):
+            proto, facts = export_mod.to_onnx(net, example, opset, simplify, metadata, dynamic_batch)
         export_mod.save(proto, path)
         checked = export_mod.compare(path, net, x.cpu(), atol, rtol, bound_samples=bound_samples)
     return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked,

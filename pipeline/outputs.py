@@ -10,7 +10,8 @@ model names it, and a swap made on the view is made on the model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -76,3 +77,22 @@ def logits_view(model: nn.Module, example: Any) -> tuple[nn.Module, str | None]:
             m.training = training
     found = pick(out)
     return (model, None) if found is None else (LogitsView(model, *found), found[1])
+
+
+@contextlib.contextmanager
+def traceable(model: nn.Module) -> Iterator[nn.Module]:
+    """The model as the TorchScript exporter can trace it. A Hugging Face decoder whose cache is off (the Trainer turns
+    it off: `TrainingArguments.use_cache` is False) builds its attention mask through the packed-sequence path
+    (`transformers.masking_utils.find_packed_sequence_indices`: torch.diff and a cumsum of booleans, which the exporter
+    cannot write); with the cache on, the mask is the plain causal one and the logits are the same. The setting is
+    restored afterwards."""
+    inner = model.model if isinstance(model, LogitsView) else model
+    config = getattr(inner, "config", None)
+    off = config is not None and getattr(config, "use_cache", None) is False
+    if off:
+        config.use_cache = True
+    try:
+        yield model
+    finally:
+        if off:
+            config.use_cache = False
