@@ -34,27 +34,35 @@ def _timm():
         return timm
 
 
-def vit():
+SHAPES = {  # two ViTs of about 100k parameters: CIFAR-sized (65 tokens) and ImageNet-sized (197 tokens)
+    "vit32": dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4),
+    "vit224": dict(img_size=224, patch_size=16, embed_dim=48, depth=2, num_heads=3),
+}
+
+
+def vit(shape: str):
     torch.manual_seed(0)
-    return _timm().create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32, patch_size=4,
-                                embed_dim=64, depth=2, num_heads=4).eval()
+    return _timm().create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, **SHAPES[shape]).eval()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="vit32")
+    ap.add_argument("--inputs", type=int, nargs="+", default=[256, 500])
     args = ap.parse_args()
     from analysis import api
     import pipeline
 
-    model = vit()
-    x = torch.rand(500, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    model = vit(args.shape)
+    size = SHAPES[args.shape]["img_size"]
+    x = torch.rand(max(args.inputs), 3, size, size, generator=torch.Generator().manual_seed(0))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         api.export_onnx(model, x[:2], Path(tmp) / "warm.onnx")  # imports and first-call costs out of the timings
-        for label, check in (("default (check_inputs=example, 2 inputs)", None), ("check_inputs=256", x[:256]),
-                             ("check_inputs=500", x)):
+        for label, check in [("default (check_inputs=example, 2 inputs)", None),
+                             *((f"check_inputs={n}", x[:n]) for n in args.inputs)]:
             times = []
             for r in range(args.reps):
                 t = time.perf_counter()
@@ -67,7 +75,7 @@ def main() -> None:
     root = Path(pipeline.__file__).resolve().parent.parent
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"code": str(root), "commit": commit or "(not a git checkout)",
+    args.out.write_text(json.dumps({"code": str(root), "commit": commit or "(not a git checkout)", "shape": args.shape,
                                     "params": sum(p.numel() for p in model.parameters()), "cpu": platform.processor(),
                                     "threads": torch.get_num_threads(), "loadavg_after": os.getloadavg(), "rows": rows},
                                    indent=1) + "\n")
