@@ -22,7 +22,7 @@ from pipeline.outputs import LogitsView
 from .activations import _intercept
 from .core import (EXACT, GLOBAL_CHANNELS, RELU32, RELU_ROUNDING, SAMPLE_CHANNELS, SMOOTH32, Refused, _Call, _Channel,
                    _Dev, _devs, _inf_for_nan, _injected, _NoRule)
-from .rules import DECOMPOSED, INPLACE, RULES
+from .rules import DECOMPOSED, RULES
 
 class _Walk:
     """One pass of `_Dev` boxes through a model: the channels, and which of them were refused where."""
@@ -85,9 +85,6 @@ class _Walk:
                     b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
             boxes.append(b)
         wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))]) for j, o in enumerate(outs)]
-        if name in INPLACE and isinstance(args[0], _Dev):  # `x += y` changed x's value: its boxes are the sum's
-            args[0].boxes = wrapped[0].boxes
-            return args[0]
         return type(out)(wrapped) if isinstance(out, (tuple, list)) else wrapped[0]
 
 

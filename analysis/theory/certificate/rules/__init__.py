@@ -41,12 +41,6 @@ RULES: dict[str, Callable[[_Call], Any]] = {
     **{n: _compare for n in COMPARISONS},
 }
 
-# In-place arithmetic (timm's `x += shortcut`): the out-of-place rule; the walk gives the result's boxes to the tensor
-# that was changed (`interpreter._Walk.apply`), since `x.add_(y)` may be used without its return value.
-INPLACE = {"add_": "add", "__iadd__": "add", "sub_": "sub", "__isub__": "sub", "mul_": "mul", "__imul__": "mul",
-           "div_": "div", "__itruediv__": "div"}
-RULES.update({name: RULES[base] for name, base in INPLACE.items()})
-
 # Functions read as the ops they run, each through its own rule (the walk calls these with the boxed arguments):
 # DECOMPOSED[name](walk, func, args, kwargs, out) -> the output with its boxes
 DECOMPOSED: dict[str, Callable[..., Any]] = {"multi_head_attention_forward": _mha}
