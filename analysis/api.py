@@ -28,7 +28,10 @@ from torch import nn
 
 from pipeline.config import CheckConfig, QuantizeConfig
 from pipeline.data import as_split
-from pipeline.relu_swap import swap_report, to_relu
+from pipeline.activations import gate_of
+from pipeline.outputs import logits_view, traceable
+from pipeline.probe import smooth_calls
+from pipeline.relu_swap import SwapError, smooth_work_error, swap_report, to_relu
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -53,7 +56,8 @@ def _as_given(model: nn.Module) -> Iterator[nn.Module]:
 
 def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.device | str = "cpu",
          metric: str = "accuracy") -> dict[str, float]:
-    """The metric before and after every gate becomes ReLU, top-1 agreement, max |Δlogit| (`swap_report`)."""
+    """The metric before and after every gate becomes ReLU, top-1 agreement, max |Δlogit| (`swap_report`). Refuses
+    (SwapError) a model with smooth gate work the swap cannot replace: never a perfect-looking swap of nothing."""
     with _as_given(model):
         return swap_report(model, data, batch_size, device, metric)
 
@@ -72,30 +76,50 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
     cfg = config or CheckConfig()
     split = as_split(data)
     with _as_given(model):
-        layers = bounds_check.empirical_check(model, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
+        example = _on_device(model, split.x[:2])
+        net, output = logits_view(model, example)
+        found = smooth_calls(net, example, lambda m: gate_of(m) is not None)
+        if found.calls:  # a check of the gates alone would call the swap of this model complete
+            raise SwapError(smooth_work_error(found.calls, "api.check"))
+        layers = bounds_check.empirical_check(net, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
+        said = {"output": output} if output else {}
         if not layers:
             return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
-                    "note": "no gates: the swap leaves this model unchanged"}
-        cert = bounds_check.swap_certificate(model, split, batch_size, split.x[:1])
+                    "note": "no gates and no smooth gate work (one forward watched): the swap leaves this model unchanged",
+                    **said}
+        cert = bounds_check.swap_certificate(net, split, batch_size, split.x[:1])
     return {"layers": layers, "certificate": cert, "verdict": bounds_check.verdict(layers, cert),
-            "predictions": bounds_check.predictions(layers)}
+            "predictions": bounds_check.predictions(layers), **said}
+
+
+def _on_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    p = next(model.parameters(), None)
+    return x if p is None else x.to(p.device)
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,
                 opset: int = 20, simplify: bool = True, atol: float = export_mod.FP32_ATOL, rtol: float = export_mod.FP32_RTOL,
-                dynamic_batch: bool = True, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+                dynamic_batch: bool = True, metadata: dict[str, str] | None = None,
+                bound_samples: int | None = export_mod.BOUND_SAMPLES) -> dict[str, Any]:
     """`model` to one self-contained fp32 ONNX file at `path`, as the export stage writes it (`quantize.export`:
     trace at `opset`, onnxsim, full ONNX check, dynamic batch), then onnxruntime and PyTorch each against
     float64 on `check_inputs` (default: `example`): raises ExportError where onnxruntime leaves the float32
-    rounding bound of the network (`quantize.export.compare`; atol + rtol·max|logit| is slack on top).
+    rounding bound of the network (`quantize.export.compare`; atol + rtol·max|logit| is slack on top). The bound is
+    derived on at most `bound_samples` of the check inputs, spread evenly (its cost is linear in them,
+    benchmarks/EXPORT.md); None derives it on all. Every check input is
+    run through both engines (`argmax_agreement`, `max_abs_diff`). A model that returns a Hugging Face ModelOutput,
+    a dict or a tuple is exported with its logits as the one output (`pipeline.outputs`; `output` says which).
     Returns the facts (nodes, ops, bytes) and the check's numbers."""
     path = Path(path)
     x = example if check_inputs is None else check_inputs
     with _as_given(model):
-        proto, facts = export_mod.to_onnx(model, example, opset, simplify, metadata, dynamic_batch)
+        net, output = logits_view(model, _on_device(model, example))
+        with traceable(net):
+            proto, facts = export_mod.to_onnx(net, example, opset, simplify, metadata, dynamic_batch)
         export_mod.save(proto, path)
-        checked = export_mod.compare(path, model, x.cpu(), atol, rtol)
-    return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked}
+        checked = export_mod.compare(path, net, x.cpu(), atol, rtol, bound_samples=bound_samples)
+    return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked,
+            **({"output": output} if output else {})}
 
 
 def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, data: Any = None,
@@ -209,14 +233,14 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     by the engine's readers; a model of your own is read when its export uses only `readers.supported_ops()`, e.g. a
     ViT with nn.MultiheadAttention, LayerNorm and a class token):
 
-    | architecture | float ReLU | smooth (λ-GELU) | int8 |
-    |---|---|---|---|
-    | `mlp` | read | read | read |
-    | `cnn` | read | read | read |
-    | `resnet18_cifar` | read | read | read |
-    | `deit_tiny` | read | read | read |
-    | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) |
-    | `preact_resnet` | read | read | read |
+    | architecture | float ReLU | smooth (λ-GELU) | int8 | float ReLU read by a second tool |
+    |---|---|---|---|---|
+    | `mlp` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `cnn` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `resnet18_cifar` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
+    | `deit_tiny` | read | read | read | yes: onnx2pytorch, onnx2torch |
+    | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) | — |
+    | `preact_resnet` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch |
     """
     from pipeline.config import VerifyConfig
 

@@ -218,7 +218,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     float64 arithmetic on `device` (the statements stay about CPU runs: the walks run on a CPU copy of the model).
     """
     model = cpu_model(model).eval()  # float32 statements about CPU runs; the caller's model stays where it is
-    relu = to_relu(copy.deepcopy(model))
+    relu = to_relu(copy.deepcopy(model), example)
     about = {k: v.format(samples=jacobian_samples) for k, v in certificate.ABOUT.items()}  # the count, not the key
     out: dict[str, Any] = {"about": about, "note": "δ̃ + ε̃ and B + ρ + ε̃ include both networks' float32 rounding "
                            "(analysis/theory/certificate/); the exact statements are about real arithmetic"}

@@ -36,6 +36,7 @@ class TinyViT(nn.Module):
     def __init__(self, dim: int = 16, heads: int = 2, depth: int = 1, hidden: int = 32, patch: int = 4, image: int = 8,
                  channels: int = 1, classes: int = 10):
         super().__init__()
+        self.input_shape = (channels, image, image)  # declared: what pipeline.probe feeds its watched forward
         self.patch = nn.Conv2d(channels, dim, patch, stride=patch)
         tokens = (image // patch) ** 2
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))

@@ -13,18 +13,21 @@ walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What beco
   registry's GELU / SiLU / SERF / Mish, a user's module declaring `GATE`) becomes the registry's hardenable
   activation of that family (λ-GELU, λ-Swish, λ-SERF; `hardenable_for`), with λ(0) from the GateConfig. A
   family without one (Mish today) is left and reported; a plug-in that registers one makes it convert;
-- a function held as a module attribute (HF transformers' `self.act = nn.functional.gelu`, a block's
-  `self.act_fn = F.silu`) becomes the same gate, set under that attribute name (a submodule now, called the
-  same way); `filter_fn` gets the owning module and the attribute's fqn;
+- an activation module of any other class that computes a registered gate, recognized by what it computes
+  (`pipeline.recognize`: timm's GELU, GPT-2's NewGELUActivation, QuickGELU, nn.GELU(approximate='tanh'), HF's
+  GELUActivation as one site, not its inner F.gelu), becomes that family's gate starting at the matched λ where it
+  is above λ(0) (QuickGELU: 1.702); the site records the λ and the largest difference (`match_lambda`, `match_diff`);
+- a function held as a module attribute (a block's `self.act_fn = F.silu`, a partial(F.gelu, approximate='tanh'))
+  becomes the same gate, set under that attribute name (a submodule now, called the same way); `filter_fn` gets the
+  owning module and the attribute's fqn;
 - a hardenable gate is kept as it is; ReLU is already the swapped form.
 
-Everything else that is an activation is listed in `report.left` with its reason, never skipped silently:
-nn.GELU(approximate='tanh') (x·Φ̃(x) with a tanh Φ̃: not the family Algorithm 1 bounds), activations that
-are no gate (Tanh, ELU, PReLU, ...), unknown activation classes (a leaf module whose class name says it is
-one), and F.gelu / F.silu / F.mish called inside some forward (not a module, so nothing can replace or swap it),
-found by one watched forward (`pipeline.probe`) on `example`, or on a zero batch read from the first layer; when
-neither can run, `report.probe` says so and names `example=`. `strict=True` raises `ConvertError` instead of
-leaving any (and when the forward could not be watched).
+Every other activation is listed, never skipped silently: in `report.left` what stays smooth through the anneal and
+the swap (a family with no hardenable gate, F.gelu / F.silu / F.mish called inside some forward, found by one watched
+forward, `pipeline.probe`, on `example` or on an input read from the model; when none can run, `report.probe` says so
+and names `example=`), and in `report.not_gates` the activations that compute no gate x·g(λx) (Tanh, ELU, Hardswish,
+a clipped GELU: the swap keeps them as they are). `strict=True` raises `ConvertError` when anything is left (and when
+the forward could not be watched).
 
 The converted model is not the same function: λ starts at `gate.init_lambda` (λ = 1 + softplus(s/t) is
 never exactly 1), so a pretrained model wants an init_lambda close to 1 and some fine-tuning.
@@ -41,12 +44,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import gates, render
-from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of
+from . import recognize, render
+from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of, s_from_lambda
 from .gates import channel_axis
 from .config import GateConfig
 from .errors import PipelineError
 from .probe import function_name, gate_function, smooth_calls
+from .recognize import Match
 from .relu_swap import replace_modules, sync_fused_activation, to_relu
 
 __all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hardenable_for"]
@@ -66,19 +70,28 @@ class ConvertError(PipelineError):
 @dataclass(frozen=True)
 class Site:
     """One activation site: where (fqn), what was there (source), what it became (target: a registry name,
-    None when left) and why it was left."""
+    None when left) and why it was left; for a site recognized by what it computes (`pipeline.recognize`), the λ of
+    the gate it matched and the largest difference between the two (`match_lambda`, `match_diff`)."""
 
     fqn: str
     source: str
     target: str | None = None
     reason: str = ""
+    match_lambda: float | None = None
+    match_diff: float | None = None
+
+
+KINDS = ("converted", "kept", "left", "not_gates", "filtered")
 
 
 @dataclass
 class ConvertReport:
     converted: list[Site] = field(default_factory=list)  # now hardenable gates (target = registry name)
     kept: list[Site] = field(default_factory=list)  # hardenable already
-    left: list[Site] = field(default_factory=list)  # activations that were not converted, with the reason
+    # smooth gates that were not converted, with the reason: they would stay smooth through the anneal and the swap
+    left: list[Site] = field(default_factory=list)
+    # activations that compute no gate x·g(λx) (Tanh, ELU, Hardswish, ...): no λ form, and the swap keeps them as they are
+    not_gates: list[Site] = field(default_factory=list)
     filtered: list[Site] = field(default_factory=list)  # convertible, excluded by filter_fn
     # how gate functions called inside forward() were looked for (`pipeline.probe`), or why they were not
     probe: str = ""
@@ -90,14 +103,14 @@ class ConvertReport:
         return sorted({s.source for s in self.left})
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: [asdict(s) for s in getattr(self, k)] for k in ("converted", "kept", "left", "filtered")},
-                "probe": self.probe, "probed": self.probed}
+        return {**{k: [asdict(s) for s in getattr(self, k)] for k in KINDS}, "probe": self.probe, "probed": self.probed}
 
     def __str__(self) -> str:
-        rows = [[s.fqn or "(root)", s.source, kind if s.target is None else f"{kind} → {s.target}", s.reason]
-                for kind in ("converted", "kept", "left", "filtered") for s in getattr(self, kind)]
+        label = {"not_gates": "not a gate"}
+        rows = [[s.fqn or "(root)", s.source, label.get(kind, kind) if s.target is None else f"{kind} → {s.target}", s.reason]
+                for kind in KINDS for s in getattr(self, kind)]
         head = (f"{len(self.converted)} converted, {len(self.kept)} already hardenable, {len(self.left)} left, "
-                f"{len(self.filtered)} excluded by filter_fn")
+                f"{len(self.not_gates)} not a gate (kept as they are), {len(self.filtered)} excluded by filter_fn")
         return head + f"\n{self.probe}" + ("\n\n" + render.table(["site", "was", "now", "why"], rows) if rows else "")
 
 
@@ -112,37 +125,58 @@ def _type_name(obj: Any) -> str:
     return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn") else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _classify(m: nn.Module) -> tuple[str, str]:
-    """(kind, detail) of a module: ("gate", family), ("hardenable", ""), ("left", reason) or ("other", "")."""
+@dataclass(frozen=True)
+class _Kind:
+    """How `to_gates` sees one module or attribute: "gate" (of `family`; `match` when recognized by what it computes),
+    "hardenable", "left" / "not_gate" (with the reason) or "other"."""
+
+    kind: str
+    family: str = ""
+    reason: str = ""
+    match: Match | None = None
+
+
+def _not_a_gate(m: Any) -> str:
+    d = recognize.distance(m)
+    far = f" (every registered x·g(λx), λ ≥ 1, differs from it by ≥ {d:.2g})" if d is not None else ""
+    return f"computes no gate x·g(λx){far}: no λ form, and the swap keeps it as it is"
+
+
+def _classify(m: nn.Module) -> _Kind:
     if isinstance(m, HardenableGate):
-        return "hardenable", ""
+        return _Kind("hardenable")
     try:
         g = gate_of(m)
     except ValueError as exc:  # a user's class declaring a GATE no family has
-        return "left", str(exc)
+        return _Kind("left", reason=str(exc))
     if g is not None:
-        return "gate", g[0]
+        return _Kind("gate", g[0])
     # ReLU is the swapped form already; a linked pair is no site itself (the walk reaches its inner gate)
     if isinstance(m, (nn.ReLU, Linked, *NOT_ACTIVATIONS)):
-        return "other", ""
-    if isinstance(m, nn.GELU):  # gate_of refuses only the tanh form
-        return "left", "GELU with approximate='tanh' is not x·Φ(x): no λ form, and the swap leaves it"
+        return _Kind("other")
+    found = recognize.match(m)  # timm's GELU, HF's NewGELUActivation, nn.GELU(approximate='tanh'), a user's Swish
+    if found is not None:
+        return _Kind("gate", found.family, found.describe(), found)
     if isinstance(m, activation_types()) or type(m).__module__ == "torch.nn.modules.activation":
-        return "left", "not a gate x·g(x) with a step g: no λ form, and the swap leaves it"
-    if not any(True for _ in m.children()) and ACTIVATION_NAME.search(type(m).__name__):
-        return "left", "unknown activation type: not converted (make it a gate, e.g. nn.GELU, or declare GATE on it)"
-    return "other", ""
+        return _Kind("not_gate", reason=_not_a_gate(m))
+    if next(m.children(), None) is None and ACTIVATION_NAME.search(type(m).__name__):
+        return _Kind("not_gate", reason=_not_a_gate(m) + f" (if it is a gate x·g(λx), declare GATE = one of "
+                                                          f"{recognize.family_names()} on its class)")
+    return _Kind("other")
 
 
-def _classify_function(fn: Any) -> tuple[str, str]:
-    """(kind, detail) of a module attribute's value: ("gate", family), ("left", reason) or ("other", "")."""
+def _classify_function(fn: Any) -> _Kind:
+    """How a module attribute's value is seen: a gate function, a partial of one (F.gelu(approximate='tanh') is
+    recognized by what it computes), or "other"."""
     if gate_function(fn) is not None:
-        return "gate", gate_function(fn)
+        return _Kind("gate", gate_function(fn))
     if isinstance(fn, functools.partial) and gate_function(fn.func) is not None:
-        if fn.keywords.get("approximate", "none") != "none":
-            return "left", "GELU with approximate='tanh' is not x·Φ(x): no λ form"
-        return "left", "a partial of a gate function: not converted (hold the plain function or a module)"
-    return "other", ""
+        found = recognize.match_function(fn)
+        if found is not None:
+            return _Kind("gate", found.family, found.describe(), found)
+        return _Kind("left", reason="a partial of a gate function that computes no registered gate: not converted "
+                                    "(hold the plain function or a module)")
+    return _Kind("other")
 
 
 class _Probe(nn.Module):
@@ -158,12 +192,6 @@ class _Probe(nn.Module):
         return self.inner(x)
 
 
-def _reported_elsewhere(m: nn.Module) -> bool:
-    """A call inside this module's forward is no finding of the probe: the module is a planned site, or an
-    activation module the walk already converted, kept or reported."""
-    return isinstance(m, _Probe) or _classify(m)[0] != "other"
-
-
 def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: FilterFn | None = None, *,
             inplace: bool = False, strict: bool = False, example: Any = None) -> tuple[nn.Module, ConvertReport]:
     """Replace the activations of `model` by hardenable gates; returns (the converted model, the report).
@@ -174,10 +202,10 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
     inplace: change `model` itself (else a deep copy is converted and returned).
     strict: raise ConvertError when any activation is left.
     example: an input batch (a tensor, or a tuple of forward's arguments). Needed for
-        granularity="channel" (each site's width is read from it). Gate functions called inside a forward are
-        found by one forward on it; without it, on a zero batch read from the first layer (`pipeline.probe`):
-        an nn.Linear or nn.Embedding first. Where neither is possible the report says so (`report.probe`) and
-        names example=, since such a call can be seen no other way.
+        granularity="channel" (each site's width is read from it). Smooth work left inside a forward is found by one
+        forward on it; without it, on a zero batch read from the model (`pipeline.probe.probe_inputs`: a declared input
+        shape, a first nn.Linear or nn.Embedding, a first convolution's in_channels at a few sizes). Where none runs the
+        report says so (`report.probe`) and names example=, since such a call can be seen no other way.
     """
     gate = gate or GateConfig()
     if gate.granularity == "channel" and example is None:
@@ -187,43 +215,52 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
     accept = filter_fn or (lambda m, fqn: True)
 
     # 1. Plan: every site, in module order (the order λ's init ramp follows).
-    sites: list[tuple[str, str, nn.Module, str | None]] = []  # (fqn, family, owner-or-module, attribute)
+    sites: list[tuple[str, _Kind, nn.Module, str | None]] = []  # (fqn, kind, owner-or-module, attribute)
     seen_attrs: set[tuple[int, str]] = set()
+    reported: set[int] = set()  # modules converted, kept or reported: their own calls are no finding of the probe
     # remove_duplicate=False: a module registered under two names is two sites (the walker visits both)
     for fqn, m in root.named_modules(remove_duplicate=False):
         if any(fqn.startswith(s[0] + ".") for s in sites if s[3] is None):
             continue  # inside a site (a user's gate with children)
-        kind, detail = _classify(m)
-        if kind == "hardenable":
+        k = _classify(m)
+        if k.kind != "other":
+            reported.add(id(m))
+        if k.kind == "hardenable":
             report.kept.append(Site(fqn, _type_name(m), None, "hardenable already"))
-        elif kind == "left":
-            report.left.append(Site(fqn, _type_name(m), None, detail))
-        elif kind == "gate":
-            sites.append((fqn, detail, m, None))
+        elif k.kind == "left":
+            report.left.append(Site(fqn, _type_name(m), None, k.reason))
+        elif k.kind == "not_gate":
+            report.not_gates.append(Site(fqn, _type_name(m), None, k.reason))
+        elif k.kind == "gate":
+            sites.append((fqn, k, m, None))
+            continue  # a wrapper that is a gate as a whole (HF's GELUActivation holds F.gelu): one site, itself
         for attr, value in list(vars(m).items()):
             if attr.startswith("__") or isinstance(value, (nn.Module, torch.Tensor)):
                 continue
-            fkind, fdetail = _classify_function(value)
-            if fkind == "other" or (id(m), attr) in seen_attrs:
+            fk = _classify_function(value)
+            if fk.kind == "other" or (id(m), attr) in seen_attrs:
                 continue
             seen_attrs.add((id(m), attr))
             afqn = f"{fqn}.{attr}" if fqn else attr
-            if fkind == "gate":
-                sites.append((afqn, fdetail, m, attr))
-            elif fkind == "left":
-                report.left.append(Site(afqn, function_name(value), None, fdetail))
+            if fk.kind == "gate":
+                sites.append((afqn, fk, m, attr))
+            else:
+                report.left.append(Site(afqn, function_name(value), None, fk.reason))
+    # a module whose gate attribute is a site is reported through that site, once (not also as a non-gate)
+    owners = {id(obj) for _, _, obj, attr in sites if attr is not None}
+    report.not_gates = [s for s in report.not_gates if id(root.get_submodule(s.fqn)) not in owners]
 
     chosen = []
-    for fqn, fam, obj, attr in sites:
+    for fqn, k, obj, attr in sites:
         source = function_name(getattr(obj, attr)) if attr else _type_name(obj)
-        target = hardenable_for(fam)
+        target = hardenable_for(k.family)
         if not accept(obj, fqn):
             report.filtered.append(Site(fqn, source, target, "excluded by filter_fn"))
         elif target is None:
-            report.left.append(Site(fqn, source, None, f"gate family {fam!r} has no hardenable activation in the registry "
-                                                       "(it still swaps to ReLU; register one to harden it)"))
+            report.left.append(Site(fqn, source, None, f"gate family {k.family!r} has no hardenable activation in the "
+                                                       "registry (register one to harden it)"))
         else:
-            chosen.append((fqn, obj, attr, source, target))
+            chosen.append((fqn, obj, attr, source, target, k))
 
     # 2. Probe: each site's width (with an example), and gate functions called inside a forward. Every planned site
     # is probed, so a filtered attribute's calls are not reported again.
@@ -232,15 +269,15 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
     probes = {fqn: _Probe(getattr(obj, attr) if attr else obj) for fqn, (obj, attr) in where.items()}
     _install(root, where, lambda fqn, _: probes[fqn])
     try:
-        found = smooth_calls(root, example, _reported_elsewhere)
+        found = smooth_calls(root, example, lambda m: isinstance(m, _Probe) or id(m) in reported)
     finally:
         _install(root, where, lambda fqn, _: probes[fqn].inner)
     report.probed = found.calls is not None
     if found.calls is None:
-        report.probe = (f"Gate functions called inside forward() were not looked for: {found.how}. Pass example=<an input "
-                        "batch> to find them (x = F.gelu(x) in a forward is no module: nothing can harden or swap it).")
+        report.probe = (f"Smooth work inside forward() was not looked for: {found.how}. Pass example=<an input batch> "
+                        "to find it (x = F.gelu(x) in a forward is no module: nothing can harden or swap it).")
     else:
-        report.probe = f"Gate functions called inside forward(): looked for by one forward on {found.how}."
+        report.probe = f"Smooth work inside forward() looked for by one forward on {found.how}."
         for c in sorted(found.calls, key=lambda c: (c.fqn, c.name)):
             report.left.append(Site(c.fqn, c.name, None, "called inside forward(): not a module, so nothing can harden or "
                                                          "swap it (hold it as a module or attribute, e.g. self.act = nn.GELU())"))
@@ -252,16 +289,21 @@ def to_gates(model: nn.Module, gate: GateConfig | None = None, filter_fn: Filter
                                    "; per-channel λ needs one width per site (use gate.granularity=layer)")
             widths[fqn] = next(iter(p.widths), 1)
 
-    # 3. Build each gate through the registry (one shared scratch dict: the global λ lives there).
+    # 3. Build each gate through the registry (one shared scratch dict: the global λ lives there). A site recognized
+    # at λ above the configured λ(0) (QuickGELU: x·σ(1.702x)) starts at its own λ, so the converted model starts as the
+    # function it was; a shared global λ cannot, and keeps the configured one.
     param = next(root.parameters(), None)
     shared: dict = {}
     gates: dict[str, nn.Module] = {}
-    for i, (fqn, _, _, source, target) in enumerate(chosen):
+    for i, (fqn, _, _, source, target, k) in enumerate(chosen):
         ctx = GateContext(widths.get(fqn, 1), i, len(chosen), gate, shared)
         g = ACTIVATIONS[target].build(ctx)
+        if k.match is not None and gate.granularity != "global" and k.match.lam > float(g.lam.detach().max()):
+            with torch.no_grad():
+                g.s.fill_(s_from_lambda(k.match.lam, g.temperature))
         gates[fqn] = g if param is None else g.to(param.device, param.dtype if param.is_floating_point() else None)
-        report.converted.append(Site(fqn, source, target))
-    root = _install(root, {fqn: (obj, attr) for fqn, obj, attr, _, _ in chosen}, lambda fqn, _: gates[fqn])
+        report.converted.append(Site(fqn, source, target, k.reason, *((k.match.lam, k.match.max_diff) if k.match else ())))
+    root = _install(root, {fqn: (obj, attr) for fqn, obj, attr, *_ in chosen}, lambda fqn, _: gates[fqn])
     sync_fused_activation(root)  # a transformer layer's fused kernel would compute GELU itself, ignoring the new gate
 
     if strict and report.left:

@@ -38,6 +38,7 @@ from .config import GateConfig, HardenConfig, TrainConfig
 from .errors import PipelineError
 from .gates import lambda_target
 from .probe import smooth_calls
+from .relu_swap import smooth_work_error
 from .variant_record import VariantRecord
 from .schedule import annealed_lambda, param_groups, switch_epoch
 
@@ -187,17 +188,15 @@ def _check_hardenable(model: nn.Module, gates: list[HardenableGate], example: An
     """HardenError unless the model has a hardenable gate and its forward calls no gate function outside gate modules
     (`pipeline.probe`): such a call would stay smooth through the anneal and the swap."""
     found = smooth_calls(model, example, lambda m: gate_of(m) is not None)
-    if found.calls:
-        what = ", ".join(f"{c.name} in {c.where()}" for c in sorted(found.calls, key=lambda c: (c.fqn, c.name)))
-        raise HardenError(f"Hardener: the model calls {what} inside forward(): no module holds it, so it can be neither "
-                          "annealed nor swapped. Hold it as a module (self.act = nn.GELU()) and convert with to_gates")
+    if found.calls:  # the anneal would not reach them either
+        raise HardenError(smooth_work_error(found.calls, "Hardener"))
     if found.calls is None and gates:  # cannot be seen here; the swap of a model with data (swap_report) still looks
-        warnings.warn(f"Hardener: gate functions called inside forward() were not looked for ({found.how}); pass "
+        warnings.warn(f"Hardener: smooth work inside forward() was not looked for ({found.how}); pass "
                       "example=<an input batch> so that an F.gelu called there is found before training, not at the swap",
                       UserWarning, stacklevel=3)
     if not gates:
         seen = ("" if found.calls is not None else
-                f"; gate functions called inside forward() were not looked for ({found.how}): "
+                f"; smooth work inside forward() was not looked for ({found.how}): "
                 "to_gates(model, example=<an input batch>) finds them")
         raise HardenError("Hardener: the model has no hardenable gate, so there is nothing to anneal: convert it with "
                           "to_gates(model) first (nn.GELU, nn.SiLU, F.gelu held as an attribute); an F.gelu called "

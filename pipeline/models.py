@@ -31,6 +31,7 @@ class Normalize(nn.Module):
         std_t = torch.tensor(std, dtype=torch.float32)
         # Broadcast over [N, C, H, W] (one value per channel) or [N, D] (one per feature).
         shape = (-1, 1, 1) if len(input_shape) == 3 else (-1,)
+        self.input_shape = tuple(input_shape)  # the model's input, [C, H, W] or [D]: what `pipeline.probe` feeds it
         self.register_buffer("scale", (1.0 / std_t).reshape(shape))
         self.register_buffer("shift", (-mean_t / std_t).reshape(shape))
 

@@ -1,9 +1,11 @@
 """The swap as a library: every gate of a model becomes ReLU, with no weight update. The swap stage
 (`pipeline/stages/swap.py`), the train stage's `harden.method=swap`, the certificate and `to_gates`' users call these.
 
-A gate function called inside some forward (`x = F.gelu(x)`) is no module, so no swap can replace it: `to_relu`
-and `swap_report` watch one forward (`pipeline.probe`) and refuse such a model with `SwapError`, rather than hand
-back a "ReLU" model that still computes GELU.
+A gate function called inside some forward (`x = F.gelu(x)`) is no module, and an activation module of a class the
+swap does not know (GPT-2's `NewGELUActivation`, timm's `GELU`) computes its gate by its own formula: no swap can
+replace either. `to_relu` and `swap_report` watch one forward (`pipeline.probe`) and refuse such a model with
+`SwapError`, naming each module and the fix (`to_gates` first), rather than hand back a "ReLU" model that still
+computes GELU; where no input can be read from the model they ask for `example=`, in one line.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .affine import set_outputs
 from .data import as_split
 from .errors import PipelineError
 from .evaluate import predict, score
+from .outputs import logits_view
 from .probe import smooth_calls
 
 
@@ -52,16 +55,33 @@ def _swapped(m: nn.Module) -> bool:
     return gate_of(m) is not None
 
 
+def smooth_work_error(calls: list, who: str) -> str:
+    """The one-line refusal for smooth gate work the swap cannot replace (`pipeline.probe.Call`s), with the fix for
+    each kind: a module of a class the swap does not know is converted by to_gates; a call needs a module first."""
+    calls = sorted(calls, key=lambda c: (c.fqn, c.name))
+    modules = [c.describe() for c in calls if c.computes]
+    inline = [c.describe() for c in calls if not c.computes]
+    parts = []
+    if modules:
+        parts.append(f"{'; '.join(modules)}: a gate of a class the swap does not replace; convert it first with "
+                     "model, report = to_gates(model) (it becomes a hardenable gate, then ReLU)")
+    if inline:
+        parts.append(f"the model calls {', '.join(inline)} inside forward(), and no swap can replace a call: hold it as "
+                     "a module (self.act = nn.GELU()), then to_gates and harden it")
+    return f"{who}: the swap would leave smooth gates computing: " + "; ".join(parts)
+
+
 def check_swappable(model: nn.Module, example: Any = None, who: str = "to_relu") -> None:
-    """SwapError when a forward of `model` calls F.gelu / F.silu / F.mish outside the gate modules the swap replaces
-    (`pipeline.probe`: one forward on `example`, or on a zero batch read from the first layer; a model whose input
-    size cannot be read is not watched: pass `example`)."""
-    calls = smooth_calls(model, example, _swapped).calls
-    if calls:
-        what = ", ".join(f"{c.name} in {c.where()}" for c in sorted(calls, key=lambda c: (c.fqn, c.name)))
-        raise SwapError(f"{who}: the model calls {what} inside forward(), and no swap can replace a call: the model would "
-                        "still compute that smooth gate. Hold it as a module (self.act = nn.GELU()), then to_gates and "
-                        "harden it")
+    """SwapError when a forward of `model` does smooth gate work outside the gate modules the swap replaces
+    (`pipeline.probe`: F.gelu / F.silu / F.mish called inside a forward, an activation module that computes a gate by
+    its own formula; one forward on `example`, or on a zero batch read from the model), and when no forward can be
+    watched: the swap would be unchecked, so `example=` is asked for."""
+    found = smooth_calls(model, example, _swapped)
+    if found.calls is None:
+        raise SwapError(f"{who}: cannot watch the model's forward for smooth gates the swap would leave ({found.how}); "
+                        f"pass example=<an input batch>")
+    if found.calls:
+        raise SwapError(smooth_work_error(found.calls, who))
 
 
 def to_relu(model: nn.Module, example: Any = None) -> nn.Module:
@@ -91,11 +111,14 @@ def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.de
                 metric: str = "accuracy") -> dict[str, float]:
     """What swapping every gate to ReLU does to `model` on `data` (a Split, (x, y) tensors, a DataLoader:
     `data.as_split`), the swap stage's numbers: the metric before and after, the top-1 agreement of the two
-    models and the largest |Δlogit|. `model` itself is not changed (a copy is swapped). A model that calls a gate
-    function inside a forward (found by one forward on the data's first rows) is refused with SwapError."""
+    models and the largest |Δlogit|. `model` itself is not changed (a copy is swapped). A model with smooth gate
+    work the swap cannot replace (found by one forward on the data's first rows) is refused with SwapError. A model
+    that returns a Hugging Face ModelOutput, a dict or a tuple is measured on its logits (`pipeline.outputs`), and
+    `output` says which."""
     split = as_split(data)
     param = next(model.parameters(), None)
     example = split.x[:2].to(param.device if param is not None else "cpu")
+    model, output = logits_view(model, example)
     check_swappable(model, example, "swap_report")
     swapped = to_relu(copy.deepcopy(model), example)
     before = predict(model, split, batch_size, device)
@@ -103,7 +126,7 @@ def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.de
     b, a = score(before, split.y, metric), score(after, split.y, metric)
     return {"before": b["metric"], "after": a["metric"], "loss_before": b["loss"], "loss_after": a["loss"],
             "argmax_agreement": float((before.argmax(-1) == after.argmax(-1)).float().mean()),
-            "max_logit_change": float((before - after).abs().max())}
+            "max_logit_change": float((before - after).abs().max()), **({"output": output} if output else {})}
 
 
 def _mirrored(layer: nn.Module) -> nn.Module:

@@ -36,15 +36,20 @@ from torch import nn
 from pipeline.atomic_io import atomic_path
 from pipeline.devices import cpu_model
 # The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
-from pipeline.onnx_io import ExportError, to_onnx  # noqa: F401
+from pipeline.onnx_io import ExportError, check_graph, to_onnx  # noqa: F401
 
 from . import ort as ort_util
 from . import rounding
+from . import verifier_form
 
 # Slack on top of the derived rounding bound (quantize/rounding.py), absolute and times max|logit|: the defaults
 # of export.atol and export.rtol. None is needed where every op has a rule; they are for ops that have none.
 FP32_ATOL = 0.0
 FP32_RTOL = 0.0
+# Check inputs the float64 rounding bound is derived on, at most (spread evenly over them), where a caller asks for a
+# bounded check (`analysis.api.export_onnx`): the cost is linear in them (a traced float64 forward and a backward per
+# checked output, in chunks; 500 inputs of a 108k-parameter ViT take about 1.3 s on 2 cores, benchmarks/EXPORT.md).
+BOUND_SAMPLES = 512
 EXPORTER = "torch.onnx.export(dynamo=False)"
 
 
@@ -55,27 +60,33 @@ def save(proto: onnx.ModelProto, path: Path) -> None:
 
 @torch.no_grad()
 def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
-            threads: int = 1) -> dict[str, Any]:
+            threads: int = 1, bound_samples: int | None = None) -> dict[str, Any]:
     """onnxruntime and PyTorch (float32) each against a float64 run of `model` on x, output by output, with the
     tolerance derived from the network (`quantize.rounding.forward_bound`: how far float32 rounding can move
     each output) plus atol + rtol·max|logit| (default 0). Raises ExportError where onnxruntime is further from
     float64 than that: the graph computes another function (a wrong op or weight), not the same one rounded.
+    `bound_samples`: derive the bound (and so make this check) on at most that many of the inputs, spread evenly
+    (None: all); both engines still run on every input, for `argmax_agreement` and `max_abs_diff`.
 
     PyTorch beyond its bound says the bound missed something in this network (the ops without a rule are listed
     in `unmodelled_ops`): a warning, not an error, since the export is not at fault.
     """
     model = cpu_model(model).eval()  # the caller's model stays where it is
-    ref32 = model(x).numpy()  # x may exceed a fixed-batch graph's batch: `infer` feeds it in slices
-    got = ort_util.infer(ort_util.session(path, threads), x.numpy())
-    b = rounding.forward_bound(model, x)
-    n = len(x)
+    ref32_all = model(x).numpy()  # x may exceed a fixed-batch graph's batch: `infer` feeds it in slices
+    got_all = ort_util.infer(ort_util.session(path, threads), x.numpy())
+    rows = (np.arange(len(x)) if bound_samples is None or len(x) <= bound_samples
+            else np.unique(np.linspace(0, len(x) - 1, bound_samples).round().astype(int)))
+    ref32, got = ref32_all[rows], got_all[rows]
+    b = rounding.forward_bound(model, x[torch.as_tensor(rows)])
+    n = len(rows)
     ref64 = b.reference.reshape(n, -1)[:, b.index]
     scale = float(np.abs(b.reference).max())
     tol = b.bound + atol + rtol * scale
-    out: dict[str, Any] = {"samples": n, "outputs_checked": int(b.bound.shape[1]), "outputs": int(b.reference[0].size),
+    out: dict[str, Any] = {"samples": len(x), "samples_bounded": n, "outputs_checked": int(b.bound.shape[1]),
+                           "outputs": int(b.reference[0].size),
                            "max_abs_logit": scale, "bound_max": float(tol.max()), "bound_median": float(np.median(tol)),
-                           "max_abs_diff": float(np.abs(got - ref32).max()),
-                           "argmax_agreement": float((got.argmax(-1) == ref32.argmax(-1)).mean()),
+                           "max_abs_diff": float(np.abs(got_all - ref32_all).max()),
+                           "argmax_agreement": float((got_all.argmax(-1) == ref32_all.argmax(-1)).mean()),
                            "unmodelled_ops": b.unmodelled}
     for engine, y in (("torch", ref32), ("ort", got)):  # PyTorch first: the error message quotes it
         err = np.abs(y.reshape(n, -1)[:, b.index] - ref64)
@@ -85,7 +96,7 @@ def compare(path: Path, model: nn.Module, x: torch.Tensor, atol: float = FP32_AT
         if engine == "ort" and not ratio.max() <= 1:
             i, j = np.unravel_index(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio)), ratio.shape)
             extra = f"; ops the bound does not model: {', '.join(b.unmodelled)} (export.atol adds slack)" if b.unmodelled else ""
-            raise ExportError(f"{path}: onnxruntime is {err[i, j]:.3g} from the float64 result at input {i}, output {b.index[j]}, "
+            raise ExportError(f"{path}: onnxruntime is {err[i, j]:.3g} from the float64 result at input {rows[i]}, output {b.index[j]}, "
                               f"where float32 rounding accounts for at most {tol[i, j]:.3g} (PyTorch: {out['torch_vs_fp64']:.3g} at "
                               f"most, {out['torch_bound_ratio']:.2g}x its bound): the graph computes another function{extra}")
     if not out["torch_bound_ratio"] <= 1:
@@ -137,13 +148,16 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
 def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,
                          opset: int = 20, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
                          metadata: dict[str, str] | None = None) -> dict[str, Any]:
-    """`verifier_model(model)` to a batch-1 ONNX at `path` (Flatten/Gemm/Conv/Relu, a Mul/Add prologue
-    only where the fold is impossible), checked against `model` itself on the inputs `x` like every export."""
+    """`verifier_model(model)` to a batch-1 ONNX at `path` in the form other verifiers' loaders read
+    (`quantize.verifier_form`: Flatten/Gemm/Conv/Relu, a Mul/Add prologue only where no fold is exact), checked
+    against `model` itself on the inputs `x` like every export."""
     net = verifier_model(model, input_shape)
-    proto, facts = to_onnx(net, x[:1], opset, simplify=True, metadata=metadata, dynamic_batch=False)
+    proto, facts = to_onnx(net, x[:1], min(opset, verifier_form.OPSET), simplify=True, metadata=metadata, dynamic_batch=False)
+    proto, form = verifier_form.to_verifier_form(proto, tuple(input_shape))
+    check_graph(proto, dynamic_batch=False)
     save(proto, path)
     check = compare(path, model, x, atol, rtol)
-    return {"path": str(path), **facts, "ops": ort_util.op_counts(proto), **check}
+    return {"path": str(path), **facts, "verifier_form": form, "ops": ort_util.op_counts(proto), **check}
 
 
 def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """The side-by-side's own checks: a peer's witness re-checked in onnxruntime, how a peer's answer is scored
 against the limit, and the residual stand-in's graph (what the verification reader must learn to read)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,29 @@ def test_the_residual_standin_exports_residual_adds_and_strided_padded_convs(tmp
     attrs = [{a.name: list(a.ints) for a in n.attribute} for n in convs]
     assert any(a.get("strides") == [2, 2] and a.get("pads") == [1, 1, 1, 1] for a in attrs)
     assert {"Flatten", "Gemm", "Relu"} <= set(ops)
+
+
+def test_the_conv_folder_gathers_only_the_float_relu_instances_of_each_run(tmp_path):
+    # two runs' verify/ folders, each with a float ReLU and an int8 network: only the float ones are gathered, each
+    # file named after its run, and instances.csv lists them with the limit given
+    from analysis.verification.vnnlib import read_instances_csv, write_instances_csv
+    from benchmarks.peers.side_by_side import gather
+
+    runs = {}
+    for name in ("a", "b"):
+        verify = tmp_path / name / "verify"
+        for rel in ("onnx/v.onnx", "onnx/v-int8.onnx", "vnnlib/v_0.vnnlib", "vnnlib/v-int8_0.vnnlib"):
+            (verify / rel).parent.mkdir(parents=True, exist_ok=True)
+            (verify / rel).write_text(f"{name}:{rel}")
+        write_instances_csv(verify / "instances.csv", [("onnx/v.onnx", "vnnlib/v_0.vnnlib", 1.0),
+                                                       ("onnx/v-int8.onnx", "vnnlib/v-int8_0.vnnlib", 1.0)])
+        (verify / "summary.json").write_text(json.dumps({"models": {
+            "v": {"onnx": "onnx/v.onnx", "network": "relu"}, "v-int8": {"onnx": "onnx/v-int8.onnx", "network": "int8"},
+            "w": {"onnx": None, "note": "not verified"}}}))
+        runs[name] = tmp_path / name
+    out = tmp_path / "folder"
+    gather(runs, out, 30.0)
+    assert read_instances_csv(out / "instances.csv") == [("onnx/a-v.onnx", "vnnlib/a-v_0.vnnlib", 30.0),
+                                                         ("onnx/b-v.onnx", "vnnlib/b-v_0.vnnlib", 30.0)]
+    assert (out / "onnx" / "b-v.onnx").read_text() == "b:onnx/v.onnx"
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["a-v.onnx", "b-v.onnx"]

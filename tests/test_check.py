@@ -164,7 +164,7 @@ def test_certificate_verdict_fails_for_a_swap_that_is_not_relu(monkeypatch):
     """A swap walker bug (LeakyReLU in place of ReLU): the measured change leaves every certified bound."""
     from pipeline.relu_swap import replace_modules
 
-    monkeypatch.setattr(check, "to_relu", lambda m: replace_modules(m, lambda mod, _: isinstance(mod, LambdaGELU),
+    monkeypatch.setattr(check, "to_relu", lambda m, example=None: replace_modules(m, lambda mod, _: isinstance(mod, LambdaGELU),
                                                                     lambda mod, _: nn.LeakyReLU(0.5)))
     x = torch.rand(300, 1, 4, 4) * 4 - 2
     cert = swap_certificate(_hardened(), _split(x), 100, x[:1])

@@ -72,4 +72,4 @@ def test_the_walkthrough_runs_and_does_what_it_says(tmp_path, monkeypatch, capsy
             logits = relu.run(None, {"input": r["counterexample"][None]})[0][0]
             assert logits.argmax() != r["label"]
     out = capsys.readouterr().out
-    assert "Gate functions called inside forward(): looked for" in out and "verify: 8/8" in out
+    assert "Smooth work inside forward() looked for" in out and "verify: 8/8" in out

@@ -12,15 +12,23 @@ A cell is "read" or the reader's own words for what it met (`UnsupportedModel.wh
 by the verify stage (what share it decides is a matter of the network and ε: benchmarks/verify-results/). The README's
 table and `analysis.api.verify`'s docstring are this table; tests/test_verify_coverage.py holds them to it.
 
+The last column says which other verifiers' loaders read the float ReLU file that the verify stage ships
+(`verify/onnx/`): measured by benchmarks/peers/readers.py on these same tiny instances, in their venvs, and read here
+from its committed record (`PEER_RECORD`), which holds each file's form `signature`: a row whose export no longer has
+the recorded form says "not measured" until the benchmark runs again. "—" where the float ReLU file is not verified here.
+
     python -m analysis.robustness.coverage      # prints the markdown table
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import tempfile
 from pathlib import Path
 
+import onnx
 import torch
 
 from analysis.verification.ops import UnsupportedModel
@@ -30,8 +38,13 @@ from pipeline.models import MODELS, build_model
 from pipeline.onnx_io import to_onnx
 from quantize import export as export_mod
 from quantize.int8 import quantize_file
+from quantize.verifier_form import signature
 
 KINDS = ("float ReLU", "smooth (λ-GELU)", "int8")
+SECOND = "float ReLU read by a second tool"
+COLUMNS = (*KINDS, SECOND)
+PEER_RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "readers" / "record.json"
+RERUN = "not measured on this form (rerun benchmarks/peers/readers.py)"
 # Tiny instances of every built-in architecture: (model config fields, input shape without the batch axis).
 TINY: dict[str, tuple[dict, tuple[int, ...]]] = {
     "mlp": (dict(hidden=[8, 8]), (1, 8, 8)),
@@ -72,7 +85,7 @@ def _cell(read) -> str:
 
 
 def row(name: str, workdir: Path) -> dict[str, str]:
-    """{kind: "read" | "not read: <what>"} for one architecture."""
+    """{column: cell} for one architecture: "read" | "not read: <what>" per kind, then the second tools."""
     relu, shape, x = _build(name, "relu")
     smooth, _, _ = _build(name, "lambda_gelu")
     relu_path, fp32_path, int8_path = (workdir / f"{name}.{k}.onnx" for k in ("relu", "fp32", "int8"))
@@ -87,8 +100,25 @@ def row(name: str, workdir: Path) -> dict[str, str]:
         quantize_file(fp32_path, int8_path, x.numpy(), Config(), workdir)  # float32 inputs, or int64 token ids
         from_onnx(int8_path)
 
-    return {"float ReLU": _cell(float_relu), "smooth (λ-GELU)": _cell(lambda: from_torch(smooth, shape)),
-            "int8": _cell(int8)}
+    cells = {"float ReLU": _cell(float_relu), "smooth (λ-GELU)": _cell(lambda: from_torch(smooth, shape)), "int8": _cell(int8)}
+    cells[SECOND] = second_tools(name, relu_path) if cells["float ReLU"] == READ else "—"
+    return cells
+
+
+@functools.cache
+def _peer_record() -> dict:
+    return json.loads(PEER_RECORD.read_text()) if PEER_RECORD.is_file() else {"tools": {}, "cases": []}
+
+
+def second_tools(name: str, relu_path: Path) -> str:
+    """"yes: <the tools whose loader read it>" or "no", from the peer benchmark's record of this architecture's tiny
+    float ReLU file, if that file had the form `relu_path` has now."""
+    record = _peer_record()
+    case = next((c for c in record["cases"] if c["source"] == "tiny" and c["architecture"] == name and c["kind"] == "float ReLU"), None)
+    if case is None or case["signature"] != signature(onnx.load(str(relu_path))):
+        return RERUN
+    tools = sorted((record["tools"][t]["label"] for t, r in case["results"].items() if r["read"]), key=str.lower)
+    return f"yes: {', '.join(tools)}" if tools else "no"
 
 
 def table() -> dict[str, dict[str, str]]:
@@ -101,9 +131,9 @@ def table() -> dict[str, dict[str, str]]:
 
 
 def markdown(cells: dict[str, dict[str, str]]) -> str:
-    """The table as markdown: one row per architecture, one column per network kind."""
-    lines = ["| architecture | " + " | ".join(KINDS) + " |", "|---|" + "---|" * len(KINDS)]
-    lines += [f"| `{name}` | " + " | ".join(c[k].replace("|", "\\|") for k in KINDS) + " |" for name, c in cells.items()]
+    """The table as markdown: one row per architecture, one column per network kind, then the second tools."""
+    lines = ["| architecture | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    lines += [f"| `{name}` | " + " | ".join(c[k].replace("|", "\\|") for k in COLUMNS) + " |" for name, c in cells.items()]
     return "\n".join(lines)
 
 

@@ -3,11 +3,12 @@ variant of a run, for three networks, each a task of the one property loop (`ana
 
 Which network a certificate is about:
 - **swapped ReLU** (`relu_properties`): ``verify/onnx/<variant>.onnx``, the float32 ReLU network of
-  ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself), input normalization folded
-  into its first Gemm (`quantize.export.export_for_verifiers`), evaluated in float64 with its float32 weights. Decided
-  by the staged verifier (`verify.verifiers`, default "auto": CROWN → PGD attack (a probe) → α-CROWN → branch and
-  bound on the unstable ReLUs those bounds leave); every counterexample is re-checked in onnxruntime on the float32
-  point its witness states (`analysis.verification.problem`).
+  ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself) in the verifiers' form
+  (`quantize.export.export_for_verifiers`: input normalization folded into its first Gemm or unpadded Conv, else a
+  1×1 Conv), evaluated in float64 with its float32 weights. Decided by the staged verifier (`verify.verifiers`,
+  default "auto": CROWN → PGD attack (a probe) → α-CROWN → branch and bound on the unstable ReLUs those bounds
+  leave); every counterexample is re-checked in onnxruntime on the float32 point its witness states
+  (`analysis.verification.problem`).
 - **int8** (the same function; its rows and files named `int8_name(variant)`, ``<variant>-int8``, their own category in
   ``results.csv``): the int8 QDQ model of the variant's ReLU form that the int8 stage wrote, as onnxruntime's CPU
   kernels run it. The reader (`analysis.verification.readers`) turns each QuantizeLinear/DequantizeLinear pair into a
@@ -58,7 +59,8 @@ from quantize import ort as ort_util
 # the smooth network ~0.3 s, and most properties are certified (measured on the default model at ε = 0.005)
 ROUTES = {"direct": "crown+pgd+alpha-crown", "via-relu": "via-relu"}
 # Which network each kind of certificate is about, in the summary's and the report's words.
-RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model, normalization folded into the first Gemm), "
+RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model in the verifiers' form: normalization folded into "
+                "the first Gemm or unpadded Conv, else a 1×1 Conv), "
                 "evaluated in float64; not the int8 model")
 SMOOTH_NETWORK = "the smooth model of train/<variant>/best.pt (its λ-GELU/GELU gates), evaluated in float64; not the int8 model"
 INT8_NETWORK = ("the int8 QDQ ONNX of the int8 stage (quantize/<variant>/relu/model.int8.onnx, copied to verify/onnx/"

@@ -9,6 +9,13 @@
         --project runs/peers/mnist_fc-30s/project.csv --neuralsat runs/peers/mnist_fc-30s/neuralsat.csv \\
         --out benchmarks/peers/mnist_fc-30s
 
+`folder` gathers finished runs' float ReLU instances (their verify/ folders: the ONNX files the verify stage ships
+for verifiers and its VNN-LIB properties, not the int8 ones, which neither tool reads as a float network) into one
+VNN-COMP folder, each file named after its run:
+
+    .venv/bin/python -m benchmarks.peers.side_by_side folder --out runs/peers/conv --timeout 30 \
+        cnn48=runs/cnn48 preact816=runs/preact816
+
 `project` appends to --out (rows already there are kept and not run again), so a long benchmark runs in chunks
 of --rows. Each process is `python -m pipeline.cli vnncomp FOLDER --timeout T --instances shards/...` with one
 torch / OpenMP thread; its rows are every --jobs-th row of the range, its results.csv is merged into --out in
@@ -74,6 +81,26 @@ def run_project(folder: Path, out: Path, timeout: float, jobs: int, rows: slice,
     ordered = [have[_key(o, v)] for o, v, _ in rows_in if _key(o, v) in have]
     write_results(out, ordered)
     return ordered
+
+
+def gather(runs: dict[str, Path], out: Path, timeout: float) -> list[tuple[str, str, float]]:
+    """One VNN-COMP folder of the runs' float ReLU instances: onnx/<run>-<network>.onnx, vnnlib/<run>-<property>.vnnlib."""
+    rows = []
+    for name, run in runs.items():
+        verify = run / "verify"
+        summary = json.loads((verify / "summary.json").read_text())
+        relu = {m["onnx"] for m in summary["models"].values() if m.get("network") == "relu" and m.get("onnx")}
+        for onnx_rel, vnnlib_rel, _ in read_instances_csv(verify / "instances.csv"):
+            if onnx_rel not in relu:
+                continue
+            o, v = f"onnx/{name}-{Path(onnx_rel).name}", f"vnnlib/{name}-{Path(vnnlib_rel).name}"
+            for src, dst in ((verify / onnx_rel, out / o), (verify / vnnlib_rel, out / v)):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if not dst.is_file():
+                    shutil.copyfile(src, dst)
+            rows.append((o, v, timeout))
+    write_instances_csv(out / "instances.csv", rows)
+    return rows
 
 
 def _median(xs: list[float]) -> float | None:
@@ -162,6 +189,8 @@ def crown_share(folder: Path, record: Path, rows: list[dict[str, Any]]) -> dict[
         pgd += hit["pgd"] == "sat"
         crown += hit["crown"] == "unsat"
         hard += hit["pgd"] != "sat" and hit["crown"] != "unsat"
+    if n == 0:  # the record measured other instances
+        return None
     return {"instances": n, "pgd_sat": pgd, "crown_unsat": crown, "neither": hard,
             "timeout_s": rec.get("measure_timeout_s")}
 
@@ -193,7 +222,9 @@ def markdown(res: dict[str, Any], limit: str, load: list[dict[str, Any]]) -> str
               f"{res['only_neuralsat']}. Run time over the limit: project {res['project_over_limit']}, neuralsat "
               f"{res['neuralsat_over_limit']} (an answer after the limit counts as timeout). {crown}\n\n"
               "Times: VNN-COMP's run_time. The project's excludes reading the network (its prepare_time, in the CSV); "
-              "neuralsat's is its whole process (start-up and reading included; it has no separate preparation).\n")
+              "neuralsat's is its own clock, which starts after its Python imports and includes reading the network and "
+              "the property (it has no separate preparation; the whole process, start-up included, is "
+              "`neuralsat_process_s` in side_by_side.csv).\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--jobs", type=int, default=2)
     a.add_argument("--rows", default=":", metavar="START:END")
     a.add_argument("--python", default=sys.executable)
+    f = sub.add_parser("folder", help="one VNN-COMP folder of finished runs' float ReLU instances")
+    f.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
+    f.add_argument("--out", required=True)
+    f.add_argument("--timeout", type=float, default=30.0)
     c = sub.add_parser("compare", help="both tools' results row by row; writes CSV, JSON and a markdown summary")
     c.add_argument("folder")
     c.add_argument("--project", required=True)
@@ -216,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--load", default="[]", help='JSON [{"chunk": "...", "before": [...], "after": [...]}, ...] recorded around the runs')
     c.add_argument("--record", default=str(ROOT / "benchmarks" / "standins.json"))
     args = p.parse_args(argv)
+    if args.cmd == "folder":
+        runs = dict((n, Path(d)) for n, _, d in (r.partition("=") for r in args.runs))
+        rows = gather(runs, Path(args.out), args.timeout)
+        print(f"{len(rows)} instances of {len(runs)} runs in {args.out}")
+        return 0
     folder = Path(args.folder)
     if not (folder / "instances.csv").is_file():
         print(f"error: {folder / 'instances.csv'} is missing: build the stand-in first (python -m benchmarks.standins)", file=sys.stderr)

@@ -125,6 +125,11 @@ METADATA = {"shape", "ndim", "dtype", "device", "dim", "ndimension", "size", "nu
             "data_ptr", "storage_offset", "_version", "is_mkldnn", "nelement"}
 
 
+# In-place arithmetic and the out-of-place function whose rule bounds it (`_Dev.__torch_function__`)
+INPLACE = {"add_": torch.add, "__iadd__": torch.add, "sub_": torch.sub, "__isub__": torch.sub, "mul_": torch.mul,
+           "__imul__": torch.mul, "div_": torch.div, "__itruediv__": torch.div}
+
+
 def _name(func: Callable) -> str:
     name = getattr(func, "__name__", repr(func))
     if name in ("__get__", "__set__"):  # a property of Tensor (shape, dtype, ...)
@@ -166,8 +171,16 @@ class _Dev(torch.Tensor):
         kwargs = kwargs or {}
         devs = _devs((args, kwargs))
         plain = lambda d: d.value
-        out = func(*_map(args, plain), **_map(kwargs, plain))
         name = _name(func)
+        if name in INPLACE and isinstance(args[0], _Dev):
+            # timm's `x += shortcut`: the out-of-place op and its rule (which reads x as it was), then the result goes
+            # into x's own tensor and boxes, since `x.add_(y)` may be used without its return value
+            base = INPLACE[name]
+            res = devs[0].walk.apply(base.__name__, base, args, kwargs, base(*_map(args, plain), **_map(kwargs, plain)), devs)
+            args[0].value.copy_(res.value)
+            args[0].boxes = res.boxes
+            return args[0]
+        out = func(*_map(args, plain), **_map(kwargs, plain))
         if name in METADATA or not devs:
             return out
         return devs[0].walk.apply(name, func, args, kwargs, out, devs)

@@ -17,18 +17,27 @@ import torch
 from torch import nn
 
 from pipeline.activations import gate_of
+from pipeline.outputs import LogitsView
 
 from .activations import _intercept
 from .core import (EXACT, GLOBAL_CHANNELS, RELU32, RELU_ROUNDING, SAMPLE_CHANNELS, SMOOTH32, Refused, _Call, _Channel,
-                   _Dev, _inf_for_nan, _injected, _NoRule)
+                   _Dev, _devs, _inf_for_nan, _injected, _NoRule)
 from .rules import DECOMPOSED, RULES
 
 class _Walk:
     """One pass of `_Dev` boxes through a model: the channels, and which of them were refused where."""
 
-    def __init__(self, channels: tuple[_Channel, ...]):
+    def __init__(self, channels: tuple[_Channel, ...], stack: list[tuple[str, str]] | None = None):
         self.channels = channels
         self.refused: dict[int, str] = {}  # channel index -> the first reason
+        self.stack = stack if stack is not None else []  # (fqn, class) of the modules whose forward runs now
+
+    def where(self) -> str:
+        """The innermost module running, for a refusal's message."""
+        if not self.stack:
+            return "in the model's own forward"
+        fqn, cls = self.stack[-1]
+        return f"in `{fqn or '(root)'}` ({cls})"
 
     def zeros(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros(like.shape, dtype=torch.float64) for _ in self.channels)
@@ -50,10 +59,12 @@ class _Walk:
             # A Python value read out of a tensor (item, bool, tolist): the forward may branch on it.
             moved = any(bool((d.boxes[ci] != 0).any()) for d in devs for ci in range(len(self.channels)))
             if moved or not self.channels[0].sample:
-                raise Refused(f"the forward reads a value out of a tensor (`{name}`): its control flow may depend on the "
+                raise Refused(f"{self.where()}: the forward reads a value out of a tensor (`{name}`): its control flow may depend on the "
                               "input" + ("" if not moved else " and differ between the networks") + ", so no bound is proved")
             return out
         rule = RULES.get(name)
+        if not any(t.is_floating_point() for t in [*outs, *(d.value for d in devs)]):
+            rule = _integers  # token ids, masks, positions: integers in, integers out
         boxes: list[list[torch.Tensor]] = []
         for ci, ch in enumerate(self.channels):
             if not ch.rounding and all(not bool(d.boxes[ci].any()) for d in devs):
@@ -64,16 +75,25 @@ class _Walk:
                 try:
                     if rule is None:
                         raise _NoRule(f"no rule for the torch function `{name}` on a tensor that differs between the networks "
-                                      "(after a gate, or with float32 rounding)")
+                                      "(after a gate, or with float32 rounding); the rules are analysis/theory/certificate/"
+                                      "rules/ (add one there, or write the op with a function that has one)")
                     r = rule(_Call(self, ci, ch, name, func, args, kwargs, out))
                     b = list(r) if isinstance(r, (tuple, list)) else [r]
                     b = [torch.broadcast_to(x, o.shape) for x, o in zip(b, outs)]
                 except _NoRule as exc:
-                    self.fail(ci, str(exc))
+                    self.fail(ci, f"{self.where()}: {exc}")
                     b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
             boxes.append(b)
         wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))]) for j, o in enumerate(outs)]
         return type(out)(wrapped) if isinstance(out, (tuple, list)) else wrapped[0]
+
+
+def _integers(c: _Call) -> torch.Tensor:
+    """An op on integers (or booleans) with an integer result: exact, and the same in every network where its inputs
+    are (token ids, `input_ids != pad`, the last token's position); where they differ, the result can jump."""
+    if any(bool(c.box(d).any()) for d in _devs((c.args, c.kwargs))):
+        raise _NoRule(f"`{c.name}` on integers that differ between the networks: the result can jump")
+    return torch.zeros((), dtype=torch.float64)
 
 
 @dataclass
@@ -121,16 +141,26 @@ class Certifier:
         _intercept(self.net)
         self.float32_premise = _float32_premise(model)
         self.records: list[dict[str, Any]] | None = None
+        self.stack: list[tuple[str, str]] = []  # the modules running now: a refusal names the innermost
         for name, m in self.net.named_modules():
+            m.register_forward_pre_hook(functools.partial(self._enter, name))
+            m.register_forward_hook(self._leave)
             if not list(m.children()) or gate_of(m) is not None:
                 m.register_forward_hook(functools.partial(self._record, name))
+
+    def _enter(self, name: str, module: nn.Module, inputs: Any) -> None:
+        self.stack.append((name, type(module.model if isinstance(module, LogitsView) else module).__name__))
+
+    def _leave(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        self.stack.pop()
 
     def _record(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.records is not None and isinstance(output, _Dev):
             self.records.append({"name": name, "type": type(module).__name__, "max_deviation": float(output.boxes[EXACT].max())})
 
     def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...]) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
-        walk = _Walk(channels)
+        self.stack.clear()  # a refused walk may have left modules on it
+        walk = _Walk(channels, self.stack)
         value = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
         self.records = []
         try:
@@ -207,8 +237,9 @@ def certified_fraction(logits: torch.Tensor, bound: torch.Tensor | float) -> flo
     return float(certified_mask(logits, bound).to(torch.float64).mean())
 
 
-def relu_swapped(model: nn.Module) -> nn.Module:
-    """A copy of `model` with every gate replaced by ReLU (`pipeline.relu_swap.to_relu`, the swap stage's walker)."""
+def relu_swapped(model: nn.Module, example: Any = None) -> nn.Module:
+    """A copy of `model` with every gate replaced by ReLU (`pipeline.relu_swap.to_relu`, the swap stage's walker;
+    `example`: an input batch for its watched forward where none can be read from the model)."""
     from pipeline.relu_swap import to_relu
 
-    return to_relu(copy.deepcopy(model))
+    return to_relu(copy.deepcopy(model), example)

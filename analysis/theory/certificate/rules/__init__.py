@@ -8,13 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import _Call
-from .affine import _conv, _linear
+from .affine import _addmm, _conv, _linear
 from .arithmetic import _add, _div, _mul
 from .attention import _mha, _sdpa
+from .compare import COMPARISONS, _compare
 from .embedding import _embedding
 from .normalization import _batch_norm, _layer_norm
 from .pooling import _avg_pool, _pool_same
-from .shape import _STRUCTURAL, _pad, _same, _structural
+from .shape import _STRUCTURAL, _pad, _same, _structural, _to
 from .stochastic import _dropout
 
 RULES: dict[str, Callable[[_Call], Any]] = {
@@ -24,8 +25,10 @@ RULES: dict[str, Callable[[_Call], Any]] = {
     **{n: _mul for n in ("mul", "__mul__", "__rmul__", "multiply")},
     **{n: _div for n in ("div", "__truediv__", "true_divide", "divide", "__rtruediv__", "__rdiv__")},
     "linear": _linear,
+    "addmm": _addmm,
     **{n: _conv for n in ("conv1d", "conv2d", "conv3d")},
     "pad": _pad,
+    "to": _to,
     "batch_norm": _batch_norm,
     "layer_norm": _layer_norm,
     **{n: _dropout for n in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")},
@@ -35,6 +38,7 @@ RULES: dict[str, Callable[[_Call], Any]] = {
                               "adaptive_avg_pool3d")},
     "embedding": _embedding,
     "scaled_dot_product_attention": _sdpa,
+    **{n: _compare for n in COMPARISONS},
 }
 
 # Functions read as the ops they run, each through its own rule (the walk calls these with the boxed arguments):

@@ -39,3 +39,14 @@ _STRUCTURAL = ("flatten", "view", "reshape", "transpose", "permute", "contiguous
                "squeeze", "__getitem__", "select", "narrow", "clone", "detach", "unbind", "chunk", "split", "t", "movedim",
                "unflatten", "cat", "concat", "concatenate", "stack", "repeat", "tile", "broadcast_to", "view_as", "reshape_as",
                "swapaxes", "flip", "roll")
+
+
+def _to(c: _Call):
+    """`.to(device)` (HF models move their logits): the same values, as between integer types (a mask made a count); a
+    change of floating dtype is a rounding with no rule."""
+    src = c.value(c.args[0]).dtype
+    if src != c.out.dtype and (src.is_floating_point or c.out.dtype.is_floating_point):
+        from ..core import _NoRule
+
+        raise _NoRule(f"`to` changes the dtype ({c.value(c.args[0]).dtype} → {c.out.dtype})")
+    return c.box(c.args[0])
