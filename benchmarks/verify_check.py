@@ -39,6 +39,12 @@ def _run(sess, x: np.ndarray) -> np.ndarray:
     return sess.run(None, {meta.name: x.reshape([len(x)] + dims[1:]).astype(np.float32)})[0].astype(np.float64)
 
 
+def _attack_points(spec, rng: np.random.Generator) -> np.ndarray:
+    """ATTACK_POINTS uniform points of the box and as many random corners."""
+    return np.concatenate([rng.uniform(spec.lb, spec.ub, (ATTACK_POINTS, spec.lb.size)),
+                           np.where(rng.random((ATTACK_POINTS, spec.lb.size)) < 0.5, spec.lb, spec.ub)])
+
+
 def check_run(run: Path, seed: int = 0) -> dict:
     verify = run / "verify"
     summary = json.loads((verify / "summary.json").read_text())
@@ -71,9 +77,7 @@ def check_run(run: Path, seed: int = 0) -> dict:
             else:
                 m["wrong"].append(f"{vnnlib}: witness {'outside the box' if not inside else 'not strictly unsafe'}")
         elif result == "unsat":
-            pts = np.concatenate([rng.uniform(spec.lb, spec.ub, (ATTACK_POINTS, spec.lb.size)),
-                                  np.where(rng.random((ATTACK_POINTS, spec.lb.size)) < 0.5, spec.lb, spec.ub)])
-            v = spec.violations(_run(sess, pts))
+            v = spec.violations(_run(sess, _attack_points(spec, rng)))
             m["unsat_attacked"] += 1
             if np.any(v <= 0):
                 m["wrong"].append(f"{vnnlib}: unsat, but onnxruntime finds an unsafe point")
@@ -125,9 +129,7 @@ def check_smooth(run: Path, rng: np.random.Generator) -> dict:
         if variant not in sessions:
             sessions[variant] = ort_util.session(onnx)
         spec = read_vnnlib(verify / "vnnlib" / f"{variant}_{sample}_{eps}.vnnlib")
-        pts = np.concatenate([rng.uniform(spec.lb, spec.ub, (ATTACK_POINTS, spec.lb.size)),
-                              np.where(rng.random((ATTACK_POINTS, spec.lb.size)) < 0.5, spec.lb, spec.ub)])
-        v = spec.violations(_run(sessions[variant], pts))
+        v = spec.violations(_run(sessions[variant], _attack_points(spec, rng)))
         m["unsat_attacked"] += 1
         if np.any(v <= 0):
             m["wrong"].append(f"{variant}_{sample}_{eps}: smooth unsat ({results}), but onnxruntime finds an unsafe point "
