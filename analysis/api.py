@@ -204,22 +204,28 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
            input_shape: Sequence[int] | None = None, clock: str = "wall", jobs: int = 1,
            progress: bool = True, device: str | None = None) -> dict[str, Any]:
     """L∞ robustness of the first `samples` examples of `data` at each radius, with the verify stage's verifiers
-    through its property loop (`analysis.verification.harness`; "auto" = the staged chain, attack first, then bounds,
-    then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
+    through its property loop (`analysis.verification.harness`; "auto" = the staged chain: bounds first, the attack a
+    probe, then branch and bound; or any registered name or chain "a+b"). `model`: any nn.Module the verifier can read
     (through its ONNX export: ReLU, the smooth gates, residual adds, convolutions, BatchNorm, ...; a module it cannot
     read raises UnsupportedModel naming the op and the module path), or an ONNX file. The box is
     [max(x0 − eps, low), min(x0 + eps, high)] (low/high: the data's valid range; unclipped by default).
-    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property.
-    `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the bounds
-    compute (auto | cpu | cuda | cuda:N).
+    Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property,
+    and holds within a second: every property's time (its share of the first bound pass, which runs CROWN for all the
+    properties batched before anything else, and its own turn) is at most `timeout_s` + 0.5 s. When one CROWN pass of
+    the model (measured on the first property) does not fit in `timeout_s`, one line says so with the limit that
+    would. `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the
+    bounds compute (auto | cpu | cuda | cuda:N).
 
     A counterexample counts as the verify stage counts it (`Problem.confirm`): a float32 point inside the box whose
     outputs, computed by onnxruntime on the model's ONNX file (a module is exported to a temporary one, as
     `from_torch` reads it), strictly violate the property.
 
-    Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error and, for a sat,
-    "counterexample" (the input, float32, shaped like one example) and "output" (onnxruntime's outputs there, float32;
-    None otherwise), "certified": {eps: fraction unsat}}. `analysis.verification.vnnlib.format_witness(x, y)` writes a
+    Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error, "reason" for an open
+    one ("budget": no bound pass finished in its time, "timeout": the search after it ran out, "unknown", "error"),
+    its "margin_lb" (the best found; > 0 proves it) and, for a sat, "counterexample" (the input, float32, shaped like
+    one example) and "output" (onnxruntime's outputs there, float32; None otherwise), "certified": {eps: fraction
+    unsat}, "first_pass": the measured seconds of one CROWN pass of the model, and "note": the line said when
+    `timeout_s` did not cover it (else "")}. `analysis.verification.vnnlib.format_witness(x, y)` writes a
     counterexample in VNN-COMP's form. The verify stage itself (VNN-LIB files, instances.csv, witnesses) stays a stage
     over ONNX files; `analysis.verification.vnncomp` runs a VNN-COMP folder.
 
@@ -239,6 +245,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     from pipeline.config import VerifyConfig
 
     from .verification import harness, registry
+    from .verification.problem import open_reason
     from .verification.readers import read
     from .verification.vnnlib import robustness_spec
 
@@ -269,20 +276,38 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
             net = read(onnx_path)
         recheck = harness.OnnxRecheck(onnx_path)
         xs = split.x[:n].double().reshape(n, -1).numpy()
-        tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck,
+        tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck, network="the model",
                                   specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
                  for eps in epsilons for k in range(n)]
-        outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock,
+        limits = harness.PerTask(timeout_s)
+        plans: list[harness.Plan] = []
+        note = [""]
+
+        def planned(plan: harness.Plan) -> None:
+            plans.append(plan)
+            need = harness.shortfall(plans, limits)
+            if need is not None and not note[0]:
+                done = all(c.finished for c in plan.costs)
+                costs = ", ".join(f"{'more than ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
+                note[0] = (f"verify: timeout_s={timeout_s:g} cannot cover one CROWN pass of the model per property ({costs} "
+                           f"on its first property, against {harness.PASS_SHARE:g} of each limit): properties without a "
+                           f"finished pass end `budget`; " + (f"timeout_s={math.ceil(need)} would cover it" if done else
+                                                               f"it needs a timeout_s above {math.ceil(need)}"))
+                print(note[0])
+
+        outcomes = harness.run(tasks, limits, jobs=jobs, clock=clock,
                                progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}",
-                               device=device or defaults.device)
+                               device=device or defaults.device, on_plan=planned)
     rows = []
     for o in outcomes:
         res = o.result
         sat = res.status == "sat" and res.counterexample is not None
         rows.append({"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": res.status,
-                     "stage": res.stage, "seconds": res.seconds, "message": res.message,
+                     "reason": open_reason(res), "stage": res.stage, "seconds": res.seconds, "message": res.message,
                      "margin_lb": res.info.get("margin_lb"),
                      "counterexample": np.asarray(res.counterexample, dtype=np.float32).reshape(shape) if sat else None,
                      "output": np.asarray(res.output, dtype=np.float32).reshape(-1) if sat else None})
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}
-    return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified}
+    first = max((c.seconds for p in plans for c in p.costs), default=None)
+    return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified,
+            "first_pass": first, "note": note[0]}

@@ -180,19 +180,24 @@ class SparsityConfig:
 @dataclass
 class VerifyConfig:
     """L∞ robustness of every variant (pipeline/stages/verify.py): the swapped float ReLU model decided by a staged
-    verifier (attack, CROWN, α-CROWN, branch and bound), the smooth model certified through its gates and via the swap."""
+    verifier (CROWN, the attack as a probe, α-CROWN, branch and bound), the smooth model certified through its gates
+    and via the swap."""
 
     samples: int = 5  # the first N validation examples, the same for every variant
     # L∞ radii, data units; boxes clipped to its range. Each decided on the default run's 45 ReLU properties in 21 s of
     # 60 (benchmarks/VERIFICATION.md); at 0.01 three stay open after 16 s each, at 0.02 twelve.
     epsilons: list[float] = field(default_factory=lambda: [0.002, 0.005, 0.008])
-    # wall seconds for the whole stage, shared by every property (ReLU and smooth): easy ones are decided in the first
-    # rounds and the time they leave goes to the hard ones (analysis.verification.harness.StageBudget)
+    # wall seconds for the whole stage, shared by every property (ReLU and smooth): first one bound pass for every
+    # property (a network's properties batched; when this cannot cover it, the stage says so with the budget that
+    # would), then rounds for what is open: easy ones are decided first and the time they leave goes to the hard ones
+    # (analysis.verification.harness.StageBudget)
     budget_s: float = 60.0
-    timeout_s: float = 0.0  # a cap on any one property (and smooth certificate); 0 = none, the budget decides
+    # a cap on any one property's whole time (its share of the first pass and its turns; and smooth certificate);
+    # 0 = none, the budget decides
+    timeout_s: float = 0.0
     jobs: int = 0  # worker processes solving properties side by side; 0 = the run's thread count
     # names in analysis.verification.registry.VERIFIERS (pgd, ibp, crown, alpha-crown, bab, milp, marabou) or chains
-    # "a+b" (in order until one answers sat/unsat, one timeout for the chain); "auto" = pgd+crown+alpha-crown+bab.
+    # "a+b" (in order until one answers sat/unsat, one timeout for the chain); "auto" = crown+pgd+alpha-crown+bab.
     # The first writes results.csv; each further one is run beside it for comparison (results.<name>.csv).
     verifiers: list[str] = field(default_factory=lambda: ["auto"])
     # false: limits count wall-clock seconds (VNN-COMP's rule); true: a property's limit counts CPU seconds of this

@@ -25,7 +25,7 @@ class Progress:
                  every_s: float = 0.0):
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=None if active else True, leave=True)
         self.total, self.done = total, 0
-        self.lines = active and lines_to_log()
+        self.active, self.lines = active, active and lines_to_log()
         self.log, self.every_s = log, every_s
         self.last = -float("inf")
 
@@ -38,6 +38,15 @@ class Progress:
         if self.lines and line is not None and (now - self.last >= self.every_s or self.done >= self.total):
             self.log(line)
             self.last = now
+
+    def note(self, line: str) -> None:
+        """A line that must be seen whatever the step: above the bar on a terminal, else to the log."""
+        if not self.active:
+            return
+        if self.lines or self.bar.disable:
+            self.log(line)
+        else:
+            self.bar.write(line)
 
     def close(self) -> None:
         self.bar.close()

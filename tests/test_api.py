@@ -33,6 +33,8 @@ def test_verify_a_model_on_data_tensors(relu_mlp):
     correct = (relu(ds.val.x[:SAMPLES]).argmax(-1) == ds.val.y[:SAMPLES]).float().mean().item()
     assert out["certified"][SMALL_EPS] == correct  # the complete chain decides every correctly classified sample
     assert out["certified"][LARGE_EPS] == 0.0 and {r["result"] for r in out["rows"] if r["eps"] == LARGE_EPS} == {"sat"}
+    assert all(r["reason"] == "" for r in out["rows"]) and out["first_pass"] > 0 and out["note"] == ""
+    assert all(r["seconds"] <= 5.0 + 0.5 for r in out["rows"])
     bounds = api.verify(smooth, data, [SMALL_EPS], low=0.0, high=1.0, samples=SAMPLES, verifier="crown")
     assert bounds["certified"][SMALL_EPS] > 0  # the smooth model through its gates' relaxations
     assert not smooth.training and not relu.training

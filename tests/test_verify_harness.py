@@ -154,3 +154,152 @@ def test_a_wall_budget_over_all_tasks_cuts_the_last_ones_and_names_them():
     assert out[2].result.status == "timeout" and "not run" not in out[2].result.message  # begun with 0.2 s left
     assert all(o.result.status == "timeout" and "not run" in o.result.message for o in out[3:])
     assert took < 1.0 + 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# the first bound pass, the attack as a probe, limits held from outside, why a property is open
+
+
+def _relu_net(seed: int = 0, width: int = 24):
+    from analysis.verification.ops import ReLU
+
+    rng = np.random.default_rng(seed)
+    return Graph.sequential((6,), [Linear(rng.normal(size=(width, 6)), rng.normal(size=width) * 0.1), ReLU(width),
+                                   Linear(rng.normal(size=(width, width)) / 4, np.zeros(width)), ReLU(width),
+                                   Linear(rng.normal(size=(3, width)), np.zeros(3))])
+
+
+def _robustness_tasks(net, verifier="auto", radii=(1e-3, 0.03, 0.3, 1.0), n=6, seed=1):
+    xs = np.random.default_rng(seed).normal(size=(n, 6))
+    tasks = []
+    for k, x in enumerate(xs):
+        label = int(np.argmax(net.forward(x).numpy()))
+        for eps in radii:
+            tasks.append(harness.SpecTask(key=(k, eps), verifier=verifier, net=net,
+                                          specs=[robustness_spec(x, eps, -10.0, 10.0, label, 3)]))
+    return tasks
+
+
+def test_the_first_pass_gives_the_verdicts_of_each_property_on_its_own_and_answers_what_it_decides():
+    """The loop's answers (first pass batched over the network's properties, then turns) are each property's own
+    verifier's answers on it alone; those the bounds decide come from the first pass, the rest from their turns."""
+    from analysis.verification.problem import Problem as P
+    from analysis.verification.registry import get_verifier
+
+    net = _relu_net()
+    tasks = _robustness_tasks(net)
+    alone = [get_verifier("auto").run(P(t.specs, network=net), Budget(30.0)).status for t in tasks]
+    assert {"sat", "unsat"} <= set(alone) and "timeout" not in alone
+    plans = []
+    for limits in (harness.StageBudget(60.0), harness.PerTask(30.0)):
+        out = harness.run(tasks, limits, on_plan=plans.append)
+        assert [o.result.status for o in out] == alone
+        passed = [o for o in out if o.result.info.get("first_pass")]
+        assert passed and all(o.result.status == "unsat" and "first bound pass" in o.result.message for o in passed)
+        assert all(o.result.info.get("bound") in ("crown", "alpha-crown") for o in out)  # every property got its pass
+    assert [c.properties for c in plans[0].costs] == [len(tasks)] and all(c.finished for c in plans[0].costs)
+
+
+def _slow_crown(seconds: float):
+    """Bounder.crown that takes `seconds` more (sleeping in steps, looking at its budget as the real one does)."""
+    from analysis.verification.bounds import Bounder
+
+    real = Bounder.crown
+
+    def crown(b):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            if b.expired():
+                return
+            time.sleep(0.005)
+        real(b)
+    return crown
+
+
+def test_a_budget_that_cannot_cover_one_pass_per_property_says_so_and_each_open_property_says_budget(monkeypatch):
+    """12 properties (radius 0.1: interval bounds decide none) whose CROWN pass takes 0.25 s each under a 1.5 s stage
+    budget: the measured cost names the budget that would cover them (about 3 s); a property whose pass did not finish
+    is open with reason "budget" and its interval margin bound, one whose pass finished is decided or says "timeout"."""
+    from analysis.verification.bounds import Bounder
+    from analysis.verification.problem import open_reason
+
+    monkeypatch.setattr(Bounder, "crown", _slow_crown(0.25))
+    net = _relu_net()
+    tasks = _robustness_tasks(net, radii=(0.1,), n=12)
+    plans = []
+    t0 = time.perf_counter()
+    out = harness.run(tasks, harness.StageBudget(1.5), on_plan=plans.append)
+    assert time.perf_counter() - t0 < 1.5 + 1.0
+    estimate, after = plans  # before the pass went on, and after it
+    need = harness.shortfall([estimate], harness.StageBudget(1.5))
+    assert need is not None and 0.25 * len(tasks) <= need <= 0.25 * len(tasks) + 1.0
+    assert harness.shortfall([estimate], harness.StageBudget(need + 0.1)) is None
+    assert after.reached < after.properties == len(tasks)  # the pass itself says it fell short, extrapolated alike
+    assert 0.25 * len(tasks) <= harness.shortfall(plans, harness.StageBudget(1.5)) <= 0.25 * len(tasks) + 1.0
+    bound = [o.result.info["bound"] for o in out]
+    assert 2 <= sum(b != "ibp" for b in bound) <= 7
+    for o, b in zip(out, bound):
+        why = open_reason(o.result)
+        assert o.result.info.get("margin_lb") is not None
+        assert why == ("budget" if b == "ibp" else "" if o.result.status in ("sat", "unsat") else "timeout"), o.result
+
+
+def test_the_attack_is_a_probe_that_never_starves_the_bound():
+    """An attack that would run far past the limit (10⁶ steps) before a bound that proves the property at once: inside
+    the chain it gets its share of the limit, and the bound answers within the limit."""
+    from analysis.verification.problem import Problem as P
+    from analysis.verification.registry import get_verifier
+    from analysis.verification.verifiers import ATTACK_SHARE
+
+    net = _relu_net()
+    task = _robustness_tasks(net, radii=(1e-3,), n=1)[0]
+    limit = 2.0
+    r = get_verifier("pgd+crown", steps=10 ** 6).run(P(task.specs, network=net), Budget(limit))
+    assert r.status == "unsat" and r.stage == "crown" and r.seconds < limit
+    assert r.info["stage_seconds"]["pgd"] <= ATTACK_SHARE * limit + 0.1
+
+
+class Stubborn(Verifier):
+    """Ignores its budget: works `need` seconds in one call that never looks at the clock."""
+
+    name = "stubborn"
+
+    def __init__(self, need: float, busy: bool):
+        self.need, self.busy = need, busy
+
+    def solve(self, problem: Problem, k: int, budget: Budget):
+        if self.busy:  # pure Python
+            end = time.perf_counter() + self.need
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(self.need)
+        return "unsat", None, "worked past its limit"
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_every_limit_holds_within_a_second_even_for_work_that_ignores_it(busy):
+    from analysis.verification.problem import HARD_GRACE_S
+
+    tasks = [harness.SpecTask(key=i, verifier=Stubborn(5.0, busy), net=NET, specs=[_spec()]) for i in range(2)]
+    t0 = time.perf_counter()
+    out = harness.run(tasks, harness.PerTask(0.3))
+    took = time.perf_counter() - t0
+    assert [o.result.status for o in out] == ["timeout", "timeout"] and "stopped from outside" in out[0].result.message
+    assert all(o.result.seconds <= 0.3 + HARD_GRACE_S + 0.2 for o in out) and took < 2 * (0.3 + 1.0)
+    out = harness.run(tasks[:1], harness.StageBudget(0.6, first=0.3))
+    assert out[0].result.status == "timeout" and time.perf_counter() - t0 - took < 0.6 + 1.0
+    import torch
+
+    assert torch.is_grad_enabled()
+
+
+def test_a_stage_budget_keeps_each_tasks_own_cap():
+    """`Task.timeout` inside a stage budget (the stage's verify.timeout_s) caps each task's time in all: the hard tasks
+    time out at their cap although the budget would have given them the time to decide."""
+    tasks = _tasks([EASY_S, HARD_S, HARD_S])
+    for t in tasks:
+        t.timeout = 0.4
+    out = harness.run(tasks, harness.StageBudget(6.0, first=0.3))
+    assert [o.result.status for o in out] == ["unsat", "timeout", "timeout"]
+    assert all(o.result.seconds <= 0.4 + 0.1 for o in out)

@@ -201,11 +201,46 @@ def test_smooth_certificates_both_routes_and_sound_by_sampling(done):
         assert float(margin.min()) > 0 and float(margin.min()) >= float(r["margin_lb"]) - 1e-9, r
 
 
+def test_every_property_got_its_first_bound_pass_and_open_ones_say_why(done):
+    """The first pass's costs per network are in summary.json, the budget covered them here (no line in the log);
+    every row records the last bound pass that finished, and a reason exactly when it is open."""
+    run, _, _ = done
+    s = json.loads(run.file("verify", "summary.json").read_text())
+    assert s["first_pass"]["float"]["covered"] and s["first_pass"]["float"]["line"] == ""
+    assert set(s["first_pass"]["float"]["costs"]) >= {f"{v}.onnx" for v in VARIANTS}
+    assert "cannot cover one bound pass" not in run.progress_log
+    for r in _rows(run) + read_rows(run.file("verify", "smooth.csv")):
+        assert (r["reason"] == "") == (r["result"] in ("sat", "unsat")), r
+        if r["stage"] != "clean" and r.get("verifier", "auto") == "auto":
+            assert r["bound"] in ("crown", "alpha-crown", "alpha-milp"), r
+    assert s["open"] == [o for o in s["open"] if o["reason"]]
+    assert "One bound pass (CROWN) per float network" in report_section(run.cfg, run)
+
+
+def test_the_line_for_a_budget_that_cannot_cover_one_pass_per_property():
+    from analysis.verification import harness
+    from analysis.verification.first_pass import Cost
+
+    plans = [harness.Plan([Cost("a.onnx", 2.0, True, 20), Cost("b.onnx", 1.0, False, 10)], 1.0, 50.0, 2, worker=1),
+             harness.Plan([Cost("a.onnx", 2.5, True, 20)], 1.2, 52.0, 2, worker=2)]
+    line = verify_mod.budget_line(plans, 30.0, "verify.budget_s", 50)
+    assert "verify.budget_s=30 cannot cover" in line and "2.5 s on a.onnx" in line and "≥ 1 s on b.onnx" in line
+    assert "need at least 52 s" in line and "verify.budget_s=70 would" in line
+    assert verify_mod.budget_line(plans, 60.0, "verify.budget_s", 50) is None
+    rec = verify_mod.pass_record(plans, 30.0, "verify.budget_s", 50)
+    assert rec["costs"]["a.onnx"] == {"seconds": 2.5, "finished": True, "properties": 40} and not rec["covered"]
+    # the estimate covered the budget, but the pass itself (a batch costlier per property than one alone) did not
+    done = [harness.Plan([Cost("a.onnx", 0.2, True, 30)], 25.0, 37.0, 1, worker=1, reached=20, properties=30,
+                         pass_seconds=24.0)]
+    line = verify_mod.budget_line(done, 30.0, "verify.budget_s", 30)
+    assert "the pass reached 20 of 30 properties in 24 s" in line and "verify.budget_s=50 would" in line
+
+
 def test_summary_fractions_match_results(done):
     run, _, metrics = done
     rows = _rows(run)
     s = json.loads(run.file("verify", "summary.json").read_text())
-    assert s["clock"] == "wall" and s["verifiers"] == VERIFIERS and s["chains"]["auto"] == "pgd+crown+alpha-crown+bab"
+    assert s["clock"] == "wall" and s["verifiers"] == VERIFIERS and s["chains"]["auto"] == "crown+pgd+alpha-crown+bab"
     assert "not the int8 model" in s["networks"]["relu"] and "best.pt" in s["networks"]["smooth"]
     assert len(s["table"]) == len(VARIANTS) * len(EPSILONS) * len(VERIFIERS)
     for e in s["table"]:

@@ -118,7 +118,7 @@ def test_bounds_never_claim_the_false_property(bench, name):
 
 
 def test_staged_chain_answers_with_its_stage_and_counts(bench):
-    assert STAGED == "pgd+crown+alpha-crown+bab" and get_verifier("auto").name == STAGED
+    assert STAGED == "crown+pgd+alpha-crown+bab" and get_verifier("auto").name == STAGED
     r = get_verifier("auto").verify(bench["onnx"], bench["holds"], TIMEOUT_S)
     assert r.status == "unsat" and r.stage in ("crown", "alpha-crown", "bab")
     assert r.info["relus"] == 16 and r.info["unstable_tight"] <= r.info["unstable_ibp"]

@@ -328,3 +328,33 @@ def test_a_benchmark_folder_on_the_gpu_gives_the_cpus_verdicts(folder, tmp_path)
     gpu = run_benchmark(root, tmp_path / "gpu.csv", jobs=2, device="cuda")
     assert [r["result"] for r in gpu] == [r["result"] for r in cpu]
     assert all(witness_path(tmp_path / "gpu.csv", r["onnx"], r["vnnlib"]).is_file() == (r["result"] == "sat") for r in gpu)
+
+
+def test_instances_whose_limit_cannot_cover_one_bound_pass_are_named_with_the_limit_that_would(folder, tmp_path,
+                                                                                               monkeypatch):
+    """One CROWN pass made to take 0.3 s (looking at its budget as the real one does) under a 0.4 s limit: the note
+    names each network and the --timeout that would cover its pass; rows keep VNN-COMP's words and say why in `reason`,
+    and no instance runs past its limit by more than a second."""
+    import time
+
+    from analysis.verification.bounds import Bounder
+
+    real = Bounder.crown
+
+    def slow(b):
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            if b.expired():
+                return
+            time.sleep(0.005)
+        real(b)
+
+    monkeypatch.setattr(Bounder, "crown", slow)
+    root, _ = folder
+    notes = []
+    rows = run_benchmark(root, tmp_path / "r.csv", timeout_override=0.4, note=notes.append)
+    assert len(notes) == 2 and all("--timeout 1 would cover it" in n for n in notes), notes
+    assert {"onnx/net0.onnx", "onnx/net1.onnx.gz"} == {n.split(":")[0] for n in notes}
+    assert all(r["result"] in ("sat", "unsat", "timeout") and r["run_time"] <= 0.4 + 1.0 for r in rows)
+    assert any(r["reason"] == "budget" for r in rows)
+    assert {r["result"] for r in read_results(tmp_path / "r.csv")} <= {"sat", "unsat", "timeout"}

@@ -5,10 +5,10 @@ Which network a certificate is about:
 - **swapped ReLU** (`relu_properties`): ``verify/onnx/<variant>.onnx``, the float32 ReLU network of
   ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself) in the verifiers' form
   (`quantize.export.export_for_verifiers`: input normalization folded into its first Gemm or unpadded Conv, else a
-  1×1 Conv), evaluated in float64 with its float32 weights. Decided
-  by the staged verifier (`verify.verifiers`, default "auto": PGD attack → CROWN → α-CROWN → branch and bound on the
-  unstable ReLUs those bounds leave); every counterexample is re-checked in onnxruntime on the float32 point its
-  witness states (`analysis.verification.problem`).
+  1×1 Conv), evaluated in float64 with its float32 weights. Decided by the staged verifier (`verify.verifiers`,
+  default "auto": CROWN → PGD attack (a probe) → α-CROWN → branch and bound on the unstable ReLUs those bounds
+  leave); every counterexample is re-checked in onnxruntime on the float32 point its witness states
+  (`analysis.verification.problem`).
 - **int8** (the same function; its rows and files named `int8_name(variant)`, ``<variant>-int8``, their own category in
   ``results.csv``): the int8 QDQ model of the variant's ReLU form that the int8 stage wrote, as onnxruntime's CPU
   kernels run it. The reader (`analysis.verification.readers`) turns each QuantizeLinear/DequantizeLinear pair into a
@@ -231,7 +231,7 @@ def smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray,
                         known = Result("sat", 0.0, message=f"the smooth network predicts {predicted[k]} at the sample itself",
                                        stage="clean")
                     tasks.append(harness.SpecTask(key=key, verifier=chain, timeout=vcfg.timeout_s or None, known=known,
-                                                  net=net, specs=[spec], recheck=recheck))
+                                                  net=net, specs=[spec], recheck=recheck, network=f"{variant} (smooth)"))
                     rows[key] = {"variant": variant, "sample": k, "eps": format_real(eps), "route": route,
                                  "network": f"smooth {facts.activation} ({src.relative_to(run.path)})",
                                  "label": labels[k], "predicted": predicted[k], "result": "", "final": 0}

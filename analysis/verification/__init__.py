@@ -19,6 +19,7 @@
 - problem: results, the one clock (Budget), one property and the counterexample rule;
 - registry, verifiers: the Verifier base class, chains, the registry, and the registered verifiers;
 - harness: the one property loop (the verify stage, `analysis.api.verify` and `pipeline vnncomp` all use it);
+- first_pass: every property's first bound pass, a network's properties batched, before any property's own turn;
 - vnncomp: run any VNN-COMP benchmark folder into results.csv (`main` for the CLI);
 - stability: units provably dead or always active over the whole input domain.
 """

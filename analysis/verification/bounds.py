@@ -412,6 +412,25 @@ class Bounder:
         if not stopped:
             self.method = "crown"
 
+    @classmethod
+    def crown_many(cls, bounders: Sequence["Bounder"]) -> None:
+        """CROWN for several Bounders of one graph (built from the same Graph, each over its own box: the properties of
+        one network), leaving each exactly as its own `crown()` would (its `pre`, `method`, relaxation cache), each
+        stopping where its own `expired` says, as `crown()` does. The scheduler's batched first pass
+        (`first_pass.run`) calls it; this body is the plain loop, to be replaced by one pass with the boxes as a batch
+        dimension (as α,β-CROWN batches domains) that must leave the same bounds up to float64 rounding."""
+        for b in bounders:
+            b.crown()
+
+    @classmethod
+    def alpha_spec_many(cls, work: Sequence[tuple["Bounder", Spec, Sequence[int]]], steps: int = 30,
+                        lr: float = 0.1) -> list[torch.Tensor]:
+        """α-CROWN (`alpha_spec`) for several (Bounder, rows, owner) of one graph, each over its own box: returns, per
+        item, what its own `alpha_spec(spec, owner, steps, lr)` returns (lower bounds of its rows, sound; each stops
+        where its bounder's `expired` says) and leaves its `spec_slopes` as that call would. The plain loop, to be
+        replaced by one optimization over the batch where that pays."""
+        return [b.alpha_spec(spec, owner, steps, lr) for b, spec, owner in work]
+
     def spec_bounds(self, spec: Spec, slopes: dict[int, Any] | None = None, exact: bool = True) -> torch.Tensor:
         """Lower bounds of each row of C y + d."""
         return self.backward(spec.C, self.net.output, slopes, exact) + spec.d

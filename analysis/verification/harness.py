@@ -2,17 +2,36 @@
 properties here.
 
 A `Task` is one property: how to build its `Problem` (the preparation: reading the network, parsing the property,
-starting onnxruntime; timed as ``prepare_time``) and the verifier that answers it. Two ways to spend time:
+starting onnxruntime; timed as ``prepare_time``) and the verifier that answers it. Where the time goes, in every mode
+(issue 40: the time goes where it decides):
 
-- `PerTask`: each task gets its own limit (VNN-COMP's per-instance timeout); with several jobs, each worker takes
-  the next task from a shared queue.
-- `StageBudget`: one wall-clock budget for all tasks. Rounds: every open task gets `first` seconds, then ×4 per
-  round, capped by its fair share of what is left (time left / tasks still open); a task is final when it is
-  decided or its method ended undecided inside its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH`
-  times its last is left to give it. Easy properties finish in the first round and the time they leave goes to
-  the hard ones. Later rounds start with the tasks whose bounds came closest to a decision; a task keeps its
-  Problem between rounds in its worker, so the bounds computed once are reused. With several jobs the tasks are
-  dealt round-robin to the workers, each running rounds on its share against the one deadline.
+1. **The first bound pass** (`first_pass`): every property a worker holds gets one CROWN pass before any property
+   gets anything else, the properties of one network batched into one call, then α-CROWN on the rows still open
+   where there is time (`ALPHA_SHARE` of what is left). The pass of each network's first property runs alone and is
+   timed; `on_plan` receives those costs (`Plan`) and `shortfall` says which limit would cover one pass per property
+   when the one given does not. A property the pass decides is answered at once.
+2. **Each open property's own turns**: its verifier's chain, whose bound links find the pass's bounds computed; the
+   attack is a probe with its own small share (`verifiers.ATTACK_SHARE`); then α-CROWN where the pass did not run it,
+   then branch and bound, the properties nearest to a decision (the largest margin bound) first.
+
+Two ways to spend time:
+
+- `PerTask`: each task gets its own limit (VNN-COMP's per-instance timeout). Its share of its chunk's batched pass
+  counts against it: a chunk (a network's tasks, cut into one chunk per job) may spend `PASS_SHARE` of its tasks'
+  limits together on the pass, and the first task's measured pass no more than its own limit. With several jobs,
+  each worker takes the next chunk from a shared queue.
+- `StageBudget`: one wall-clock budget for all tasks; the pass for all of them comes first, against the one
+  deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
+  is left (time left / tasks still open); a task is final when it is decided or its method ended undecided inside
+  its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH` times its last is left to give it. Easy
+  properties finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem
+  between rounds in its worker, so the bounds computed once are reused and branch and bound goes on from its open
+  domains. With several jobs the tasks are dealt round-robin to the workers, each running its share against the
+  one deadline.
+
+Every limit holds within a second: a turn looks at its `Budget`, and past it by `problem.HARD_GRACE_S` it is
+stopped from outside (`problem.hard_limit`). A task's reported seconds are all it spent (its share of the pass and
+its turns). Why an open property is open: `problem.open_reason` ("budget": no bound pass finished in its time).
 
 Workers are separate processes (spawned, one torch thread each: the matrices of one property are small, and
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
@@ -33,7 +52,7 @@ import os
 import queue as queue_mod
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +61,19 @@ import torch
 
 from pipeline.shards import in_shard, parse_shard
 
+from . import first_pass
 from .graph import Graph
-from .problem import DECISIVE, RESULTS, Budget, Problem, Result
+from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, hard_limit
 from .readers import read
 from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
 
 ROUND_GROWTH = 4.0  # each StageBudget round multiplies the per-task limit by this
 MIN_TURN_GROWTH = 1.5  # a task open after a turn gets another only when it can be this much longer
+# a chunk's first pass may use this share of its properties' limits together (PerTask); α-CROWN over the rows still open
+# then this share of what is left (both modes): the rest is each property's own turn
+PASS_SHARE = 0.5
+ALPHA_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,8 +88,17 @@ class Task:
     verifier: Any = "auto"  # a registry name or chain, or a Verifier
     timeout: float | None = None  # PerTask: this task's limit (None: the default of PerTask)
     known: Result | None = None  # an answer known without solving (a misclassified sample); nothing is built
+    network: str = ""  # its network's name in messages (default: the ONNX file's name, or "network")
 
     def build(self, cache: dict[Any, Any]) -> Problem:
+        raise NotImplementedError
+
+    def network_key(self) -> Any:
+        """What identifies its network in a worker: the first pass batches the properties of one network."""
+        raise NotImplementedError
+
+    def network_label(self) -> str:
+        """Its network in one word, for the first pass's costs."""
         raise NotImplementedError
 
 
@@ -100,6 +133,12 @@ class FileTask(Task):
         problem.recheck(specs[0].lb)  # onnxruntime's first run belongs to the preparation
         return problem
 
+    def network_key(self) -> Any:
+        return ("file", str(self.onnx))
+
+    def network_label(self) -> str:
+        return self.network or (Path(self.onnx).name if self.onnx is not None else "network")
+
 
 @dataclass
 class SpecTask(Task):
@@ -111,6 +150,12 @@ class SpecTask(Task):
 
     def build(self, cache: dict[Any, Any]) -> Problem:
         return Problem(self.specs, network=self.net, recheck=self.recheck)
+
+    def network_key(self) -> Any:
+        return ("graph", id(self.net))  # tasks sent to a worker together share their graph there too
+
+    def network_label(self) -> str:
+        return self.network or "network"
 
 
 class ModuleRecheck:
@@ -177,6 +222,45 @@ class Outcome:
     final: bool = True  # False: a StageBudget round that did not decide it; a later outcome replaces it
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one worker (`worker`, of `workers`) found about its first pass, twice: before it goes on (`reached` None),
+    one CROWN pass of each of its networks on the network's first property, alone (`costs`), and `needed`, the seconds
+    since the run began by which its pass for every property is estimated to end (a pass per property at the measured
+    cost); and after it (`reached` of its `properties` got a finished pass, in `pass_seconds`), `needed`
+    extrapolated from the pass's own rate when it did not reach them all (a batched call can cost more per property
+    than one alone). `elapsed`: seconds since the run began when it was sent. `shortfall` reads them."""
+
+    costs: list[first_pass.Cost]
+    elapsed: float
+    needed: float
+    workers: int
+    limit: float | None = None  # per-task limits: the smallest limit of the tasks measured
+    worker: int = 0
+    reached: int | None = None
+    properties: int = 0
+    pass_seconds: float = 0.0
+
+
+def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | None:
+    """The limit that would cover one bound pass per property, when the one given does not (None when it does), from
+    each worker's latest plan: for a stage budget the seconds in all; for per-task limits the seconds per property
+    whose `PASS_SHARE` covers the costliest pass (a pass that did not finish in the time it had, or a first pass that
+    did not reach every property, counts as not covered)."""
+    if not plans:
+        return None
+    latest = list({p.worker: p for p in plans}.values())
+    short = any(p.reached is not None and p.reached < p.properties for p in latest)
+    if isinstance(limits, StageBudget):
+        need = max(p.needed for p in latest)
+        return max(need, limits.seconds) if need > limits.seconds or short else None
+    per = [c.seconds for p in plans for c in p.costs]
+    per += [p.pass_seconds / p.reached for p in latest if p.reached]
+    need = max(per) / PASS_SHARE
+    limit = min(limits.timeout if p.limit is None else p.limit for p in latest)
+    return need if need > limit or short or not all(c.finished for p in plans for c in p.costs) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # solving one task
 
@@ -193,58 +277,245 @@ def resolve_device(name: str) -> str:
         raise ValueError(str(e)) from None
 
 
-def _solve(task: Task, cache: dict[Any, Any], problems: dict[int, tuple[Problem, float]], index: int,
-           seconds: float, clock: str, options: dict[str, Any], device: str = "cpu") -> tuple[Result, float]:
-    if task.known is not None:
-        return task.known, 0.0
-    if index in problems:
-        problem, prepare = problems[index]
-    else:
+class _Worker:
+    """One process's share of the tasks: their problems (built once, kept between turns, each network's graph read once
+    per ONNX file: `FileTask.build`'s cache), the verifiers, and the seconds each task has spent so far (its share of
+    the first pass, then its turns): a task's reported time is all of it."""
+
+    def __init__(self, clock: str, options: dict[str, Any], device: str, emit: Callable[[Any], None]):
+        self.clock, self.options, self.device, self.emit = clock, options, device, emit
+        self.cache: dict[Any, Any] = {}
+        self.problems: dict[int, tuple[Problem, float]] = {}
+        self.spent: dict[int, float] = {}
+        self.spent_cpu: dict[int, float] = {}  # its turns' CPU seconds (the first pass is timed on the wall clock only)
+        self.items: dict[int, list[first_pass.Item]] = {}  # each task's first-pass items (one per input box)
+
+    def verifier(self, task: Task):
+        if not isinstance(task.verifier, str):
+            return task.verifier
+        vkey = ("verifier", task.verifier)
+        if vkey not in self.cache:
+            self.cache[vkey] = get_verifier(task.verifier, **self.options)
+        return self.cache[vkey]
+
+    def problem(self, i: int, task: Task) -> tuple[Problem | None, Result | None]:
+        """Task i's Problem (built on first use: its preparation, timed), or the error that building it raised."""
+        if i not in self.problems:
+            t0 = Budget.read("wall")
+            try:
+                problem = task.build(self.cache)
+            except Exception as e:
+                return None, Result("error", 0.0, message=one_line(e))
+            problem.device = self.device
+            self.problems[i] = (problem, Budget.read("wall") - t0)
+        return self.problems[i][0], None
+
+    def deadlines(self, tasks: dict[int, Task], limit: Callable[[Task], float], deadline: float, crown_share: float,
+                  alpha_share: float) -> tuple[Callable, Callable, Callable]:
+        """The first pass's deadlines (measure, crown, α) for tasks with per-task limits `limit(task)` (∞: none) inside
+        one `deadline`: the first property of a network alone within what its limit has left; the batched passes
+        within the given shares of what their tasks' limits have left together (and of the time to `deadline`)."""
+        def now() -> float:
+            return Budget.read("wall")
+
+        def pooled(share: float) -> Callable[[list[int]], float]:
+            def at(indices: list[int]) -> float:
+                left = sum(limit(tasks[i]) - self.spent.get(i, 0.0) for i in indices)
+                return min(deadline if share >= 1 else now() + share * (deadline - now()), now() + share * left)
+            return at
+
+        return (lambda i: min(deadline, now() + limit(tasks[i]) - self.spent.get(i, 0.0))), pooled(crown_share), \
+            pooled(alpha_share)
+
+    def prepare(self, i: int) -> float:
+        return self.problems.get(i, (None, 0.0))[1]
+
+    def drop(self, i: int) -> None:
+        self.problems.pop(i, None)
+        self.items.pop(i, None)
+
+    # -- the first pass ----------------------------------------------------------------------
+    def first_pass(self, indexed: Sequence[tuple[int, Task]], measure_deadline: Callable[[int], float],
+                   crown_deadline: Callable[[list[int]], float], alpha_deadline: Callable[[list[int]], float],
+                   note: Callable[[list[first_pass.Cost], float], None],
+                   limit: Callable[[Task], float] = lambda task: math.inf) -> list[int]:
+        """Every task's first bound pass (`first_pass`), per network: the first property of each network alone and
+        timed (until `measure_deadline(its index)`), then `note(costs, seconds the rest are estimated to need)`, then
+        the rest batched (until `crown_deadline(their indices)`), then α-CROWN (until `alpha_deadline`). Emits the final
+        answer of every task the pass decided within its `limit`, and of every task that could not be built; returns
+        the indices still open."""
+        groups: dict[Any, list[tuple[int, Task]]] = {}
+        for i, task in indexed:
+            if task.known is not None:
+                self.emit(Outcome(i, task.key, task.known, 0.0))
+                continue
+            problem, error = self.problem(i, task)
+            if error is not None:
+                self.emit(Outcome(i, task.key, error, 0.0))
+                continue
+            groups.setdefault(task.network_key(), []).append((i, task))
+        items: dict[Any, list[first_pass.Item]] = {}
+        for g, members in groups.items():
+            items[g] = [it for i, task in members for it in self._items(i, task)]
+        costs: list[first_pass.Cost] = []
+        began = Budget.read("wall")
+        for g, members in groups.items():
+            if items[g]:
+                costs += first_pass.measure(items[g], lambda it: measure_deadline(it.index), members[0][1].network_label())
+        note(costs, sum(c.seconds * (c.properties - 1) for c in costs))
+        for primary in (True, False):  # the properties' own networks first, another network's bounds after
+            for g, members in groups.items():
+                mine = [it for it in items[g] if it.primary == primary and not it.tried]
+                if mine:
+                    first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})))
+        every = [it for g in groups for it in items[g]]
+        note(costs, 0.0, first_pass.reached(every), len(every), Budget.read("wall") - began, began)
+        at = alpha_deadline([i for members in groups.values() for i, _ in members])  # one share for all networks
+        for g in groups:
+            first_pass.alpha(items[g], at)
+        tasks = dict(indexed)
+        still = []
+        for g, members in groups.items():
+            for i, _ in members:
+                mine = self.items.get(i, [])
+                for it in mine:
+                    self.spent[i] = self.spent.get(i, 0.0) + it.seconds
+                    it.seconds = 0.0
+                if not first_pass.decided(mine) or self.spent.get(i, 0.0) > limit(tasks[i]):
+                    still.append(i)
+                    continue
+                problem = self.problems[i][0]
+                stage = mine[0].state.stage
+                msg = (f"{stage}: unsat ({'; '.join(it.state.verdict() for it in mine)}); the first bound pass, batched "
+                       f"over {len({it.index for it in items[g]})} properties of {tasks[i].network_label()}")
+                self.emit(Outcome(i, tasks[i].key, Result("unsat", self.spent.get(i, 0.0), message=msg, stage=stage,
+                                                           info={**problem.info, "first_pass": True}), self.prepare(i)))
+                self.drop(i)
+        return still
+
+    def _items(self, i: int, task: Task) -> list[first_pass.Item]:
+        """Task i's first-pass items: its verifier's bound-pass state per input box (none when it computes no bounds, or
+        when building the state fails: its turn then meets the same error and reports it)."""
+        problem = self.problems[i][0]
+        verifier = self.verifier(task)
+        mine = []
         t0 = Budget.read("wall")
         try:
-            problem = task.build(cache)
-        except Exception as e:
-            return Result("error", 0.0, message=one_line(e)), Budget.read("wall") - t0
-        problem.device = device
-        prepare = Budget.read("wall") - t0
-        problems[index] = (problem, prepare)
-    if isinstance(task.verifier, str):
-        vkey = ("verifier", task.verifier)
-        if vkey not in cache:
-            cache[vkey] = get_verifier(task.verifier, **options)
-        verifier = cache[vkey]
-    else:
-        verifier = task.verifier
-    result = verifier.run(problem, Budget(seconds, clock))
-    if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
-        result = Result("timeout", result.seconds, None, None, result.message, result.stage, result.cpu_seconds, result.info)
-    return result, prepare
+            for k in range(len(problem.specs)):
+                problem.check_shapes(k)
+                st = verifier.bound_pass(problem, k)
+                if st is None:
+                    return []
+                st.alpha = verifier.alpha_pass()
+                mine.append(first_pass.Item(i, problem, k, st))
+        except Exception:
+            return []
+        if mine:
+            mine[0].seconds += Budget.read("wall") - t0  # the states' interval bounds
+            self.items[i] = mine
+        return mine
+
+    # -- a turn ------------------------------------------------------------------------------
+    def solve(self, i: int, task: Task, seconds: float) -> Result:
+        """One turn of task i with `seconds` (its problem kept: the bounds and open domains of earlier turns go on);
+        the time reported is all the task has spent. A turn past its limit by `problem.HARD_GRACE_S` is stopped from
+        outside (`problem.hard_limit`)."""
+        if task.known is not None:
+            return task.known
+        problem, error = self.problem(i, task)
+        if error is not None:
+            return error
+        verifier = self.verifier(task)
+        t0, c0 = Budget.read("wall"), Budget.read("cpu")
+        try:
+            with hard_limit(seconds, self.clock):
+                result = verifier.run(problem, Budget(seconds, self.clock))
+        except Overrun as e:
+            result = Result("timeout", Budget.read("wall") - t0, message=f"{verifier.name}: {e}",
+                            cpu_seconds=Budget.read("cpu") - c0, info=dict(problem.info))
+        if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
+            result = replace(result, status="timeout")
+        before, cpu = self.spent.get(i, 0.0), self.spent_cpu.get(i, 0.0)
+        self.spent[i], self.spent_cpu[i] = before + result.seconds, cpu + result.cpu_seconds
+        return replace(result, seconds=self.spent[i], cpu_seconds=self.spent_cpu[i])
+
+    def unrun(self, i: int, task: Task, why: str) -> Result:
+        """A timeout for a task that gets no turn (or no further one), saying why, with what its bounds found so far
+        (the last pass that finished, its margin bound)."""
+        problem = self.problems.get(i, (None, 0.0))[0]
+        info = dict(problem.info) if problem is not None else {}
+        bound = f" (its bounds: {info['bound']}, margin bound {info['margin_lb']:.4g})" if "margin_lb" in info else ""
+        return Result("timeout", self.spent.get(i, 0.0), message=f"not run: {why}{bound}", info=info)
 
 
-def _closeness(result: Result) -> float:
+def _closeness(result: Result | None, problem: Problem | None = None) -> float:
     """How near a property came to a decision (for the order of later rounds): its margin's lower bound."""
-    v = result.info.get("margin_lb")
+    info = result.info if result is not None else (problem.info if problem is not None else {})
+    v = info.get("margin_lb")
     return -float(v) if v is not None and math.isfinite(float(v)) else math.inf
 
 
-def _run_per_task(indexed: Iterable[tuple[int, Task]], limits: PerTask, clock: str, options: dict[str, Any],
-                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf) -> None:
-    cache: dict[Any, Any] = {}
-    for i, task in indexed:
-        problems: dict[int, tuple[Problem, float]] = {}
-        seconds = min(task.timeout if task.timeout is not None else limits.timeout, deadline - Budget.read("wall"))
-        if seconds <= 0:
-            emit(Outcome(i, task.key, Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
+def _plan_note(note: Callable[[Plan], None] | None, started: float, workers: int, limit: float | None = None
+               ) -> Callable[..., None]:
+    """`send(costs, rest)` before the pass goes on; `send(costs, 0.0, reached, properties, pass_seconds, began)` after
+    it (`began`: when the pass began, on the wall clock)."""
+    def send(costs: list[first_pass.Cost], rest: float, reached: int | None = None, properties: int = 0,
+             pass_seconds: float = 0.0, began: float = 0.0) -> None:
+        if note is None or not costs:
+            return
+        now = Budget.read("wall")
+        needed = now - started + rest
+        if reached is not None and reached < properties:  # extrapolated from the pass's own rate
+            needed = began - started + pass_seconds * properties / max(reached, 1)
+        note(Plan(costs, round(now - started, 3), round(needed, 3), workers, limit, os.getpid(), reached, properties,
+                  round(pass_seconds, 3)))
+    return send
+
+
+def _run_per_task(chunks: Iterable[list[tuple[int, Task]]], limits: PerTask, clock: str, options: dict[str, Any],
+                  emit: Callable[[Outcome], None], device: str = "cpu", deadline: float = math.inf,
+                  note: Callable[[Plan], None] | None = None, started: float = 0.0, workers: int = 1) -> None:
+    w = _Worker(clock, options, device, emit)
+
+    def limit(task: Task) -> float:
+        return task.timeout if task.timeout is not None else limits.timeout
+
+    for chunk in chunks:
+        tasks = dict(chunk)
+        if Budget.read("wall") >= deadline:
+            for i, task in chunk:
+                emit(Outcome(i, task.key, task.known or Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
             continue
-        result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
-        emit(Outcome(i, task.key, result, prepare))
+        # the first property of a network is measured alone, within its own limit; the rest share PASS_SHARE of theirs
+        open_ = w.first_pass(chunk, *w.deadlines(tasks, limit, deadline, PASS_SHARE, ALPHA_SHARE),
+                             _plan_note(note, started, workers, min(limit(task) for _, task in chunk)), limit)
+        for i in open_:
+            task = tasks[i]
+            seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - Budget.read("wall"))
+            if seconds <= 0:
+                why = "its limit went to its first bound pass" if Budget.read("wall") < deadline else \
+                    "the run's wall budget was spent"
+                emit(Outcome(i, task.key, w.unrun(i, task, why), w.prepare(i)))
+            else:
+                emit(Outcome(i, task.key, w.solve(i, task, seconds), w.prepare(i)))
+            w.drop(i)
 
 
 def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadline: float, clock: str,
-                options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
-    cache: dict[Any, Any] = {}
-    problems: dict[int, tuple[Problem, float]] = {}
-    open_ = list(indexed)
+                options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu",
+                note: Callable[[Plan], None] | None = None, started: float = 0.0, workers: int = 1) -> None:
+    w = _Worker(clock, options, device, emit)
+    tasks = dict(indexed)
+
+    def cap(task: Task) -> float:  # a task's own limit within the stage budget (the stage's verify.timeout_s)
+        return task.timeout if task.timeout is not None else math.inf
+
+    # the stage's one deadline for the pass of every property (it comes first), each within its own cap
+    open_ids = w.first_pass(indexed, *w.deadlines(tasks, cap, deadline, 1.0, ALPHA_SHARE), _plan_note(note, started, workers),
+                            cap)
+    # the open ones nearest to a decision first
+    open_ids.sort(key=lambda i: _closeness(None, w.problems.get(i, (None, 0.0))[0]))
+    open_ = [(i, tasks[i]) for i in open_ids]
     last: dict[int, Result] = {}
     ran: dict[int, float] = {}  # each open task's longest turn so far
     limit = limits.first
@@ -252,23 +523,23 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
         still = []
         for n, (i, task) in enumerate(open_):
             left = deadline - Budget.read("wall")
-            seconds = min(limit, left / (len(open_) - n))
+            seconds = min(limit, left / (len(open_) - n), cap(task) - w.spent.get(i, 0.0))
             if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
                 # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
                 # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
                 # left, but the links before it run again, so a turn no longer than the last decides little more)
-                prev = last.get(i)
-                result = prev if prev is not None else Result("timeout", 0.0, message="not run: the stage budget was spent")
-                emit(Outcome(i, task.key, result, problems.get(i, (None, 0.0))[1]))
-                problems.pop(i, None)
+                why = "its own limit was spent" if cap(task) <= w.spent.get(i, 0.0) else "the stage budget was spent"
+                result = last.get(i) or w.unrun(i, task, why)
+                emit(Outcome(i, task.key, result, w.prepare(i)))
+                w.drop(i)
                 continue
-            result, prepare = _solve(task, cache, problems, i, seconds, clock, options, device)
+            result = w.solve(i, task, seconds)
             ran[i] = seconds
             # only a timeout can change with more time: "unknown" means the method ended inside its limit undecided
             final = result.status != "timeout" or task.known is not None
-            emit(Outcome(i, task.key, result, prepare, final))
+            emit(Outcome(i, task.key, result, w.prepare(i), final))
             if final:
-                problems.pop(i, None)
+                w.drop(i)
             else:
                 last[i] = result
                 still.append((i, task))
@@ -277,37 +548,14 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
         limit *= ROUND_GROWTH
 
 
-# ---------------------------------------------------------------------------------------------
-# workers
-
-
-def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float, clock: str, options: dict[str, Any],
-            out: Any, device: str = "cpu") -> None:
-    torch.set_num_threads(1)
-    try:
-        if mode == "queue":
-            def pull() -> Iterable[tuple[int, Task]]:
-                while True:
-                    try:
-                        item = work.get_nowait()
-                    except queue_mod.Empty:
-                        return
-                    yield item
-            _run_per_task(pull(), limits, clock, options, out.put, device, deadline)
-        else:
-            _run_rounds(work, limits, deadline, clock, options, out.put, device)
-    except BaseException as e:  # reported to the parent, which fails every task this worker still held
-        out.put(("crash", one_line(e)))
-    finally:
-        out.put(("done", os.getpid()))
-
-
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
-        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str) -> list[Outcome]:
+        device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str,
+        on_plan: Callable[[Plan], None] | None = None) -> list[Outcome]:
     """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
     `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
-    (`label(key)` names the task in its line)."""
+    (`label(key)` names the task in its line). `on_plan(plan)`: each worker's measured cost of one bound pass per
+    network, as it comes (before its first pass goes on; `shortfall` says what limit would cover it)."""
     from pipeline.progress import Progress
 
     options = dict(options or {})
@@ -329,14 +577,15 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
     indexed = list(enumerate(tasks))
     total = limits.seconds if isinstance(limits, StageBudget) else limits.wall_s
-    deadline = Budget.read("wall") + (math.inf if total is None else total)
+    started = Budget.read("wall")
+    deadline = started + (math.inf if total is None else total)
     if jobs == 1:
         if isinstance(limits, StageBudget):
-            _run_rounds(indexed, limits, deadline, clock, options, emit, device)
+            _run_rounds(indexed, limits, deadline, clock, options, emit, device, on_plan, started, 1)
         else:
-            _run_per_task(indexed, limits, clock, options, emit, device, deadline)
+            _run_per_task(_chunks(indexed, 1), limits, clock, options, emit, device, deadline, on_plan, started, 1)
     else:
-        _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device)
+        _run_pool(indexed, limits, jobs, deadline, clock, options, emit, device, on_plan, started)
     if bar is not None:
         bar.close()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
@@ -346,18 +595,19 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
 
 def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jobs: int, deadline: float, clock: str,
-              options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu") -> None:
+              options: dict[str, Any], emit: Callable[[Outcome], None], device: str = "cpu",
+              on_plan: Callable[[Plan], None] | None = None, started: float = 0.0) -> None:
     ctx = mp.get_context("spawn")  # fork after torch's thread pools started can hang
     out = ctx.Queue()
     if isinstance(limits, PerTask):
         work = ctx.Queue()
-        for item in indexed:
-            work.put(item)
+        for chunk in _chunks(indexed, jobs):
+            work.put(chunk)
         shares = [("queue", work)] * jobs
     else:
         shares = [("rounds", indexed[j::jobs]) for j in range(jobs)]
-    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out, device), daemon=True)
-             for mode, w in shares]
+    procs = [ctx.Process(target=_worker, args=(mode, w, limits, deadline, clock, options, out, device, started, jobs),
+                         daemon=True) for mode, w in shares]
     for p in procs:
         p.start()
     running = len(procs)
@@ -371,6 +621,9 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
                 continue
             if isinstance(msg, Outcome):
                 emit(msg)
+            elif msg[0] == "plan":
+                if on_plan is not None:
+                    on_plan(msg[1])
             elif msg[0] == "done":
                 running -= 1
     finally:
@@ -378,6 +631,45 @@ def _run_pool(indexed: list[tuple[int, Task]], limits: PerTask | StageBudget, jo
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+
+
+def _worker(mode: str, work: Any, limits: PerTask | StageBudget, deadline: float, clock: str, options: dict[str, Any],
+            out: Any, device: str, started: float, workers: int) -> None:
+    torch.set_num_threads(1)
+    note = lambda plan: out.put(("plan", plan))  # noqa: E731
+    try:
+        if mode == "queue":
+            def pull() -> Iterable[list[tuple[int, Task]]]:
+                while True:
+                    try:
+                        item = work.get_nowait()
+                    except queue_mod.Empty:
+                        return
+                    yield item
+            _run_per_task(pull(), limits, clock, options, out.put, device, deadline, note, started, workers)
+        else:
+            _run_rounds(work, limits, deadline, clock, options, out.put, device, note, started, workers)
+    except BaseException as e:  # reported to the parent, which fails every task this worker still held
+        out.put(("crash", one_line(e)))
+    finally:
+        out.put(("done", os.getpid()))
+
+
+def _chunks(indexed: Sequence[tuple[int, Task]], jobs: int) -> list[list[tuple[int, Task]]]:
+    """Per-task limits: the tasks of each network (in order) cut into `jobs` chunks, so each worker's first pass batches
+    a network's properties and the workers share the network's properties between them."""
+    groups: dict[Any, list[tuple[int, Task]]] = {}
+    for item in indexed:
+        groups.setdefault(item[1].network_key() if item[1].known is None else ("known",), []).append(item)
+    out = []
+    for members in groups.values():
+        size = max(1, math.ceil(len(members) / jobs))
+        out += [members[j:j + size] for j in range(0, len(members), size)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

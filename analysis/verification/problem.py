@@ -16,14 +16,19 @@ not a counterexample, and the search goes on.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import resource
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import attack
 from .graph import Graph
@@ -38,6 +43,11 @@ CLOCKS = ("wall", "cpu")
 BOX_TOL = 1e-6
 # Margins (relative to max(1, |y|∞)) a candidate is pushed to when float32 rounding undoes its violation
 DEEPEN_MARGINS = (1e-6, 1e-4, 1e-2)
+# Why a property is open (`open_reason`): "budget" no bound pass finished in the time it was given; "timeout" the search
+# after its bounds ran out of time; "unknown" an incomplete method ended undecided inside its limit; "error"
+REASONS: tuple[str, ...] = ("budget", "timeout", "unknown", "error")
+# A wall-clock limit is also enforced from outside the work (`hard_limit`): this long after it, the work is interrupted
+HARD_GRACE_S = 0.5
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +94,59 @@ class Budget:
 
     def expired(self) -> bool:
         return self.left() <= 0
+
+    def part(self, share: float) -> "Budget":
+        """A budget of `share` of this one's whole limit, ending no later than this one (a probe's own time)."""
+        return Budget(min(self.left(), share * self.seconds), self.clock)
+
+
+class Overrun(BaseException):
+    """A wall-clock limit reached from outside the work (`hard_limit`). Not an Exception, so that no verifier's
+    `except Exception` turns it into an answer: it ends the property's turn as a timeout."""
+
+
+@contextlib.contextmanager
+def hard_limit(seconds: float, clock: str = "wall") -> Iterator[None]:
+    """Raise `Overrun` in the work inside once `seconds` + HARD_GRACE_S of wall time have passed: the limit holds even
+    where the work cannot look at its budget (one long back-substitution, a first use of a library). The work looks at
+    its `Budget` first and ends by itself; this is the backstop. A SIGALRM timer, so only on the wall clock, in the
+    main thread, on a system that has it, and when no other timer is set (then the budget checks alone limit it).
+    What an interruption can leave half-done is safe: bound passes only ever narrow an interval to a sound one, and
+    branch and bound keeps its open domains for a later call only when it stops by itself (`bab.bab`)."""
+    usable = (clock == "wall" and math.isfinite(seconds) and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread()
+              and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+    if not usable:
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Overrun(f"stopped from outside {HARD_GRACE_S:g} s after its limit of {seconds:.3g} s")
+
+    grad = torch.is_grad_enabled()  # an interruption inside `torch.no_grad()`'s exit could leave it off
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.0) + HARD_GRACE_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)
+        torch.set_grad_enabled(grad)
+
+
+def open_reason(result: "Result") -> str:
+    """Why a property is open ("" when decided): "budget" when no bound pass finished in the time it was given (its
+    margin bound is interval arithmetic's, or there is none), "timeout" when the search after the bounds ran out,
+    "unknown" when an incomplete method ended undecided, "error". A verifier that computes bounds records the best
+    pass that finished in ``info["bound"]`` ("ibp", "crown", "alpha-crown"); a property never begun says "not run"."""
+    if result.status in DECISIVE:
+        return ""
+    if result.status != "timeout":
+        return result.status
+    bound = result.info.get("bound")
+    if bound == "ibp" or (bound is None and result.message.startswith("not run")):
+        return "budget"
+    return "timeout"
 
 
 def float32_in_box(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:

@@ -3,7 +3,9 @@
 A verifier answers one `problem.Problem` under one `problem.Budget` with a `problem.Result`. The registered
 verifiers live in `verifiers.py` (registered when the package is imported). A chain ``a+b+…`` runs its links
 in order on one shared Problem until one answers sat or unsat, under one budget; later links reuse what earlier
-ones computed (the bounds, the disjuncts still open). ``auto`` is the staged chain `STAGED`.
+ones computed (the bounds, the disjuncts still open); a link that is a probe (`Verifier.probe_share`, the attack)
+gets only that share of the chain's limit. ``auto`` is the staged chain `STAGED`: the bound first, the attack as a
+probe, then α-CROWN and branch and bound.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .nonlinear import OutOfDomain
 from .ops import UnsupportedModel
 from .problem import DECISIVE, Budget, Problem, Result
 
-STAGED = "pgd+crown+alpha-crown+bab"
+STAGED = "crown+pgd+alpha-crown+bab"
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Verifier:
 
     name: ClassVar[str] = ""
     requires: ClassVar[tuple[str, ...]] = ()  # importable modules this verifier needs
+    # inside a chain of several links, the share of the chain's limit this link may use (None: all that is left)
+    probe_share: ClassVar[float | None] = None
 
     @classmethod
     def available(cls) -> bool:
@@ -93,6 +97,15 @@ class Verifier:
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         raise NotImplementedError
+
+    def bound_pass(self, problem: Problem, k: int) -> Any:
+        """The state of this verifier's first bound pass on spec k (it holds a `bounds.Bounder` whose CROWN the
+        property loop batches with the network's other properties, `first_pass`), or None when it computes no bounds."""
+        return None
+
+    def alpha_pass(self) -> tuple[int, float] | None:
+        """(steps, lr) of the α-CROWN on the rows that the first pass runs after CROWN, or None."""
+        return None
 
 
 def confirmed(problem: Problem, k: int, x: np.ndarray | None, message: str, stage: str,
@@ -166,6 +179,13 @@ class Chain(Verifier):
     def available(cls) -> bool:
         return True
 
+    def bound_pass(self, problem: Problem, k: int) -> Any:
+        """The first link's that has one."""
+        return next((st for st in (link.bound_pass(problem, k) for link in self.links) if st is not None), None)
+
+    def alpha_pass(self) -> tuple[int, float] | None:
+        return next((a for a in (link.alpha_pass() for link in self.links) if a is not None), None)
+
     def check(self, problem: Problem, budget: Budget) -> Answer:
         messages: list[str] = []
         answer = Answer("timeout", stage=self.name)
@@ -175,8 +195,9 @@ class Chain(Verifier):
                 answer = Answer("timeout", stage=self.name)
                 break
             t0 = Budget.read("wall")
+            mine = budget.part(link.probe_share) if link.probe_share is not None and len(self.links) > 1 else budget
             try:
-                answer = link.check(problem, budget)
+                answer = link.check(problem, mine)
             except OutOfDomain as e:  # the box is too wide for a relaxation (an exp that may overflow): not decided
                 answer = Answer("unknown", message=one_line(e), stage=link.name)
             except UnsupportedModel as e:

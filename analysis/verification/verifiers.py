@@ -3,10 +3,16 @@ unknown), ``bab`` (branch and bound on unstable ReLUs, β-CROWN-style bounds, LP
 big-M constants and stable/unstable split from the tight bounds), both complete for ReLU networks, ``marabou``
 (complete, maraboupy), ``via-relu`` (a smooth network through its ReLU version).
 
-``auto`` (`registry.STAGED`) is the attack, then CROWN, then α-CROWN, then branch and bound on the disjuncts the
-bounds left open (the disjunction split, one search per open disjunct). Branch and bound replaced the MILP there
-by measurement: on the default model's hardest ε = 0.005 properties (300+ unstable ReLUs) it decided in 1.6 s and
-14 s what the MILP did in 32 s and not within 60 s; on digits MLPs it was 1.2–3x faster.
+``auto`` (`registry.STAGED`) is CROWN, then the attack as a probe with its own small share of the property's time
+(`ATTACK_SHARE`), then α-CROWN, then branch and bound on the disjuncts the bounds left open (the disjunction split,
+one search per open disjunct). The bounds come first so that an attack that finds nothing never starves them (a
+ViT's attack once spent the whole limit and the bound never ran). Branch and bound replaced the MILP there by
+measurement: on the default model's hardest ε = 0.005 properties (300+ unstable ReLUs) it decided in 1.6 s and 14 s
+what the MILP did in 32 s and not within 60 s; on digits MLPs it was 1.2–3x faster.
+
+A verifier that computes bounds says what its first bound pass is (`bound_pass`: the state its links share, holding
+a `bounds.Bounder`): the property loop (`harness`, `first_pass`) runs that pass for all the properties of a network
+at once before any property's own turn, and the links then find the bounds computed.
 
 Limits are named for what they are: a `Budget` counts wall-clock seconds (VNN-COMP's rule; default) or CPU
 seconds of this process and its waited-for children (``clock="cpu"``). HiGHS takes its limit as wall time, so
@@ -23,48 +29,102 @@ import numpy as np
 import torch
 
 from . import attack, bounds, marabou, milp
+from .graph import Graph
 from .refine import Refiner
 from .problem import BOX_TOL, Budget, Problem
 from .registry import Answer, Verifier, confirmed, register_verifier
 
 
+# The attack's share of a property's time inside a chain of several links: a probe, so that on a property whose every
+# bound is out of reach it never starves the bound (a chain's `Chain.check` gives it `Budget.part(probe_share)`)
+ATTACK_SHARE = 0.1
+
+
 @register_verifier("pgd")
 class PgdVerifier(Verifier):
-    """Attack only (`attack.pgd`): sat with a counterexample, else unknown (never unsat)."""
+    """Attack only (`attack.pgd`): sat with a counterexample, else unknown (never unsat). Inside a chain it is a probe
+    (`probe_share`); a run that did all its steps is not repeated in a later turn on the same problem (its unknown is
+    remembered), one cut short by its share is, with the longer turn's share."""
+
+    probe_share = ATTACK_SHARE
 
     def __init__(self, steps: int = 40, restarts: int = 2, margin: float = 1e-4, seed: int = 0) -> None:
         self.steps, self.restarts, self.margin, self.seed = int(steps), int(restarts), float(margin), seed
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         spec = problem.specs[k]
+        key = ("pgd", k, self.steps, self.restarts, self.seed)
+        if key in problem.cache:
+            return "unknown", None, problem.cache[key]
         x, v = attack.pgd(problem.network, spec, self.steps, self.restarts, self.margin, self.seed, budget.expired)
         if x is not None:
             return "sat", x, "PGD counterexample"
-        return "unknown", None, f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
+        msg = f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
+        if budget.expired():
+            return "unknown", None, msg + " (cut short by its share of the time)"
+        problem.cache[key] = msg + " (an earlier turn)"
+        return "unknown", None, msg
 
 
 class _BoundsState:
-    """What the bound links leave for the next: the Bounder, the rows' best lower bounds, the open disjuncts."""
+    """What the bound links leave for the next: the Bounder, the rows' best lower bounds, the open disjuncts. It is
+    also a property's first bound pass (`Verifier.bound_pass`, batched by `first_pass`): its `bounder` gets CROWN
+    with the other properties of the network, then `crowned()` takes the bounds; `alpha_rows()` are the rows its
+    chain's α-CROWN would optimize. `problem.info` records the best finished pass ("bound") and its margin bound."""
 
-    def __init__(self, problem: Problem, k: int, budget: Budget):
+    what = "CROWN"
+
+    def __init__(self, problem: Problem, k: int, budget: Budget | None = None, graph: Graph | None = None):
         spec = problem.specs[k]
-        self.bounder = bounds.Bounder(problem.network, spec.lb, spec.ub, budget.expired)
+        self.info = problem.info
+        # the graph its bounder is built from (the problem's network unless a verifier bounds another one);
+        # `first_pass` batches the bounders of one graph
+        self.source = problem.network if graph is None else graph
+        self.bounder = bounds.Bounder(self.source, spec.lb, spec.ub, budget.expired if budget is not None else None)
         self.spec, self.owner = bounds.Spec.from_disjuncts(spec.disjuncts, self.bounder.device)
         self.n = len(spec.disjuncts)
-        self.lower = self.bounder.ibp_spec(self.spec)
+        self.ibp = self.bounder.ibp_spec(self.spec)
+        self.lower = self.ibp
         self.level = "ibp"
+        self.alpha: tuple[int, float] | None = None  # (steps, lr) of the chain's α-CROWN, for the first pass
+        self.failed: Exception | None = None  # what stopped CROWN in the first pass (an exp that may overflow)
         problem.info["unstable_ibp"] = sum(self.bounder.result().unstable("ibp"))
-        problem.info["relus"] = problem.network.num_relus
+        problem.info["relus"] = self.source.num_relus
+        self._record()
+
+    def _record(self) -> None:
+        self.info["bound"] = self.level
+        self.info["margin_lb"] = float(self._margin())
+        self.info["unstable_tight"] = sum(self.bounder.result().unstable())
 
     def update(self, lower: torch.Tensor) -> None:
         self.lower = torch.maximum(self.lower, lower)
+        self._record()
 
     def crown(self) -> None:
         """CROWN bounds for every layer and the rows, once per property (later links start from them)."""
+        if self.failed is not None:
+            raise self.failed
         if self.level == "ibp":
             self.bounder.crown()
-            self.update(self.bounder.spec_bounds(self.spec))
+            self.crowned()
+
+    def crowned(self) -> None:
+        """Take the bounds of a CROWN pass that finished (a pass stopped by its budget left sound, partial intervals)."""
+        if self.level == "ibp" and self.bounder.method != "ibp":
             self.level = "crown"
+            self.update(self.bounder.spec_bounds(self.spec))
+
+    def alpha_rows(self) -> tuple[bounds.Spec, list[int]] | None:
+        """The rows α-CROWN optimizes next (None: its chain has no α-CROWN, CROWN did not finish, or nothing is open)."""
+        return (self.spec, self.owner) if self.alpha is not None and self.level == "crown" and self.open else None
+
+    def alpha_done(self, lower: torch.Tensor, complete: bool) -> None:
+        """Take α-CROWN's bounds; `complete`: it ran its steps (else a later α-CROWN link runs it again)."""
+        self.update(lower)
+        if complete:
+            self.level = "alpha-crown"
+            self._record()
 
     def alpha_intermediate(self, steps: int, until: Callable[[], bool] | None = None) -> None:
         """α-CROWN-optimized bounds of the ReLU layers (what a MILP's big-M and a branch need), once: a call stopped
@@ -74,34 +134,51 @@ class _BoundsState:
             self.update(self.bounder.spec_bounds(self.spec))
             if done:
                 self.level = "alpha-milp"
+                self._record()
 
     @property
     def open(self) -> list[int]:
         ex = bounds.excluded(self.lower, self.owner, self.n)
         return [d for d in range(self.n) if not ex[d]]
 
-    def answer(self, what: str, problem: Problem) -> tuple[str, None, str]:
+    def answer(self, what: str, problem: Problem, lower: torch.Tensor | None = None) -> tuple[str, None, str]:
+        """The answer the bounds give: `lower` (default: the best rows' bounds so far) decides it."""
+        lower = self.lower if lower is None else lower
         problem.info["unstable_tight"] = sum(self.bounder.result().unstable())
-        problem.info["margin_lb"] = float(self._margin())
+        ex = bounds.excluded(lower, self.owner, self.n)
+        margin = self._margin(lower)
+        if all(ex):
+            return "unsat", None, f"{what}: every disjunct excluded (smallest margin {margin:.4g})"
+        return "unknown", None, f"{what}: {ex.count(False)}/{self.n} disjuncts open (smallest margin {margin:.4g})"
+
+    @property
+    def stage(self) -> str:
+        """The link whose bounds these are (the stage a first-pass answer names)."""
+        return self.level
+
+    def verdict(self) -> str:
+        """What the bounds found so far, in one phrase (the first pass's answer when they decide the property)."""
+        name = {"ibp": "IBP", "crown": "CROWN", "alpha-crown": "α-CROWN"}.get(self.level, self.level)
         opn = self.open
         if not opn:
-            return "unsat", None, f"{what}: every disjunct excluded (smallest margin {self._margin():.4g})"
-        return "unknown", None, f"{what}: {len(opn)}/{self.n} disjuncts open (smallest margin {self._margin():.4g})"
+            return f"{name}: every disjunct excluded (smallest margin {self._margin():.4g})"
+        return f"{name}: {len(opn)}/{self.n} disjuncts open (smallest margin {self._margin():.4g})"
 
-    def _margin(self) -> float:
+    def _margin(self, lower: torch.Tensor | None = None) -> float:
         """The best row of the hardest disjunct: > 0 proves the property."""
         best = [-np.inf] * self.n
-        for v, j in zip(self.lower.tolist(), self.owner):
+        for v, j in zip((self.lower if lower is None else lower).tolist(), self.owner):
             best[j] = max(best[j], v)
         return min(best)
 
 
-def _state(problem: Problem, k: int, budget: Budget) -> _BoundsState:
+def _state(problem: Problem, k: int, budget: Budget | None = None) -> _BoundsState:
     key = ("bounds", k)
     if key not in problem.cache:
         problem.cache[key] = _BoundsState(problem, k, budget)
     st = problem.cache[key]
-    st.bounder.expired = budget.expired
+    if budget is not None:
+        st.bounder.expired = budget.expired
     return st
 
 
@@ -111,12 +188,15 @@ class IbpVerifier(Verifier):
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
-        return st.answer("IBP", problem)
+        return st.answer("IBP", problem, st.ibp)  # interval arithmetic's own answer, whatever else ran before
 
 
 @register_verifier("crown")
 class CrownVerifier(Verifier):
     """CROWN: back-substitution bounds for every layer, then for the property's rows: unsat or unknown."""
+
+    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
+        return _state(problem, k)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
@@ -133,14 +213,19 @@ class AlphaCrownVerifier(Verifier):
     def __init__(self, steps: int = 30, lr: float = 0.1, intermediate: bool = False) -> None:
         self.steps, self.lr, self.intermediate = int(steps), float(lr), bool(intermediate)
 
+    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
+        return _state(problem, k)
+
+    def alpha_pass(self) -> tuple[int, float] | None:
+        return None if self.intermediate else (self.steps, self.lr)
+
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
         st.crown()
         if st.open and st.level == "crown":
             if self.intermediate:
                 st.bounder.alpha_intermediate(max(1, self.steps * 2 // 3), self.lr)
-            st.update(st.bounder.alpha_spec(st.spec, st.owner, self.steps, self.lr))
-            st.level = "alpha-crown"
+            st.alpha_done(st.bounder.alpha_spec(st.spec, st.owner, self.steps, self.lr), True)
         return st.answer("α-CROWN", problem)
 
 
@@ -156,6 +241,9 @@ class MilpVerifier(Verifier):
                  skip_closed: bool = True) -> None:
         self.margin, self.lp_first, self.tighten, self.steps = float(margin), bool(lp_first), bool(tighten), int(steps)
         self.skip_closed = bool(skip_closed)  # False: every disjunct through the MILP, even those the bounds closed
+
+    def bound_pass(self, problem: Problem, k: int) -> _BoundsState | None:
+        return _state(problem, k) if self.tighten else None
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         st = _state(problem, k, budget)
@@ -213,6 +301,41 @@ class MarabouVerifier(Verifier):
         return Answer(status, message=msg, stage=self.name)
 
 
+class _ViaReluState(_BoundsState):
+    """The via-relu route's bounds: those of the smooth network's ReLU version (`Graph.relu_version`, same weights) on
+    the property's box, as a first bound pass like any other; the margin it records is the smooth network's (the
+    ReLU version's rows minus their |smooth − ReLU| gap)."""
+
+    what = "CROWN on the ReLU version"
+    stage = "via-relu"
+
+    def __init__(self, problem: Problem, k: int, relu: Graph):
+        self.smooth = problem.network
+        super().__init__(problem, k, graph=relu)
+
+    def margins(self, lower: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the smooth network's row bounds: the ReLU version's minus Σ_k |C_rk|·Δ_k, the gap Δ per output)."""
+        gap = bounds.swap_gap(self.smooth, self.bounder.pre)
+        return (self.lower if lower is None else lower) - self.spec.C.abs() @ gap, gap
+
+    def _record(self) -> None:
+        self.info["bound"] = self.level
+        margin, gap = self.margins()
+        self.info["margin_lb"] = float(self._margin(margin))
+        self.info["gap_max"] = float(gap.max())
+
+    @property
+    def open(self) -> list[int]:
+        ex = bounds.excluded(self.margins()[0], self.owner, self.n)
+        return [d for d in range(self.n) if not ex[d]]
+
+    def verdict(self) -> str:
+        method = {"ibp": "IBP", "crown": "CROWN", "alpha-crown": "α-CROWN"}.get(self.level, self.level)
+        margin, gap = self.margins()
+        return (f"ReLU version's margin by {method} minus the |smooth − ReLU| bound (largest {float(gap.max()):.3g}): "
+                f"smallest {self._margin(margin):.4g}")
+
+
 @register_verifier("via-relu")
 class ViaReluVerifier(Verifier):
     """A certificate for a smooth network through its ReLU version (same weights, every gate → ReLU):
@@ -223,43 +346,38 @@ class ViaReluVerifier(Verifier):
 
     def __init__(self, steps: int = 20, lr: float = 0.1) -> None:
         self.steps, self.lr = int(steps), float(lr)
+        self._relu: dict[int, tuple[Graph, Graph]] = {}  # id(smooth graph) → (it, its ReLU version): one per network
+
+    def bound_pass(self, problem: Problem, k: int) -> _ViaReluState:
+        key = ("via-relu", k)
+        if key not in problem.cache:
+            smooth = problem.network
+            if id(smooth) not in self._relu:
+                self._relu[id(smooth)] = (smooth, smooth.relu_version())
+            problem.cache[key] = _ViaReluState(problem, k, self._relu[id(smooth)][1])
+        return problem.cache[key]
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        smooth = problem.network
-        spec = problem.specs[k]
-        b = bounds.Bounder(smooth.relu_version(), spec.lb, spec.ub, budget.expired)
-        rows, owner = bounds.Spec.from_disjuncts(spec.disjuncts, b.device)
-        b.crown()
-        lower = b.spec_bounds(rows)
-        n = len(spec.disjuncts)
-
-        def certified(lower: torch.Tensor) -> tuple[list[bool], torch.Tensor, torch.Tensor]:
-            gap = bounds.swap_gap(smooth, b.pre)
-            margin = lower - rows.C.abs() @ gap
-            return bounds.excluded(margin, owner, n), margin, gap
-
-        ex, margin, gap = certified(lower)
-        method = "CROWN"
+        st = self.bound_pass(problem, k)
+        b, rows, owner, n = st.bounder, st.spec, st.owner, st.n
+        b.expired = budget.expired
+        st.crown()
+        if st.level == "ibp":
+            return "timeout", None, f"{st.verdict()}; CROWN did not finish in its time"
+        margin, gap = st.margins()
         # α-CROWN tightens the margin and the intervals (so the gap) by tens of percent, not by orders of magnitude:
         # hopeless when, for some disjunct, every row's gap term exceeds twice its ReLU margin bound (GELU, λ = 1)
         term = rows.C.abs() @ gap
         beyond = [True] * n
-        for v, t, j in zip(lower.tolist(), term.tolist(), owner):
+        for v, t, j in zip(st.lower.tolist(), term.tolist(), owner):
             beyond[j] = beyond[j] and t > 2 * abs(v)
         hopeless = any(beyond)
-        if not all(ex) and not hopeless and not budget.expired():
+        if st.level == "crown" and not all(bounds.excluded(margin, owner, n)) and not hopeless and not budget.expired():
             b.alpha_intermediate(self.steps, self.lr)  # tighter intervals shrink the gap too
-            lower = torch.maximum(lower, b.alpha_spec(rows, owner, self.steps, self.lr))
-            ex, margin, gap = certified(lower)
-            method = "α-CROWN"
-        best = [-np.inf] * n
-        for v, j in zip(margin.tolist(), owner):
-            best[j] = max(best[j], v)
-        problem.info.update(margin_lb=float(min(best)), gap_max=float(gap.max()), relu_margin_lb=float(lower.max()),
-                            unstable_tight=sum(b.result().unstable()))
-        what = (f"ReLU version's margin by {method} minus the |smooth − ReLU| bound (largest {float(gap.max()):.3g}): "
-                f"smallest {min(best):.4g}")
-        return ("unsat" if all(ex) else "unknown"), None, what
+            st.alpha_done(b.alpha_spec(rows, owner, self.steps, self.lr), not budget.expired())
+            margin, gap = st.margins()
+        problem.info.update(relu_margin_lb=float(st.lower.max()), unstable_tight=sum(b.result().unstable()))
+        return ("unsat" if all(bounds.excluded(margin, owner, n)) else "unknown"), None, st.verdict()
 
 
 # the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: on the 2-block
@@ -293,6 +411,9 @@ class BabVerifier(Verifier):
         if not 0 < float(intermediate_share) <= 1:
             raise ValueError(f"intermediate_share must be in (0, 1], got {intermediate_share}")
         self.intermediate_share = float(intermediate_share)
+
+    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
+        return _state(problem, k)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         from . import bab

@@ -26,6 +26,7 @@ import argparse
 import csv
 import gzip
 import io
+import math
 import shutil
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.atomic_io import atomic_write_text
 
 from . import harness
-from .problem import RESULTS
+from .problem import RESULTS, open_reason
 from .registry import get_verifier
 from .vnnlib import format_witness, read_instances_csv
 
@@ -131,7 +132,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
                   verifier: str = "auto", category: str | None = None, clock: str = "wall",
                   instances: str = "instances.csv", log: Callable[[str], None] | None = None, jobs: int = 1,
                   shard: str | None = None, progress: bool = False, device: str = "auto", wall_s: float | None = None,
-                  **options: Any) -> list[dict[str, Any]]:
+                  note: Callable[[str], None] | None = None, **options: Any) -> list[dict[str, Any]]:
     """Run the instances of a benchmark folder (those of `shard` "K/N", or all) with `jobs` worker processes;
     writes `out_csv` (rewritten as instances finish, in the folder's order, so a killed run keeps what it
     finished) and the witnesses; returns the rows, each with its `message`. `progress`: show each answer as it
@@ -139,7 +140,12 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
 
     `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links; `device`: where they
     compute (auto | cpu | cuda | cuda:N; the jobs share one GPU); `wall_s`: all instances together in at most this many
-    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit)."""
+    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit). `note(line)`: one line
+    per network whose measured CROWN pass (on its first instance) the instances' limit cannot cover (`harness.shortfall`).
+
+    The instances of one network get their first bound pass together (`harness`: CROWN batched over them, each
+    instance's share of it counted in its run_time) before any instance gets its own turn; a returned row also says
+    why an open instance is open (`reason`: budget, timeout, unknown, error; results.csv keeps VNN-COMP's words)."""
     folder = Path(folder)
     out_csv = Path(out_csv)
     log = log or (lambda msg: None)
@@ -175,7 +181,7 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
             for src in (onnx_src, vnn_src):
                 if src.is_file() and src not in plain:
                     plain[src] = _plain(src, tmp)
-            tasks.append(harness.FileTask(key=(onnx_rel, vnnlib_rel), verifier=verifier,
+            tasks.append(harness.FileTask(key=(onnx_rel, vnnlib_rel), verifier=verifier, network=onnx_rel,
                                           timeout=float(timeout_override) if timeout_override is not None else timeout,
                                           onnx=plain.get(onnx_src, onnx_src), vnnlib=plain.get(vnn_src, vnn_src)))
 
@@ -184,15 +190,28 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
             res = o.result
             rows[o.index] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel, "prepare_time": o.prepare_seconds,
                              "result": res.status, "run_time": res.seconds, "message": res.message, "stage": res.stage,
-                             "info": res.info}
+                             "reason": open_reason(res), "info": res.info}
             if res.status == "sat":
                 atomic_write_text(witness_path(out_csv, onnx_rel, vnnlib_rel), format_witness(res.counterexample, res.output))
             elif res.status == "error":
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
             write()
 
-        for o in harness.run(tasks, harness.PerTask(timeout_override or 60.0, wall_s), jobs=jobs, clock=clock, on_done=done,
-                             options=options, progress="vnncomp" if progress else None, label=" ".join, device=device):
+        limits = harness.PerTask(timeout_override or 60.0, wall_s)
+        said: set[str] = set()
+
+        def planned(plan: harness.Plan) -> None:
+            need = harness.shortfall([plan], limits)
+            names = ", ".join(c.network for c in plan.costs)
+            if need is not None and names not in said and note is not None:
+                said.add(names)
+                costs = ", ".join(f"{'at least ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
+                note(f"{names}: one CROWN pass took {costs} (its first instance), more than {harness.PASS_SHARE:g} of "
+                     f"its instances' limit of {plan.limit:g} s: those whose pass does not finish end with no bound; "
+                     f"--timeout {math.ceil(need)} would cover it")
+
+        for o in harness.run(tasks, limits, jobs=jobs, clock=clock, on_done=done, options=options,
+                             progress="vnncomp" if progress else None, label=" ".join, device=device, on_plan=planned):
             if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
                 done(o)
     write()
@@ -247,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
     p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
     p.add_argument("--timeout", type=float, default=None, help="per-instance limit in wall seconds (default: instances.csv's)")
-    p.add_argument("--verifier", default="auto", help="a verifier or chain a+b (default auto: pgd+crown+alpha-crown+bab)")
+    p.add_argument("--verifier", default="auto", help="a verifier or chain a+b (default auto: crown+pgd+alpha-crown+bab)")
     p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
     p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
@@ -282,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         rows = run_benchmark(args.folder, out, args.timeout, args.verifier, args.category, args.clock, args.instances, log,
-                             args.jobs, args.shard, progress=True, device=args.device)
+                             args.jobs, args.shard, progress=True, device=args.device,
+                             note=lambda line: print(f"note: {line}", file=sys.stderr))
     except (BenchmarkError, ValueError) as e:
         print(f"error: {_problem_line(e)}", file=sys.stderr)
         return 2

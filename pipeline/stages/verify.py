@@ -4,19 +4,28 @@ int8 model and the smooth network the user trained. The properties and which net
 decides them: `analysis/verification/`; the stage's section of report.md: `pipeline/stages/verify_report.py`.
 
 Time: one wall-clock budget for the float networks' properties (``verify.budget_s``, ReLU and smooth), shared
-through the one property loop (`analysis.verification.harness.StageBudget`): rounds of growing per-property limits,
-so easy properties finish first and the time they leave goes to the hard ones; then the int8 models' properties
-the same way under their own ``verify.int8_budget_s``, so that what they add to the stage is bounded apart.
-``verify.timeout_s`` > 0 caps any one property. ``verify.jobs`` worker processes (0: the run's thread count) solve
-properties side by side, on ``verify.device``.
+through the one property loop (`analysis.verification.harness.StageBudget`): first one bound pass for every property
+(CROWN, the properties of a network batched; then α-CROWN where there is time), its cost measured on each network's
+first property; when the budget cannot cover one pass per property, one line in the log says so with the budget
+that would. Then rounds of growing per-property limits for what is still open (the attack a probe with its own small
+share, then branch and bound), the properties nearest to a decision first, so easy properties finish first and the
+time they leave goes to the hard ones; then the int8 models' properties the same way under their own
+``verify.int8_budget_s``, so that what they add to the stage is bounded apart. ``verify.timeout_s`` > 0 caps any one
+property. ``verify.jobs`` worker processes (0: the run's thread count) solve properties side by side, on
+``verify.device``.
 
 Reads: `swap/<variant>/relu.pt`, `train/<variant>/best.pt`, `quantize/quantize.json` and its int8 files, each variant's
 record, the validation split. Writes under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
-``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, or the cap), ``results.csv``
+``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, at least what its network's first
+bound pass needs as measured (`harness.PASS_SHARE` of the limit, rounded up to a second), or the cap), ``results.csv``
 (VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
-``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, wall
-and CPU seconds, unstable ReLUs by IBP and by the tight bounds, margin lower bound, message), ``smooth.csv``,
-``chain.csv``, ``summary.json``. A further verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
+``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, why an
+open one is open (``reason``: ``budget`` when no bound pass finished in its time, ``timeout`` when the search after it
+ran out, ``unknown``, ``error``; `analysis.verification.problem.open_reason`), wall and CPU seconds (all it spent: its
+share of the first pass and its turns), unstable ReLUs by IBP and by the tight bounds, the best bound pass that
+finished and its margin lower bound, message), ``smooth.csv`` (the same per route), ``chain.csv``, ``summary.json``
+(with each part's first pass: the measured cost of one pass per network, whether the budget covered it). A further
+verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
 
 Resumable per property: ``details.csv`` and ``smooth.csv`` are rewritten as answers arrive; a rerun keeps the
 rows marked final and solves the rest.
@@ -24,6 +33,7 @@ rows marked final and solves the rest.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,9 +43,10 @@ import numpy as np
 import torch
 
 from analysis.robustness.chain import CHAIN_FIELDS, chain_rows, conflicts
-from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, SMOOTH_NETWORK, Kind, is_int8,
+from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, is_int8,
                                             relu_properties, smooth_properties)
 from analysis.verification import harness, registry
+from analysis.verification.problem import open_reason
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
 from pipeline.atomic_io import atomic_write_csv, atomic_write_json, atomic_write_text
@@ -44,12 +55,13 @@ from pipeline.data import dataset_for
 from pipeline.progress import Progress
 from pipeline.rundir import RunDir
 
-DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "result", "stage", "seconds",
-                 "cpu_seconds", "prepare_seconds", "unstable_ibp", "unstable_tight", "relus", "margin_lb", "vnnlib",
-                 "witness", "final", "message"]
-SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "stage", "seconds",
-                 "margin_lb", "gap_max", "final", "message"]
+DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "result", "reason", "stage", "seconds",
+                 "cpu_seconds", "prepare_seconds", "unstable_ibp", "unstable_tight", "relus", "bound", "margin_lb",
+                 "vnnlib", "witness", "final", "message"]
+SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "reason", "stage",
+                 "seconds", "bound", "margin_lb", "gap_max", "final", "message"]
 PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
+BUDGET_ROOM = 1.2  # the budget a short one names: the estimated need with this much room, rounded up to 10 s
 
 
 def validate_config(cfg: Config) -> None:
@@ -120,7 +132,12 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
                  True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
         write_instances_csv(out / "instances.csv", [(o, v, round(share[is_int8(Path(o).stem)], 3))
                                                      for o, v in relu.instances])
-        seconds, int8_wall = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
+        seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
+        if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
+            need = {name: c["seconds"] / harness.PASS_SHARE for rec in passes.values() for name, c in rec["costs"].items()}
+            write_instances_csv(out / "instances.csv", [
+                (o, v, round(max(share[is_int8(Path(o).stem)], math.ceil(need.get(Path(o).name, 0.0))), 3))
+                for o, v in relu.instances])
     finally:
         torch.set_num_threads(threads)
     verified = [name for name, m in relu.models.items() if m.get("onnx")]
@@ -144,12 +161,16 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         "eps_units": _eps_units(info),
         "budget_s": vcfg.budget_s, "int8_budget_s": vcfg.int8_budget_s if vcfg.int8 else 0.0, "timeout_s": vcfg.timeout_s,
         "jobs": jobs, "device": device, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
+        "first_pass": passes,
         "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
         "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
         "decided": {"relu": _decided([r for r in relu_rows if not is_int8(r["variant"])]),
-                    "int8": _decided([r for r in relu_rows if is_int8(r["variant"])]), "smooth": _decided(smooth_rows)},
+                    "int8": _decided([r for r in relu_rows if is_int8(r["variant"])]),
+                    "smooth": _decided(_either_route(smooth_rows)),
+                    "smooth_routes": {route: _decided([r for r in smooth_rows if r["route"] == route]) for route in ROUTES}},
         "int8_seconds": round(sum(float(r.get("seconds") or 0) for r in relu_rows if is_int8(r["variant"])), 3),
         "chain": chain_rows(cfg.variants, relu_rows, smooth_rows, names[0]),
+        "open": open_rows(relu_rows, smooth_rows, names[0]),
         "conflicts": conflicts(relu_rows), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_csv(out / "chain.csv", summary["chain"], CHAIN_FIELDS)
@@ -178,16 +199,46 @@ def _eps_units(info) -> str:
     return f"the input's own units (valid range {info.input_low} to {info.input_high})"
 
 
+def open_rows(relu_rows: Sequence[dict[str, Any]], smooth_rows: Sequence[dict[str, Any]], verifier: str
+              ) -> list[dict[str, Any]]:
+    """Every open property (the first verifier's rows; a smooth property only when neither route decided it, once per
+    route): its network, why it is open and the best margin bound found (> 0 would have proved it)."""
+    out = []
+    for r in relu_rows:
+        if r["verifier"] == verifier and r["result"] not in ("sat", "unsat"):
+            out.append({"model": r["variant"], "network": "int8" if is_int8(r["variant"]) else "float ReLU",
+                        "sample": int(r["sample"]), "eps": float(r["eps"]), "result": r["result"],
+                        "reason": r.get("reason", ""), "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
+    decided = {(r["variant"], r["sample"], r["eps"]) for r in smooth_rows if r["result"] in ("sat", "unsat")}
+    for r in smooth_rows:
+        if (r["variant"], r["sample"], r["eps"]) not in decided:
+            out.append({"model": r["variant"], "network": f"smooth ({r['route']})", "sample": int(r["sample"]),
+                        "eps": float(r["eps"]), "result": r["result"], "reason": r.get("reason", ""),
+                        "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
+    return out
+
+
+def _either_route(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per smooth property (variant, sample, ε): decided when either route decided it."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        key = (r["variant"], r["sample"], r["eps"])
+        if key not in out or r["result"] in ("sat", "unsat"):
+            out[key] = r
+    return list(out.values())
+
+
 def _decided(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     d = sum(r["result"] in ("sat", "unsat") for r in rows)
     return {"properties": len(rows), "decided": d, "fraction": d / len(rows) if rows else None}
 
 
 def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_keys: set[Any], clock: str,
-           jobs: int, device: str = "cpu") -> tuple[float, float]:
+           jobs: int, device: str = "cpu") -> tuple[float, float, dict[str, Any]]:
     """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
-    models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of both, and of
-    the int8 part."""
+    models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of
+    both, of the int8 part, and each part's first pass (`pass_record`). When a budget cannot cover one bound pass per
+    property (measured on each network's first), one line says so with the budget that would."""
     tasks = relu.tasks + smooth.tasks
     is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
 
@@ -205,25 +256,26 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
 
     def done(o: harness.Outcome) -> None:
         res = o.result
+        common = dict(result=res.status, reason=open_reason(res), stage=res.stage, seconds=round(res.seconds, 4),
+                      bound=res.info.get("bound", ""), margin_lb=_r(res.info.get("margin_lb")), final=int(o.final),
+                      message=_clean(res.message))
         if is_relu[o.key]:
             row = relu.rows[o.key]
             wfile = witness_path(out / "results.csv", f"onnx/{row['variant']}.onnx", row["vnnlib"])
-            row.update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
-                       cpu_seconds=round(res.cpu_seconds, 4), prepare_seconds=round(o.prepare_seconds, 4),
+            row.update(common, cpu_seconds=round(res.cpu_seconds, 4), prepare_seconds=round(o.prepare_seconds, 4),
                        unstable_ibp=res.info.get("unstable_ibp", ""), unstable_tight=res.info.get("unstable_tight", ""),
-                       margin_lb=_r(res.info.get("margin_lb")), witness="", final=int(o.final), message=_clean(res.message))
+                       witness="")
             if res.status == "sat" and o.final:
                 atomic_write_text(wfile, format_witness(res.counterexample, res.output))
                 row["witness"] = wfile.relative_to(out).as_posix()
         else:
-            smooth.rows[o.key].update(result=res.status, stage=res.stage, seconds=round(res.seconds, 4),
-                                      margin_lb=_r(res.info.get("margin_lb")), gap_max=_r(res.info.get("gap_max")),
-                                      final=int(o.final), message=_clean(res.message))
+            smooth.rows[o.key].update(common, gap_max=_r(res.info.get("gap_max")))
         save()
 
     save()
     started = time.perf_counter()
     int8_seconds = 0.0
+    passes: dict[str, Any] = {}
     if tasks:
         finished: dict[str, int] = {}
         with Progress("verify", len(tasks), "property", every_s=PROGRESS_EVERY_S) as bar:
@@ -234,13 +286,85 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
                     bar.step(line=f"    verify: {sum(finished.values())}/{len(tasks)} properties final ("
                                   + ", ".join(f"{k} {n}" for k, n in sorted(finished.items())) + ")")
 
-            for int8, budget in ((False, vcfg.budget_s), (True, vcfg.int8_budget_s)):
+            for int8, budget, setting in ((False, vcfg.budget_s, "verify.budget_s"),
+                                          (True, vcfg.int8_budget_s, "verify.int8_budget_s")):
                 part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
+                    plans: list[harness.Plan] = []
+                    said: list[str] = []
+
+                    def planned(plan: harness.Plan, budget: float = budget, setting: str = setting,
+                                part: list = part, plans: list = plans, said: list = said) -> None:
+                        # once every worker has measured (before the passes go on), and again once every worker's
+                        # pass has ended (a batch can cost more per property than one alone): one line, once
+                        plans.append(plan)
+                        latest = {p.worker: p for p in plans}
+                        phases = {p.reached is None for p in latest.values()}
+                        if said or len(latest) < plan.workers or len(phases) > 1:
+                            return
+                        line = budget_line(plans, budget, setting, sum(t.known is None for t in part))
+                        if line:
+                            said.append(line)
+                            bar.note(line)
+
                     harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
-                                device=device)
+                                device=device, on_plan=planned)
+                    passes["int8" if int8 else "float"] = pass_record(plans, budget, setting, sum(t.known is None for t in part))
                     if int8:
                         int8_seconds = time.perf_counter() - t0
     save()
-    return time.perf_counter() - started, int8_seconds
+    return time.perf_counter() - started, int8_seconds, passes
+
+
+def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> str | None:
+    """One line when `setting` (= `budget` seconds) cannot cover one bound pass per property, with the budget that
+    would (None when it covers them): the measured cost of one pass of each network, on its first property, or, once
+    the pass is over, how many properties it reached."""
+    need = harness.shortfall(plans, harness.StageBudget(budget))
+    if need is None:
+        return None
+    costs: dict[str, Any] = {}
+    for plan in plans:
+        for c in plan.costs:
+            if c.network not in costs or c.seconds > costs[c.network].seconds:
+                costs[c.network] = c
+    each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
+    latest = list({p.worker: p for p in plans}.values())
+    if all(p.reached is not None for p in latest):
+        reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
+        how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
+               f"CROWN pass took {each} on each network's first property alone)")
+    else:
+        lower = "at least " if not all(c.finished for c in costs.values()) else ""
+        how = (f"one CROWN pass took {each} (each network's first property); {properties} properties on "
+               f"{plans[0].workers} worker(s) need {lower}{need:.0f} s for it")
+    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: {how}; {setting}={_would(need)} "
+            f"would. The pass runs for every property first; the properties it leaves open without time say `budget` "
+            f"in details.csv.")
+
+
+def pass_record(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> dict[str, Any]:
+    """What summary.json keeps of the first pass: each network's measured pass, the estimate (or, once the pass ended
+    short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
+    did not."""
+    costs: dict[str, dict[str, Any]] = {}
+    latest = list({p.worker: p for p in plans}.values())
+    for plan in latest:
+        for c in plan.costs:
+            mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
+            mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
+            mine["finished"] = mine["finished"] and c.finished
+            mine["properties"] += c.properties
+    short = harness.shortfall(plans, harness.StageBudget(budget))
+    done = [p for p in latest if p.reached is not None]
+    return {"setting": setting, "budget_s": budget, "costs": costs,
+            "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
+            "would_s": None if short is None else _would(short),
+            "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
+            "line": (budget_line(plans, budget, setting, properties) or "").strip()}
+
+
+def _would(need: float) -> int:
+    """The budget a short one names: the need with room, rounded up to 10 s."""
+    return math.ceil(need * BUDGET_ROOM / 10) * 10

@@ -55,6 +55,47 @@ def _sec(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
 
+def _first_pass_lines(s: dict[str, Any]) -> list[str]:
+    """What one bound pass of each network cost (measured on its first property), and the stage's line when a budget
+    could not cover one pass per property."""
+    out = []
+    for part, rec in (s.get("first_pass") or {}).items():
+        costs = ", ".join(f"{name} {'≥ ' if not c['finished'] else ''}{c['seconds']:.3g} s"
+                          for name, c in rec["costs"].items())
+        if not costs:
+            continue
+        what = "int8 models" if part == "int8" else "float networks"
+        line = (f"One bound pass (CROWN) per {what[:-1]}, measured on its first property: {costs}; estimated "
+                f"{rec['needed_s']:.1f} s for every property's pass against `{rec['setting']}` = {rec['budget_s']:g} s.")
+        if not rec["covered"]:
+            line += (f" **The budget did not cover it**: `{rec['setting']}` = {rec['would_s']} would (the stage said so "
+                     "in its log); the properties left without a finished pass say `budget` below.")
+        out.append(line)
+    return out
+
+
+def _open_section(rows: Sequence[dict[str, Any]]) -> str:
+    """Each open property's reason and best margin bound, grouped per model, network and ε."""
+    if not rows:
+        return "Open properties: none: every property was decided."
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["network"], r["eps"]), []).append(r)
+    body = []
+    for (model, network, eps), sel in groups.items():
+        reasons: dict[str, int] = {}
+        for r in sel:
+            reasons[r["reason"] or r["result"]] = reasons.get(r["reason"] or r["result"], 0) + 1
+        margins = ", ".join(f"{r['sample']}: " + ("—" if r["margin_lb"] in ("", None) else f"{float(r['margin_lb']):.3g}")
+                            + (f" ({r['bound']})" if r.get("bound") else "") for r in sorted(sel, key=lambda r: r["sample"]))
+        body.append([model, network, f"{eps:g}", len(sel), ", ".join(f"{k} {n}" for k, n in reasons.items()), margins])
+    return ("Open properties, why, and the best margin bound found per sample (> 0 would prove it; in brackets the "
+            "last bound pass that finished): `budget` = no bound pass finished in the time the property had, "
+            "`timeout` = the search after its bounds ran out, `unknown` = an incomplete method ended undecided. "
+            "Per property in `verify/details.csv` (`reason`, `bound`, `margin_lb`) and `verify/smooth.csv`.\n\n"
+            + table(["model", "network", "ε", "open", "why", "margin bound per sample"], body))
+
+
 def report_section(cfg: Config, run: RunDir) -> str | None:
     """Markdown for report.md: one certified-fraction table (swapped ReLU networks, and the smooth networks by
     both routes) per eps, how each was decided, and which network each certificate is about. None when the
@@ -73,13 +114,19 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     if missing:  # first, before any table: what was not verified at all
         out.append("**Not verified** (no property of these networks was checked):\n\n"
                    + "\n".join(f"- `{m}`: {why}" for m, why in missing.items()))
+    smooth_dec = s["decided"].get("smooth") if "smooth_routes" in s["decided"] else None
+    also = (f", {smooth_dec['decided']} of {smooth_dec['properties']} smooth ones (either route)"
+            if smooth_dec and smooth_dec["properties"] else "")
     out += [f"Properties: {s['sample_selection']}; the true class's logit beats every other on the L∞ box of radius ε "
            f"clipped to the input range {s['input_range']} (ε in {s['eps_units']}). Time: one budget of {s['budget_s']:g} s "
-           f"for the float networks, shared by their properties (easy ones first, what they leave to the hard ones{cap}; "
-           f"{clock} seconds per property, {s['jobs']} worker process(es)); solving took {s['solve_seconds']:.1f} s. "
-           f"Decided: {dec['decided']} of {dec['properties']} ReLU properties. Certified = unsat (proved); falsified = "
-           f"sat (a counterexample, re-checked in float32 on the network itself; a sample the network already "
-           f"misclassifies counts as falsified)."]
+           f"for the float networks, shared by their properties: first one bound pass for every property (CROWN, the "
+           f"properties of a network batched, then α-CROWN where there is time), then what is still open, nearest to a "
+           f"decision first (the attack a probe with a small share of each turn, then branch and bound; easy ones "
+           f"first, what they leave to the hard ones{cap}; {clock} seconds per property, {s['jobs']} worker "
+           f"process(es)); solving took {s['solve_seconds']:.1f} s. Decided: {dec['decided']} of {dec['properties']} "
+           f"float ReLU properties{also}. Certified = unsat (proved); falsified = sat (a counterexample, re-checked in "
+           f"float32 on the network itself; a sample the network already misclassifies counts as falsified)."]
+    out += _first_pass_lines(s)
     eps_cols = [f"ε = {e:g}" for e in s["epsilons"]]
     rows = []
     for v in [m for m, x in s["models"].items() if x.get("onnx")]:
@@ -142,6 +189,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         took = (f"in {s['int8_solve_seconds']:.1f} s (their own budget of {s['int8_budget_s']:g} s, after the float "
                 "networks')") if "int8_solve_seconds" in s else f"in {s['int8_seconds']:.1f} s of solving (summed over properties)"
         out.append(f"int8 models: {d8['decided']} of {d8['properties']} properties decided {took}.")
+    if s.get("open") is not None:
+        out.append(_open_section(s["open"]))
     if s.get("chain"):
         crow = [[c["variant"], c["sample"], c["eps"], c["smooth_direct"], c["smooth_via_relu"], c["relu"], c["int8"],
                  c["carries_over"]] for c in s["chain"]]
