@@ -98,3 +98,17 @@ def test_an_integer_input_is_refused_in_its_own_terms():
         from_onnx(make_model(graph, 17))
     assert e.value.what == "an integer input (int64: token ids or indices)" and "embedding" in e.value.fix
     assert "\n" not in str(e.value)
+
+
+def test_the_decided_column_quotes_the_measured_runs_summaries(generated):
+    # every measured run named exists with its summary and config; each cell's counts are the summary's own
+    import json
+    assert set(coverage.MEASURED) <= set(MODELS)
+    for name, folders in coverage.MEASURED.items():
+        cell = generated[name][coverage.DECIDED]
+        for folder in folders:
+            summary = json.loads((coverage.BENCHMARKS / folder / "summary.json").read_text())
+            d = summary["decided"]
+            counts = f"{d['relu']['decided']}/{d['relu']['properties']} · {d['smooth']['decided']}/{d['smooth']['properties']}"
+            assert counts in cell and f"benchmarks/{folder}/summary.json" in cell, (name, folder, cell)
+    assert all(c[coverage.DECIDED] == coverage.UNMEASURED for n, c in generated.items() if n not in coverage.MEASURED)

@@ -17,6 +17,10 @@ The last column says which other verifiers' loaders read the float ReLU file tha
 from its committed record (`PEER_RECORD`), which holds each file's form `signature`: a row whose export no longer has
 the recorded form says "not measured" until the benchmark runs again. "—" where the float ReLU file is not verified here.
 
+The decided column is what the verify stage decided on a trained network of that architecture: read from the
+committed output of a measured run (`MEASURED`: its verify/summary.json, the home of the counts, and its config.json
+for the model's size, the data and ε), never computed here. "not measured" where no run is recorded.
+
     python -m analysis.robustness.coverage      # prints the markdown table
 """
 
@@ -42,8 +46,19 @@ from quantize.verifier_form import signature
 
 KINDS = ("float ReLU", "smooth (λ-GELU)", "int8")
 SECOND = "float ReLU read by a second tool"
-COLUMNS = (*KINDS, SECOND)
-PEER_RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "readers" / "record.json"
+DECIDED = "decided by the verify stage (float ReLU · smooth · int8)"
+COLUMNS = (*KINDS, SECOND, DECIDED)
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+PEER_RECORD = BENCHMARKS / "peers" / "readers" / "record.json"
+# Per architecture, the measured runs whose verify stage the decided column quotes (folders under BENCHMARKS holding a
+# run's verify/summary.json and config.json, committed by benchmarks/verify_time.py); the README links each.
+MEASURED: dict[str, tuple[str, ...]] = {
+    "mlp": ("verify-results/issue40/mlp",),
+    "cnn": ("verify-results/issue40/cnn1632",),
+    "preact_resnet": ("verify-results/issue40/preact816", "verify-results/issue40/preact1632"),
+    "deit_tiny": ("verify-results/issue40/deit32x2",),
+}
+UNMEASURED = "not measured"
 RERUN = "not measured on this form (rerun benchmarks/peers/readers.py)"
 # Tiny instances of every built-in architecture: (model config fields, input shape without the batch axis).
 TINY: dict[str, tuple[dict, tuple[int, ...]]] = {
@@ -102,7 +117,23 @@ def row(name: str, workdir: Path) -> dict[str, str]:
 
     cells = {"float ReLU": _cell(float_relu), "smooth (λ-GELU)": _cell(lambda: from_torch(smooth, shape)), "int8": _cell(int8)}
     cells[SECOND] = second_tools(name, relu_path) if cells["float ReLU"] == READ else "—"
+    cells[DECIDED] = decided(name)
     return cells
+
+
+def decided(name: str) -> str:
+    """Per measured run of this architecture: "<size>, <data>, ε <range>: r/n · s/n · q/n (link)", from its summary."""
+    cells = []
+    for folder in MEASURED.get(name, ()):
+        run = BENCHMARKS / folder
+        summary, config = (json.loads((run / f).read_text()) for f in ("summary.json", "config.json"))
+        size = ", ".join(f"{k} {config['model'][k]}" for k in TINY[name][0])
+        eps = summary["epsilons"]
+        counts = " · ".join(f"{d['decided']}/{d['properties']}" if (d := summary["decided"].get(k)) else "—"
+                            for k in ("relu", "smooth", "int8"))
+        cells.append(f"{counts} ({size}; {config['data']['name']}, ε {min(eps):g}–{max(eps):g}; "
+                     f"[run](benchmarks/{folder}/summary.json))")
+    return "<br>".join(cells) or UNMEASURED
 
 
 @functools.cache
