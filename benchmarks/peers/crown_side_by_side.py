@@ -152,9 +152,9 @@ def summarize(props, our_rows, peer, meta) -> tuple[dict[str, Any], str]:
                 continue
             v = e[tool]
             gap = v.get("ours_minus_theirs_spec_lower")
+            gap_cell = "" if gap is None else f"{gap['min']:+.2e} / {gap['mean']:+.2e}"
             lines.append(f"| {e['property']} | {tool} | {v['seconds']['min']:.3f} ({v['seconds']['median']:.3f}) | "
-                         f"{np.mean(v['spec_lower']):.4f} | {'' if gap is None else f'{gap['min']:+.2e} / {gap['mean']:+.2e}'} | "
-                         f"{v['out_mean_width']:.4f} | {v['unstable_total']} |")
+                         f"{np.mean(v['spec_lower']):.4f} | {gap_cell} | {v['out_mean_width']:.4f} | {v['unstable_total']} |")
     lines += ["", "Per-site unstable counts (ours | auto_LiRPA patches):", ""]
     for e in table:
         if "auto_LiRPA patches" in e:
