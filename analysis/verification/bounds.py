@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.numerics import GAMMA_SLACK, UNDERFLOW, gamma
+from pipeline.numerics import GAMMA_SLACK, UNDERFLOW, U, gamma
 
 from .graph import Graph
 from .ops import DTYPE, Affine, Conv, Gate, Linear, ReLU, UnsupportedModel, as_tensor
@@ -177,6 +177,7 @@ class Bounder:
         self.pre = list(self.ibp_pre)
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
+        self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
         self._cast: dict[torch.dtype, list] = {}  # the ops in another dtype (branch and bound's float32 search)
 
     def ancestors(self, node: int) -> set[int]:
@@ -342,6 +343,18 @@ class Bounder:
                     acc[i] = acc[i] + A if i in acc else A
                     continue
                 al, bl, au, bu = relax
+                if bl is None and sl is None and al.dim() == 1 and A.device.type == "cpu":
+                    # CROWN's ReLU lines: A⁺·al + A⁻·au differs from A·al only on the crossing units (au ≠ al, bu ≠ 0)
+                    cross = self._crossing(s, al, au, bu)
+                    Ac = A[:, cross].clamp(max=0)
+                    const = const + Ac @ bu[cross]
+                    A = A * al
+                    A[:, cross] += Ac * (au - al)[cross]
+                    if extra is not None and s in extra:
+                        A = A + extra[s]
+                    i = n.inputs[0]
+                    acc[i] = acc[i] + A if i in acc else A
+                    continue
             # A⁺·al + A⁻·au as A·al + A⁻·(au − al): two passes over A instead of four
             An = A.clamp(max=0)
             const = const + _dot(An, bu) + (0 if bl is None else _dot(A.clamp(min=0), bl))
@@ -356,6 +369,13 @@ class Bounder:
         if inputs is not None:
             inputs.append(A_in.detach())
         return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
+
+    def _crossing(self, s: int, al: torch.Tensor, au: torch.Tensor, bu: torch.Tensor) -> torch.Tensor:
+        """The units of ReLU site s whose CROWN lines are not one line through 0 (a stable unit's are x or 0), kept until
+        the site's bounds change (as its relaxation)."""
+        if s not in self._cross:
+            self._cross[s] = torch.nonzero((au != al) | (bu != 0)).flatten()
+        return self._cross[s]
 
     def _float32_back(self, k: int, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor] | None:
         """`back` of the Conv node k in float32 where that is sound and pays, as ([Â], c): the float64 result of the
@@ -383,16 +403,24 @@ class Bounder:
             data = self._f32[k] = self._float32_data(k, op)
         if data is False or not _ieee_float32():
             return None
-        Ai = op.back32(A)
-        if Ai is None:
+        out = op.back32(A)
+        if out is None:
+            return None
+        Ai, A32 = out
+        z_mid, y_mid, w32, wsum, g, eta, m = data
+        # Σ_j |A_j|·w_j from float32: |A| ≤ |fl(A)|/(1 − u) + UNDERFLOW, w ≤ w32 (rounded up), and a float32 sum of m
+        # nonnegative terms is at least (1 − γ_m) of its exact value, less 2m·UNDERFLOW where products underflow
+        s = (A32.abs() @ w32).to(A.dtype)
+        err = g * ((s / (1 - gamma(m)) + 2 * m * UNDERFLOW) / (1 - U) + UNDERFLOW * wsum) + eta
+        c = A @ y_mid - Ai @ z_mid - err
+        if not bool(torch.isfinite(c).all()):  # an inf or NaN in float32 (an overflow) reaches c through Ai·z_mid
             return None
         self._f32_used += 1
-        z_mid, y_mid, w, g, eta = data
-        return [Ai], A @ y_mid - Ai @ z_mid - (g * (A.abs() @ w) + eta)
+        return [Ai], c
 
     def _float32_data(self, k: int, op: Conv):
-        """(z_mid, y_mid, |M|·r, GAMMA_SLACK·γ_{n+2}, η·Σr) for node k's input interval, or False where float32 is not
-        used (`_float32_back`)."""
+        """(z_mid, y_mid, |M|·r in float32 rounded up and its sum, GAMMA_SLACK·γ_{n+2}, η·Σr, the node's size) for
+        node k's input interval, or False where float32 is not used (`_float32_back`)."""
         lo, hi = (t.reshape(-1) for t in self._iv[self.net.nodes[k].inputs[0]])
         wabs = op.weight.abs()
         if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())) \
@@ -404,8 +432,10 @@ class Bounder:
         n = op.back_terms
         y_mid = op.forward(z_mid[None])[0]
         w = op.abs_forward(r[None])[0]
+        w32 = w.float()
+        w32 = torch.where(w32.double() < w, torch.nextafter(w32, torch.full_like(w32, math.inf)), w32)  # rounded up
         eta = ((2 * n - 1) + 2 * n * float(wabs.max())) * UNDERFLOW * float(r.sum())
-        return z_mid, y_mid, w, GAMMA_SLACK * gamma(n + 2), eta
+        return z_mid, y_mid, w32, float(w32.double().sum()), GAMMA_SLACK * gamma(n + 2), eta, w.numel()
 
     def width(self, node: int) -> int:
         """The widest value back-substitution from `node` carries (for chunking its rows)."""
@@ -434,6 +464,7 @@ class Bounder:
         u[idx] = torch.minimum(u[idx], up)
         self.pre[s] = (l, u)
         self._relax_cache.pop(s, None)
+        self._cross.pop(s, None)
 
     def _exact_by_ibp(self, s: int) -> bool:
         """A site fed by one affine op on the input (or the input itself): its interval bounds are the exact range."""

@@ -246,10 +246,25 @@ class Conv(Affine):
         op = [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
               w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
         Ai = A.reshape(rows, *self.out_shape)
+        if (kh, kw) == (1, 1) and self.padding == (0, 0) and self.groups == 1:
+            return [self._back_1x1(Ai)], Ai.sum(dim=(2, 3)) @ self.bias
         if max(op) >= max(self.stride[0], self.dilation[0], self.stride[1], self.dilation[1]):
             raise ValueError(f"Conv {self.in_shape} -> {self.out_shape}: cannot transpose (output padding {op})")
         back = F.conv_transpose2d(Ai, self.weight, None, self.stride, self.padding, tuple(op), self.groups, self.dilation)
         return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
+
+    def _back_1x1(self, Ai: torch.Tensor) -> torch.Tensor:
+        """`back` of an unpadded 1×1 convolution (a normalization, a strided shortcut) as one batched matrix product
+        per pixel, Wᵀ·A, placed on the pixels the stride reads: torch's float64 transposed convolution loops over the
+        rows (10-20x slower here)."""
+        rows, co, ho, wo = Ai.shape
+        ci, h, w = self.in_shape
+        B = torch.matmul(self.weight.reshape(co, ci).T, Ai.reshape(rows, co, ho * wo)).reshape(rows, ci, ho, wo)
+        if self.stride == (1, 1):
+            return B.reshape(rows, -1)
+        out = B.new_zeros(rows, ci, h, w)
+        out[:, :, :(ho - 1) * self.stride[0] + 1:self.stride[0], :(wo - 1) * self.stride[1] + 1:self.stride[1]] = B
+        return out.reshape(rows, -1)
 
     @property
     def back_terms(self) -> int:
@@ -257,12 +272,12 @@ class Conv(Affine):
         kh, kw = self.weight.shape[2:]
         return (self.weight.shape[0] // self.groups) * kh * kw
 
-    def back32(self, A: torch.Tensor) -> torch.Tensor | None:
+    def back32(self, A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`back`'s coefficients on the input computed in float32 (A and the weight rounded to float32, the
         transposed convolution in float32: on the CPU a oneDNN kernel about 10x faster than float64's), returned in
-        float64; None when a value is not finite in float32. Each coefficient is then a float32 dot product of
-        `back_terms` products of rounded factors: its error is what `bounds.Bounder` adds to the bound
-        (`pipeline.numerics`' dot-product bound with two more roundings)."""
+        float64, with A in float32; None where the shapes need what `back` refuses. Each coefficient is a float32 dot
+        product of `back_terms` products of rounded factors: its error is what `bounds.Bounder` adds to the bound
+        (`pipeline.numerics`' dot-product bound with two more roundings); an overflow is an inf there."""
         rows = A.shape[0]
         _c, h, w = self.in_shape
         kh, kw = self.weight.shape[2:]
@@ -271,11 +286,10 @@ class Conv(Affine):
               w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
         if max(op) >= max(self.stride[0], self.dilation[0], self.stride[1], self.dilation[1]):
             return None
-        back = F.conv_transpose2d(A.reshape(rows, *self.out_shape).float(), self.weight.float(), None, self.stride,
+        A32 = A.float()
+        back = F.conv_transpose2d(A32.reshape(rows, *self.out_shape), self.weight.float(), None, self.stride,
                                   self.padding, tuple(op), self.groups, self.dilation)
-        if not bool(torch.isfinite(back.sum())):  # an inf or NaN anywhere makes the sum one (or overflow does: float64)
-            return None
-        return back.reshape(rows, -1).to(A.dtype)
+        return back.reshape(rows, -1).to(A.dtype), A32
 
     def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lo, hi = bounds
