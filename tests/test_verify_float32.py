@@ -58,8 +58,8 @@ def test_back32_coefficients_are_within_the_rounding_bound(cfg):
     conv = _conv(cfg, 0)
     A = _cancelling_rows(conv.out_size, 1)
     exact = conv.back(A)[0][0]
-    got = conv.back32(A)
-    assert got is not None and got.dtype == torch.float64
+    got, A32 = conv.back32(A)
+    assert got.dtype == torch.float64 and A32.dtype == torch.float32
     n = conv.back_terms
     # |A|·|M| through the transposed convolution with |W|
     absconv = Conv(conv.weight.abs(), torch.zeros_like(conv.bias), conv.in_shape, conv.stride, conv.padding,
@@ -185,3 +185,33 @@ def test_a_network_with_gates_is_float64_unless_asked(monkeypatch):
     b = Bounder(net, x0 - 0.05, x0 + 0.05)
     b.crown()
     assert b._f32_used == 0 and any(not isinstance(b.op(s), ReLU) for s in range(len(b.sites)))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_1x1_back_substitution_is_the_transposed_convolution(stride):
+    gen = torch.Generator().manual_seed(stride)
+    conv = Conv(torch.randn(6, 4, 1, 1, generator=gen, dtype=torch.float64), torch.randn(6, generator=gen, dtype=torch.float64),
+                (4, 5, 5), (stride, stride))
+    A = torch.randn(7, conv.out_size, generator=gen, dtype=torch.float64)
+    (got,), c = conv.back(A)
+    ref = F.conv_transpose2d(A.reshape(7, *conv.out_shape), conv.weight, None, conv.stride, 0,
+                             (5 - ((conv.out_shape[1] - 1) * stride + 1),) * 2).reshape(7, -1)
+    assert torch.allclose(got, ref, rtol=0, atol=1e-12)
+    assert torch.allclose(c, A.reshape(7, 6, -1).sum(-1) @ conv.bias, rtol=0, atol=1e-12)
+
+
+def test_relu_step_on_crossing_units_is_the_general_one():
+    """CROWN's ReLU lines applied to the crossing units only (the CPU path without slopes) give what the general
+    step gives with the same lines passed as slopes."""
+    model, shape = cnn("relu", 7)
+    net = from_torch(model, shape)
+    gen = torch.Generator().manual_seed(7)
+    x0 = torch.rand(net.num_inputs, generator=gen, dtype=torch.float64)
+    b = Bounder(net, x0 - 0.1, x0 + 0.1)
+    b.crown()
+    relu = [s for s in range(len(b.sites)) if isinstance(b.op(s), ReLU)]
+    assert any(bool(b._crossing(s, *(b.relaxation(s)[i] for i in (0, 2, 3))).numel()) for s in relu)
+    A = torch.randn(9, net.num_outputs, generator=gen, dtype=torch.float64)
+    slopes = {s: b.relaxation(s)[0].expand(9, -1).clone() for s in relu}
+    fast, general = b.backward(A, b.net.output), b.backward(A, b.net.output, slopes)
+    assert torch.allclose(fast, general, rtol=0, atol=1e-12 * (1 + float(general.abs().max())))
