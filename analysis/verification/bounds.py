@@ -35,6 +35,9 @@ from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_
                           swap_gap_unit)
 
 CHUNK_ELEMENTS = 2 ** 25  # coefficient rows × width per back-substitution batch (256 MB of float64)
+# CROWN's query rows on the CPU, per batch: a batch whose coefficients (1 MB of float64) stay in the core's cache across
+# the ops of a back-substitution step is 35% faster than one batch of all rows on preact_resnet [16,32]
+CPU_CROWN_CHUNK = 2 ** 17
 # A Conv whose back-substitution sums at least this many products per coefficient (`Conv.back_terms`) runs it in
 # float32 on the CPU, its rounding error added to the bound (`Bounder._float32_back`); below it float64's kernel is as
 # fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). 0 turns it off.
@@ -531,7 +534,8 @@ class Bounder:
                 return self.pre[s]
             j = self.site_input[s]
             n = self.pre[s][0].numel()
-            step = max(1, CHUNK_ELEMENTS // max(1, self.width(j)) // 2)
+            chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
+            step = max(1, chunk // max(1, self.width(j)) // 2)
             los, ups = [], []
             for i in range(0, idx.numel(), step):
                 part = idx[i:i + step]
