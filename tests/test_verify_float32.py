@@ -1,7 +1,9 @@
-"""CROWN's float32 convolutions (`Conv.back32`, `Bounder._float32_back`) and the ReLU sites' float32 screen
-(`Bounder._relu_rows`): the float32 coefficients within the rounding bound the bound adds, the bound sound at sampled
-points however A cancels, and a CROWN pass through the screen giving the float64 pass's spec bounds and unstable
-units (SAME_TOL), every interval sound; the gates' float32 sites (FLOAT32_GATES) sound and within F32_TOL."""
+"""CROWN's fast paths on the CPU. Float32 convolutions (`Conv.back32`, `Bounder._float32_back`) and the ReLU sites'
+float32 screen (`Bounder._relu_rows`): the float32 coefficients within the rounding bound the bound adds, the bound
+sound at sampled points however A cancels, and a CROWN pass through the screen giving the float64 pass's spec bounds
+and unstable units (SAME_TOL), every interval sound; the gates' float32 sites (FLOAT32_GATES) sound and within
+F32_TOL. Float64: a Conv's back-substitution by its matrix, by col2im and as 1×1 products equal to the transposed
+convolution; the ReLU step on the crossing units only equal to the general one."""
 
 from __future__ import annotations
 
@@ -215,3 +217,20 @@ def test_relu_step_on_crossing_units_is_the_general_one():
     slopes = {s: b.relaxation(s)[0].expand(9, -1).clone() for s in relu}
     fast, general = b.backward(A, b.net.output), b.backward(A, b.net.output, slopes)
     assert torch.allclose(fast, general, rtol=0, atol=1e-12 * (1 + float(general.abs().max())))
+
+
+@pytest.mark.parametrize("cfg", [((16, 4, 4), 32, 3, 1, 1, 1, 1), ((16, 8, 8), 16, 3, 1, 1, 1, 1), ((3, 9, 9), 4, 3, 2, 0, 2, 1),
+                                 ((8, 6, 6), 16, 2, 1, 0, 2, 2)])
+def test_float64_conv_back_paths_are_the_transposed_convolution(cfg):
+    """The matrix (a 4×4 map), col2im (8×8; strided and dilated) and grouped paths of `Conv.back` against torch's."""
+    conv = _conv(cfg, 9)
+    A = torch.randn(6, conv.out_size, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    (got,), c = conv.back(A)
+    _c, h, w = conv.in_shape
+    _, ho, wo = conv.out_shape
+    k = conv.weight.shape[2]
+    op = [h - ((ho - 1) * conv.stride[0] - 2 * conv.padding[0] + conv.dilation[0] * (k - 1) + 1),
+          w - ((wo - 1) * conv.stride[1] - 2 * conv.padding[1] + conv.dilation[1] * (k - 1) + 1)]
+    ref = F.conv_transpose2d(A.reshape(6, *conv.out_shape), conv.weight, None, conv.stride, conv.padding, tuple(op),
+                             conv.groups, conv.dilation).reshape(6, -1)
+    assert torch.allclose(got, ref, rtol=0, atol=1e-12)

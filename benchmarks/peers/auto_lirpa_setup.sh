@@ -6,8 +6,8 @@
 #
 # Why from source: PyPI's auto-lirpa is 0.3 (2022), which does not import on torch 2.13; the source release 0.7.1
 # (its setup.py asks for torch < 2.9 and torchvision, neither of which it needs to run CROWN on CPU here) does.
-# SRC is a checkout of github.com/Verified-Intelligence/auto_LiRPA (measured with its "May 2026 release", a050a3d)
-# or anything pip installs it from.
+# SRC is a checkout of auto_LiRPA's source (Verified-Intelligence/auto_LiRPA on GitHub; measured with its "May 2026
+# release", a050a3d) or anything pip installs it from.
 #
 # Usage: benchmarks/peers/auto_lirpa_setup.sh SRC [VENV]     (VENV default .peers/auto_lirpa, git-ignored)
 set -euo pipefail
