@@ -484,9 +484,17 @@ class Bounder:
         return E
 
     def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """CROWN's (lower, upper) bounds of the units idx of node j's value (n units)."""
-        b = self.backward(self._query_rows(idx, n), j, float32=float32)
-        return b[:idx.numel()], -b[idx.numel():]
+        """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
+        of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS)."""
+        chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
+        step = max(1, chunk // max(1, self.width(j)) // 2)
+        los, ups = [], []
+        for i in range(0, idx.numel(), step):
+            part = idx[i:i + step]
+            b = self.backward(self._query_rows(part, n), j, float32=float32)
+            los.append(b[:part.numel()])
+            ups.append(-b[part.numel():])
+        return torch.cat(los), torch.cat(ups)
 
     def _relu_rows(self, j: int, idx: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`_rows` for the input of a ReLU site at a fraction of float64's cost: first every unit with float32
@@ -534,18 +542,11 @@ class Bounder:
                 return self.pre[s]
             j = self.site_input[s]
             n = self.pre[s][0].numel()
-            chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
-            step = max(1, chunk // max(1, self.width(j)) // 2)
-            los, ups = [], []
-            for i in range(0, idx.numel(), step):
-                part = idx[i:i + step]
-                if screen and isinstance(self.op(s), ReLU):
-                    lo, up = self._relu_rows(j, part, n)
-                else:
-                    lo, up = self._rows(j, part, n, float32=screen and isinstance(self.op(s), Gate))
-                los.append(lo)
-                ups.append(up)
-            self._tighten(s, idx, torch.cat(los), torch.cat(ups))
+            if screen and isinstance(self.op(s), ReLU):
+                lo, up = self._relu_rows(j, idx, n)
+            else:
+                lo, up = self._rows(j, idx, n, float32=screen and isinstance(self.op(s), Gate))
+            self._tighten(s, idx, lo, up)
             return self.pre[s]
 
         self._interval_pass(tighten)
