@@ -17,7 +17,7 @@ from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.graph import Graph, Node
 from analysis.verification.ops import Conv, ReLU
 from analysis.verification.readers import from_torch
-from pipeline.numerics import GAMMA_SLACK, UNDERFLOW, gamma
+from pipeline.numerics import UNDERFLOW, dot_error
 from test_verify_bounds import NET_TOL, _random_dag, _samples, cnn
 
 # the screened pass against float64's: spec bounds and the unstable units' intervals, relative to 1 + |value|. Not
@@ -67,7 +67,7 @@ def test_back32_coefficients_are_within_the_rounding_bound(cfg):
     absconv = Conv(conv.weight.abs(), torch.zeros_like(conv.bias), conv.in_shape, conv.stride, conv.padding,
                    conv.dilation, conv.groups)
     magnitude = absconv.back(A.abs())[0][0]
-    allowed = GAMMA_SLACK * gamma(n + 2) * magnitude + ((2 * n - 1) + 2 * n * float(conv.weight.abs().max())) * UNDERFLOW
+    allowed = dot_error(n + 2, magnitude) + 2 * n * float(conv.weight.abs().max()) * UNDERFLOW
     assert torch.all((got - exact).abs() <= allowed)
     assert float((got - exact).abs().max()) > 0  # float32 did round: the test measures something
 

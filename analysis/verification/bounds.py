@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.numerics import GAMMA_SLACK, UNDERFLOW, U, gamma
+from pipeline.numerics import UNDERFLOW, U, dot_error
 
 from .graph import Graph
 from .ops import DTYPE, Affine, Conv, Gate, Linear, ReLU, UnsupportedModel, as_tensor
@@ -388,10 +388,10 @@ class Bounder:
             A·h − Â·z = (A·M − Â)·z + A·b = [A·y_mid − Â·z_mid] + (A·M − Â)·(z − z_mid),   y_mid = M z_mid + b,
 
         and each entry of the rounding error A·M − Â is at most γ_{n+2}·(|A|·|M|) + η (n = `back_terms` products, A
-        and M each rounded to float32 once more; η its underflow, `pipeline.numerics.dot_error`), so the last term
-        is at least −GAMMA_SLACK·γ_{n+2}·|A|·(|M| r) − η·Σr. The bracket is computed in float64 (its rounding, as the
-        rest of the engine's, ~1e-16 relative). The added looseness is γ_{n+2} ≈ n·6e-8 of |A|·|M| r, the interval
-        part of the coefficients' contribution (≈ 1e-5 of it for a 3×3 conv of 32 channels).
+        and M each rounded to float32 once more; `pipeline.numerics.dot_error` of n + 2 terms, η its underflow), so
+        the last term is at least −GAMMA_SLACK·γ_{n+2}·|A|·(|M| r) − η·Σr. The bracket is computed in float64 (its
+        rounding, as the rest of the engine's, ~1e-16 relative). The added looseness is γ_{n+2} ≈ n·6e-8 of |A|·|M| r,
+        the interval part of the coefficients' contribution (≈ 1e-5 of it for a 3×3 conv of 32 channels).
 
         None (float64's `back`): a node other than a Conv, one that sums fewer than FLOAT32_MIN_TERMS products, a
         computation off the CPU (a GPU's float32 convolution may run in TF32) or with gradients (α-CROWN's steps), a
@@ -410,20 +410,21 @@ class Bounder:
         if out is None:
             return None
         Ai, A32 = out
-        z_mid, y_mid, w32, wsum, g, eta, m = data
-        # Σ_j |A_j|·w_j from float32: |A| ≤ |fl(A)|/(1 − u) + UNDERFLOW, w ≤ w32 (rounded up), and a float32 sum of m
-        # nonnegative terms is at least (1 − γ_m) of its exact value, less 2m·UNDERFLOW where products underflow
-        s = (A32.abs() @ w32).to(A.dtype)
-        err = g * ((s / (1 - gamma(m)) + 2 * m * UNDERFLOW) / (1 - U) + UNDERFLOW * wsum) + eta
-        c = A @ y_mid - Ai @ z_mid - err
+        z_mid, y_mid, w32, wsum, n, eta, m = data
+        # Σ_j |A_j|·w_j from float32: t = fl(Σ|fl(A_j)|·w32_j) is a float32 dot product of m nonnegative terms, so its
+        # exact value is at most t + dot_error(m, 2t + 4m·UNDERFLOW) (the exact value is below twice t plus the
+        # underflow); then |A| ≤ |fl(A)|/(1 − u) + UNDERFLOW and w ≤ w32 (rounded up)
+        t = (A32.abs() @ w32).to(A.dtype)
+        mag = (t + dot_error(m, 2 * t + 4 * m * UNDERFLOW)) / (1 - U) + UNDERFLOW * wsum
+        c = A @ y_mid - Ai @ z_mid - (dot_error(n + 2, mag) + eta)
         if not bool(torch.isfinite(c).all()):  # an inf or NaN in float32 (an overflow) reaches c through Ai·z_mid
             return None
         self._f32_used += 1
         return [Ai], c
 
     def _float32_data(self, k: int, op: Conv):
-        """(z_mid, y_mid, |M|·r in float32 rounded up and its sum, GAMMA_SLACK·γ_{n+2}, η·Σr, the node's size) for
-        node k's input interval, or False where float32 is not used (`_float32_back`)."""
+        """(z_mid, y_mid, |M|·r in float32 rounded up and its sum, n = `back_terms`, η·Σr, the node's size) for node
+        k's input interval, or False where float32 is not used (`_float32_back`)."""
         lo, hi = (t.reshape(-1) for t in self._iv[self.net.nodes[k].inputs[0]])
         wabs = op.weight.abs()
         if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())) \
@@ -437,8 +438,10 @@ class Bounder:
         w = op.abs_forward(r[None])[0]
         w32 = w.float()
         w32 = torch.where(w32.double() < w, torch.nextafter(w32, torch.full_like(w32, math.inf)), w32)  # rounded up
-        eta = ((2 * n - 1) + 2 * n * float(wabs.max())) * UNDERFLOW * float(r.sum())
-        return z_mid, y_mid, w32, float(w32.double().sum()), GAMMA_SLACK * gamma(n + 2), eta, w.numel()
+        # each coefficient's underflow: its dot product's (dot_error's, counted per unit of r here) and A's rounding to
+        # float32 (at most UNDERFLOW per entry, times at most n weights)
+        eta = ((2 * (n + 2) - 1) + 2 * n * float(wabs.max())) * UNDERFLOW * float(r.sum())
+        return z_mid, y_mid, w32, float(w32.double().sum()), n, eta, w.numel()
 
     def width(self, node: int) -> int:
         """The widest value back-substitution from `node` carries (for chunking its rows)."""
