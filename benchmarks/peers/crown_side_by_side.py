@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -84,11 +85,11 @@ def ours(props: list[dict[str, Any]], repeat: int) -> list[dict[str, Any]]:
         eye = torch.eye(n, dtype=torch.float64)
         both = b.backward(torch.cat([eye, -eye]), b.net.output)
         x = torch.as_tensor((p["lo"] + p["hi"]) / 2, dtype=torch.float64)[None]
-        y = b.net.forward(x)[0] if hasattr(b.net, "forward") else None
+        y = b.net.forward(x)[0]
         olb, oub = both[:n], -both[n:]
         rows.append({"name": p["name"], "build_s": build, "seconds": times, "spec_lower": lower.tolist(),
                      "unstable": b.result().unstable(), "out_lower": olb.tolist(), "out_upper": oub.tolist(),
-                     "centre_inside": None if y is None else bool(((olb <= y) & (y <= oub)).all())})
+                     "centre_inside": bool(((olb <= y) & (y <= oub)).all())})
         print(f"ours: {p['name']}: {min(times):.3f} s, unstable {sum(rows[-1]['unstable'])}", flush=True)
     return rows
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="crown-sbs-") as tmp:
         peer = lirpa(props, args.repeat, args.venv, Path(tmp), args.threads)
-    meta = {"command": "python -m benchmarks.peers.crown_side_by_side " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+    meta = {"command": "python -m benchmarks.peers.crown_side_by_side " + " ".join(argv if argv is not None else sys.argv[1:]),
             "commit": common.commit(), "cpu": common.cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
             "load_before": load0, "load_after": common.load(), "onnx": str(Path(props[0]["onnx"]).relative_to(args.run.parent)),
             "repeat": args.repeat, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": common.machine()}
