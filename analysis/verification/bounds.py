@@ -27,12 +27,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.numerics import UNDERFLOW, U, dot_error
+
 from .graph import Graph
-from .ops import DTYPE, Affine, Gate, Linear, ReLU, UnsupportedModel, as_tensor
+from .ops import DTYPE, Affine, Conv, Gate, Linear, ReLU, UnsupportedModel, as_tensor
 from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_slopes, gate_range, intercepts, slope_range,
                           swap_gap_unit)
 
 CHUNK_ELEMENTS = 2 ** 25  # coefficient rows × width per back-substitution batch (256 MB of float64)
+# CROWN's query rows on the CPU, per batch: a batch whose coefficients (1 MB of float64) stay in the core's cache across
+# the ops of a back-substitution step is 35% faster than one batch of all rows on preact_resnet [16,32]
+CPU_CROWN_CHUNK = 2 ** 17
+# A Conv whose back-substitution sums at least this many products per coefficient (`Conv.back_terms`) runs it in
+# float32 on the CPU, its rounding error added to the bound (`Bounder._float32_back`); below it float64's kernel is as
+# fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). 0 turns it off.
+FLOAT32_MIN_TERMS = 64
+FLOAT32_RANGE = 2.0 ** 100  # interval ends and weights beyond this (or nonzero weights below its inverse): float64
+# The smooth gates' sites bounded with float32 convolutions too (their rounding error added: sound). Off: a gate's
+# relaxation depends on every unit's interval, so float32's looser intervals (on the [16,32] preact ResNet at most
+# 0.14% of a width) would reach the spec rows' bounds (1.4e-5 lower there), where float64 gives CROWN's own; on, the
+# smooth network's pass costs a fifth (6.5 s → 1.3 s measured, docs/architecture.md "Verification engine").
+FLOAT32_GATES = False
 
 
 @dataclass
@@ -165,6 +180,7 @@ class Bounder:
         self.pre = list(self.ibp_pre)
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
+        self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
         self._cast: dict[torch.dtype, list] = {}  # the ops in another dtype (branch and bound's float32 search)
 
     def ancestors(self, node: int) -> set[int]:
@@ -196,6 +212,9 @@ class Bounder:
         the interval reaching its input and returns the one to relax (IBP records it; CROWN tightens it first)."""
         vals: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.net.nodes)
         vals[0] = (self.lb[None], self.ub[None])
+        self._iv = vals  # every node's interval (the last pass's; `_float32_back` reads its affine nodes' inputs')
+        self._f32: dict[int, Any] = {}
+        self._f32_used = 0  # float32 back-substitutions so far (`_relu_rows` tells whether its pass used one)
         for k, node in enumerate(self.net.nodes[1:], start=1):
             if isinstance(node.op, Affine):
                 vals[k] = _unknown_nan(*node.op.ibp(*(vals[i] for i in node.inputs)))
@@ -227,7 +246,7 @@ class Bounder:
     # -- relaxations -------------------------------------------------------------------------------
     def relaxation(self, s: int, slopes: Any = None, exact: bool = True):
         """(al, bl, au, bu) with al·x + bl ≤ act(x) ≤ au·x + bu on site s's interval; shapes [n] or [rows, n]
-        when `slopes` is per row. ReLU slopes: the lower slope α; gates: (lower slope, upper slope)."""
+        when `slopes` is per row (bl None for a ReLU: 0). ReLU slopes: the lower slope α; gates: (lower slope, upper slope)."""
         if slopes is None and s in self._relax_cache:
             return self._relax_cache[s]
         out = self._relaxation(s, slopes, exact, self.pre[s])
@@ -239,8 +258,7 @@ class Bounder:
         op = self.op(s)
         l, u = bounds
         if isinstance(op, ReLU):
-            al, _, au, bu = ReluLines.of(l, u).lines(slopes)
-            return al, torch.zeros_like(al), au, bu
+            return ReluLines.of(l, u).lines(slopes)  # bl None: the lower line passes through 0
         if not isinstance(op, Gate):
             return op.lines(l, u) if op.elementwise else op.relax(l, u)
         gate = SMOOTH_GATES[op.kind]
@@ -285,9 +303,11 @@ class Bounder:
     def backward(self, A: torch.Tensor, node: int, slopes: dict[int, Any] | None = None,
                  exact: bool = True, bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
                  extra: dict[int, torch.Tensor] | None = None, record: dict[int, torch.Tensor] | None = None,
-                 inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+                 inputs: list[torch.Tensor] | None = None, float32: bool = False) -> torch.Tensor:
         """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size), computed in A's dtype
         (float64 unless branch and bound searches in float32; what float32 closes is re-checked in float64 there).
+        `float32`: the Convs that pay run in float32 with their rounding error added (`_float32_back`): sound, and
+        looser than float64's by that error (CROWN's screen of a ReLU site's units, `_relu_rows`).
 
         For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]), or for a ReLU site gives
         its relaxation on such intervals (`ReluLines`, computed once for many passes); `extra[s]` is added to
@@ -303,7 +323,8 @@ class Bounder:
                 continue
             n = self.net.nodes[k]
             if isinstance(n.op, Affine):
-                parts, c = ops[k].back(A)
+                fast = self._float32_back(k, A) if float32 and dtype == DTYPE else None
+                parts, c = ops[k].back(A) if fast is None else fast
                 const = const + c
                 for i, Ai in zip(n.inputs, parts):
                     acc[i] = acc[i] + Ai if i in acc else Ai
@@ -317,7 +338,7 @@ class Bounder:
             elif bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])
             else:
-                relax = tuple(t.to(dtype) for t in self.relaxation(s, sl, exact))
+                relax = tuple(None if t is None else t.to(dtype) for t in self.relaxation(s, sl, exact))
                 if not n.op.elementwise:  # a product of two variables (`nonlinear`): its own back-substitution
                     A, c = ops[k].back(A, relax)
                     const = const + c
@@ -325,9 +346,22 @@ class Bounder:
                     acc[i] = acc[i] + A if i in acc else A
                     continue
                 al, bl, au, bu = relax
-            Ap, An = A.clamp(min=0), A.clamp(max=0)
-            const = const + (An * bu).sum(-1) + (0 if bl is None else (Ap * bl).sum(-1))
-            A = Ap * al + An * au
+                if bl is None and sl is None and al.dim() == 1 and A.device.type == "cpu":
+                    # CROWN's ReLU lines: A⁺·al + A⁻·au differs from A·al only on the crossing units (au ≠ al, bu ≠ 0)
+                    cross = self._crossing(s, al, au, bu)
+                    Ac = A[:, cross].clamp(max=0)
+                    const = const + Ac @ bu[cross]
+                    A = A * al
+                    A[:, cross] += Ac * (au - al)[cross]
+                    if extra is not None and s in extra:
+                        A = A + extra[s]
+                    i = n.inputs[0]
+                    acc[i] = acc[i] + A if i in acc else A
+                    continue
+            # A⁺·al + A⁻·au as A·al + A⁻·(au − al): two passes over A instead of four
+            An = A.clamp(max=0)
+            const = const + _dot(An, bu) + (0 if bl is None else _dot(A.clamp(min=0), bl))
+            A = torch.addcmul(A * al, An, au - al)
             if extra is not None and s in extra:
                 A = A + extra[s]
             i = n.inputs[0]
@@ -338,6 +372,76 @@ class Bounder:
         if inputs is not None:
             inputs.append(A_in.detach())
         return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
+
+    def _crossing(self, s: int, al: torch.Tensor, au: torch.Tensor, bu: torch.Tensor) -> torch.Tensor:
+        """The units of ReLU site s whose CROWN lines are not one line through 0 (a stable unit's are x or 0), kept until
+        the site's bounds change (as its relaxation)."""
+        if s not in self._cross:
+            self._cross[s] = torch.nonzero((au != al) | (bu != 0)).flatten()
+        return self._cross[s]
+
+    def _float32_back(self, k: int, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+        """`back` of the Conv node k in float32 where that is sound and pays, as ([Â], c): the float64 result of the
+        float32 kernel Â (`Conv.back32`) and a constant that makes A·h ≥ Â·z + c hold for every z in the interval
+        [z_mid − r, z_mid + r] of k's input (the interval pass's, `_iv`), h = M z + b the node's value:
+
+            A·h − Â·z = (A·M − Â)·z + A·b = [A·y_mid − Â·z_mid] + (A·M − Â)·(z − z_mid),   y_mid = M z_mid + b,
+
+        and each entry of the rounding error A·M − Â is at most γ_{n+2}·(|A|·|M|) + η (n = `back_terms` products, A
+        and M each rounded to float32 once more; `pipeline.numerics.dot_error` of n + 2 terms, η its underflow), so
+        the last term is at least −GAMMA_SLACK·γ_{n+2}·|A|·(|M| r) − η·Σr. The bracket is computed in float64 (its
+        rounding, as the rest of the engine's, ~1e-16 relative). The added looseness is γ_{n+2} ≈ n·6e-8 of |A|·|M| r,
+        the interval part of the coefficients' contribution (≈ 1e-5 of it for a 3×3 conv of 32 channels).
+
+        None (float64's `back`): a node other than a Conv, one that sums fewer than FLOAT32_MIN_TERMS products, a
+        computation off the CPU (a GPU's float32 convolution may run in TF32) or with gradients (α-CROWN's steps), a
+        float32 precision setting other than IEEE, an input interval or weight outside FLOAT32_RANGE, or a float32
+        result that is not finite."""
+        op = self.net.nodes[k].op
+        if not FLOAT32_MIN_TERMS or not isinstance(op, Conv) or op.back_terms < FLOAT32_MIN_TERMS or A.requires_grad \
+                or A.device.type != "cpu":
+            return None
+        data = self._f32.get(k)
+        if data is None:
+            data = self._f32[k] = self._float32_data(k, op)
+        if data is False or not _ieee_float32():
+            return None
+        out = op.back32(A)
+        if out is None:
+            return None
+        Ai, A32 = out
+        z_mid, y_mid, w32, wsum, n, eta, m = data
+        # Σ_j |A_j|·w_j from float32: t = fl(Σ|fl(A_j)|·w32_j) is a float32 dot product of m nonnegative terms, so its
+        # exact value is at most t + dot_error(m, 2t + 4m·UNDERFLOW) (the exact value is below twice t plus the
+        # underflow); then |A| ≤ |fl(A)|/(1 − u) + UNDERFLOW and w ≤ w32 (rounded up)
+        t = (A32.abs() @ w32).to(A.dtype)
+        mag = (t + dot_error(m, 2 * t + 4 * m * UNDERFLOW)) / (1 - U) + UNDERFLOW * wsum
+        c = A @ y_mid - Ai @ z_mid - (dot_error(n + 2, mag) + eta)
+        if not bool(torch.isfinite(c).all()):  # an inf or NaN in float32 (an overflow) reaches c through Ai·z_mid
+            return None
+        self._f32_used += 1
+        return [Ai], c
+
+    def _float32_data(self, k: int, op: Conv):
+        """(z_mid, y_mid, |M|·r in float32 rounded up and its sum, n = `back_terms`, η·Σr, the node's size) for node
+        k's input interval, or False where float32 is not used (`_float32_back`)."""
+        lo, hi = (t.reshape(-1) for t in self._iv[self.net.nodes[k].inputs[0]])
+        wabs = op.weight.abs()
+        if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())) \
+                or float(torch.maximum(lo.abs(), hi.abs()).max()) > FLOAT32_RANGE \
+                or float(wabs.max()) > FLOAT32_RANGE or bool(((wabs > 0) & (wabs < 1 / FLOAT32_RANGE)).any()):
+            return False
+        z_mid = (lo + hi) / 2
+        r = torch.maximum(hi - z_mid, z_mid - lo) * (1 + 2.0 ** -50)  # ≥ |z − z_mid| on the interval
+        n = op.back_terms
+        y_mid = op.forward(z_mid[None])[0]
+        w = op.abs_forward(r[None])[0]
+        w32 = w.float()
+        w32 = torch.where(w32.double() < w, torch.nextafter(w32, torch.full_like(w32, math.inf)), w32)  # rounded up
+        # each coefficient's underflow: its dot product's (dot_error's, counted per unit of r here) and A's rounding to
+        # float32 (at most UNDERFLOW per entry, times at most n weights)
+        eta = ((2 * (n + 2) - 1) + 2 * n * float(wabs.max())) * UNDERFLOW * float(r.sum())
+        return z_mid, y_mid, w32, float(w32.double().sum()), n, eta, w.numel()
 
     def width(self, node: int) -> int:
         """The widest value back-substitution from `node` carries (for chunking its rows)."""
@@ -366,6 +470,7 @@ class Bounder:
         u[idx] = torch.minimum(u[idx], up)
         self.pre[s] = (l, u)
         self._relax_cache.pop(s, None)
+        self._cross.pop(s, None)
 
     def _exact_by_ibp(self, s: int) -> bool:
         """A site fed by one affine op on the input (or the input itself): its interval bounds are the exact range."""
@@ -381,11 +486,53 @@ class Bounder:
         E[idx.numel() + r, idx] = -1.0
         return E
 
+    def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
+        of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS)."""
+        chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
+        step = max(1, chunk // max(1, self.width(j)) // 2)
+        los, ups = [], []
+        for i in range(0, idx.numel(), step):
+            part = idx[i:i + step]
+            b = self.backward(self._query_rows(part, n), j, float32=float32)
+            los.append(b[:part.numel()])
+            ups.append(-b[part.numel():])
+        return torch.cat(los), torch.cat(ups)
+
+    def _relu_rows(self, j: int, idx: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_rows` for the input of a ReLU site at a fraction of float64's cost: first every unit with float32
+        convolutions (`backward(float32=True)`: sound, a little looser), then again in float64 only the units whose
+        float32 interval still crosses 0, which get float64's bounds. A ReLU's relaxation of a stable unit is exact
+        whatever its interval, so this site's relaxations, its unstable units and their intervals are float64
+        CROWN's (to float64 rounding), and so is every back-substitution through them: the spec rows', α-CROWN's,
+        branch and bound's. A unit float32 proves stable keeps float32's interval, wider than float64's by at most
+        the rounding error added (`_float32_back`); it reaches another bound only through interval arithmetic (the
+        reference interval the later sites' CROWN bounds are intersected with), so a later unit whose interval
+        arithmetic, not CROWN, is the binding side may be that much looser (on the [16,32] preact ResNet: the same
+        spec bounds to 1e-14 and the same unstable units, benchmarks/peers/crown-preact1632). There most units
+        queried end stable (2472 queried, 61 unstable at ε 0.002), and the float32 pass costs a quarter of float64's."""
+        used = self._f32_used
+        lo, up = self._rows(j, idx, n, float32=True)
+        if self._f32_used == used:
+            return lo, up  # no Conv ran in float32: these are float64's bounds
+        open_ = torch.nonzero((lo < 0) & (up > 0)).flatten()
+        if open_.numel():
+            lo64, up64 = self._rows(j, idx[open_], n)
+            lo, up = lo.clone(), up.clone()
+            lo[open_], up[open_] = lo64, up64
+        return lo, up
+
     def crown(self) -> None:
         """CROWN bounds of every site's input, site by site in topological order (each uses the ones before it), each
         intersected with the interval that the sites before it give by interval arithmetic: an activation whose range
-        is narrower than its lines say (a grid's rounding, `ops.Rounding`) passes that on to the ReLUs after it."""
+        is narrower than its lines say (a grid's rounding, `ops.Rounding`) passes that on to the ReLUs after it.
+
+        In a network whose every activation is a ReLU (or also a smooth gate, with FLOAT32_GATES), the ReLU sites'
+        units are screened with float32 convolutions first (`_relu_rows`); in others (an int8 rounding's or a
+        transformer op's relaxation depends on every unit's interval) every site is float64's."""
         stopped = False
+        screen = all(isinstance(self.op(s), ReLU) or (FLOAT32_GATES and isinstance(self.op(s), Gate))
+                     for s in range(len(self.sites)))
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
@@ -398,14 +545,11 @@ class Bounder:
                 return self.pre[s]
             j = self.site_input[s]
             n = self.pre[s][0].numel()
-            step = max(1, CHUNK_ELEMENTS // max(1, self.width(j)) // 2)
-            los, ups = [], []
-            for i in range(0, idx.numel(), step):
-                part = idx[i:i + step]
-                b = self.backward(self._query_rows(part, n), j)
-                los.append(b[:part.numel()])
-                ups.append(-b[part.numel():])
-            self._tighten(s, idx, torch.cat(los), torch.cat(ups))
+            if screen and isinstance(self.op(s), ReLU):
+                lo, up = self._relu_rows(j, idx, n)
+            else:
+                lo, up = self._rows(j, idx, n, float32=screen and isinstance(self.op(s), Gate))
+            self._tighten(s, idx, lo, up)
             return self.pre[s]
 
         self._interval_pass(tighten)
@@ -552,6 +696,18 @@ def _unknown_nan(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torc
     divisor not provably positive, a LayerNorm's float32 error beyond its bound) with unknown ends as ∓UNKNOWN."""
     return (torch.nan_to_num(lo, nan=-UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(min=-UNKNOWN),
             torch.nan_to_num(hi, nan=UNKNOWN, neginf=-UNKNOWN, posinf=UNKNOWN).clamp(max=UNKNOWN))
+
+
+def _dot(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Σ_j A[:, j]·v[..., j] per row: v one vector [n] (a matrix-vector product) or one per row [rows, n]."""
+    return A @ v if v.dim() == 1 else (A * v).sum(-1)
+
+
+def _ieee_float32() -> bool:
+    """Does torch compute float32 matrix products and oneDNN convolutions in IEEE float32 (not TF32 or bf16)?"""
+    mk = torch.backends.mkldnn
+    modes = {getattr(mk, "fp32_precision", "none"), getattr(getattr(mk, "conv", None), "fp32_precision", "none")}
+    return torch.get_float32_matmul_precision() == "highest" and modes <= {"none", "ieee"}
 
 
 def _detach(v):
