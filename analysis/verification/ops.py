@@ -650,7 +650,8 @@ class Rounding(Activation):
     arithmetic before the rounding), so over an input interval [l, u] k lies in [⌈(l − E')/s − ½⌉, ⌊(u + E')/s + ½⌋]
     (E' = E − s/2; ties either way): a unit whose interval stays inside one grid cell has an exact, constant value,
     and the clamp's ReLUs after it see the snapped range (a unit just below a grid point's half step is dead, not
-    unstable). The lines are, per side, x ± E or the snapped end, whichever is tighter at the interval's middle.
+    unstable). The lines are, per side, the facet at the interval's middle of the hull of those values (`lines`): the
+    snapped end, x ± E, or, on an interval of fewer than two cells, the steep line from its end to the first corner.
 
     `forward` is the surrogate an attack searches on: the grid value s·round(x/s) (x itself without a grid), with
     the identity's gradient. A point it finds counts only once the int8 model itself misclassifies it."""
@@ -712,6 +713,16 @@ class Rounding(Activation):
         return self._snapped(l, u)
 
     def lines(self, l: torch.Tensor, u: torch.Tensor):
+        """Per side, the facet at the interval's middle of the hull of every value the runtime may compute over [l, u]
+        (the tightest line there, and the one of least area: a supporting line's area is its value at the middle).
+
+        The pairs (x, y) the runtime may give are exactly y = s·k with |y − x| ≤ E (k = round(t/s), |t − x| ≤ E',
+        ties either way), so the largest value at x is the staircase s·⌊(x + E)/s⌋, whose steps start at the corners
+        (s·k − E, s·k). Its upper hull over [l, u] has three kinds of facet: from (l, s·k_l) to the first corner,
+        slope s/(corner − l) ≥ 1; through the corners, y = x + E; after the last corner, the constant s·k_max (the
+        snapped upper end). The lower side is the same staircase turned by half a turn. Where the middle lies before
+        the first corner (an interval of fewer than two cells) the steep facet beats both x + E and the constant;
+        the corner is moved left by `SNAP_SLACK` steps, which keeps the line above the staircase."""
         one, E = torch.ones_like(l), self.E.to(l.dtype).expand_as(l)
         if self.step is None:
             return one, -E, one, E
@@ -719,8 +730,31 @@ class Rounding(Activation):
         mid = (l + u) / 2
         flat_lo, flat_hi = lo >= mid - E, hi <= mid + E  # the constant line is the tighter one at the middle
         zero = torch.zeros_like(l)
-        return (torch.where(flat_lo, zero, one), torch.where(flat_lo, lo, -E),
-                torch.where(flat_hi, zero, one), torch.where(flat_hi, hi, E))
+        al, bl = torch.where(flat_lo, zero, one), torch.where(flat_lo, lo, -E)
+        au, bu = torch.where(flat_hi, zero, one), torch.where(flat_hi, hi, E)
+        steep_u, a_u, b_u = self._steep(l, u)
+        steep_l, a_l, b_l = self._steep(-u, -l)  # y ≤ a·(−x) + b on the turned staircase: y ≥ a·x − b here
+        return (torch.where(steep_l, a_l, al), torch.where(steep_l, -b_l, bl),
+                torch.where(steep_u, a_u, au), torch.where(steep_u, b_u, bu))
+
+    # the steep facet is used up to this slope (an interval far narrower than a cell, right below a corner: the
+    # constant or x + E is then nearly as tight, and a huge slope would only magnify float64 rounding)
+    STEEP_MAX: ClassVar[float] = 1e4
+
+    def _steep(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(use, a, b): the upper line y ≤ a·x + b through (l, s·k_l) and the first corner after l, where that corner
+        lies in [middle, u] (the facet at the middle); k_l = ⌊(l + E)/s⌋ taken outward, the corner s·(k_l + 1) − E
+        moved left by `SNAP_SLACK` steps (so the slope is ≥ 1 and the line stays above x + E beyond the corner)."""
+        s, E = self.step.to(l.dtype), self.E.to(l.dtype)
+        k = torch.floor((l + E) / s + self.SNAP_SLACK)
+        y0 = k * s
+        corner = (k + 1) * s - E - self.SNAP_SLACK * s
+        run = corner - l
+        use = (run > 0) & (corner <= u) & (corner > (l + u) / 2) & (s <= self.STEEP_MAX * run)
+        a = torch.where(use, (s / run.clamp(min=torch.finfo(l.dtype).tiny)).clamp(min=1.0), torch.ones_like(l))
+        b = y0 - a * l
+        b = b + 1e-12 * (y0.abs() + (a * l).abs())  # the intercept's own float64 rounding, outward
+        return use, a, b
 
 
 @dataclass(eq=False)
