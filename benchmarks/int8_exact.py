@@ -20,7 +20,8 @@ the verify stage's chain ("auto": CROWN, the attack as a probe, α-CROWN, branch
 in its leaf MILPs). A disagreement is a sat against an exact unsat, or an unsat against an exact sat or tie; every sat
 witness is re-run in onnxruntime.
 
-    python -m benchmarks.int8_exact [--instances 24] [--timeout 20] [--out benchmarks/int8-results/exact.json]
+    python -m benchmarks.int8_exact [--instances 24] [--timeout 20] [--pixels 12] [--steps 1.2 1.6 2.2 3.6]
+        [--max-points 600000] [--seed 0] [--out benchmarks/int8-results/exact.json]
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def exact(sess, qin, lb: np.ndarray, ub: np.ndarray, label: int, chunk: int = 1 
     return {"answer": answer, "points": total, "margin": best, "witness": witness}
 
 
-def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, steps: tuple[float, ...]) -> list[dict]:
+def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, steps: tuple[float, ...],
+               max_points: int = 0) -> list[dict]:
     """`count` boxes, one in four on a test image, three in four near a class change (on the segment from a test
     image to another of another int8 class, at a `BACK_OFF` share of the way to where the class first changes): the `pixels` pixels with the largest margin gradient of the float surrogate move
     by ±eps = (a step count drawn from `steps`) input grid steps (the last one, 3.6 steps, meant to reach a class
@@ -171,7 +173,7 @@ def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, st
         lb, ub = lb.astype(np.float32).astype(np.float64), ub.astype(np.float32).astype(np.float64)
         lb, ub = np.minimum(lb, x0.astype(np.float32)), np.maximum(ub, x0.astype(np.float32))
         points = grid_index(ub, qs, qz, qin.qmin, qin.qmax) - grid_index(lb, qs, qz, qin.qmin, qin.qmax) + 1
-        while np.prod(points[pick]) > MAX_POINTS:  # the pixels of least gradient stay at x0 until it fits
+        while np.prod(points[pick]) > (max_points or MAX_POINTS):  # the pixels of least gradient stay at x0 until it fits
             lb[pick[-1]] = ub[pick[-1]] = np.float32(x0[pick[-1]])
             pick = pick[:-1]
         out.append({"sample": int(i), "boundary": bool(n % 4), "label": label, "lb": lb, "ub": ub, "eps_steps": eps / s, "pixels": pick.tolist()})
@@ -211,7 +213,7 @@ def agree(exact_answer: str, got: dict) -> bool:
 
 
 def run(instances: int, props_per: int, pixels: int, timeout: float, verifier: str, seed: int = 0,
-        steps: tuple[float, ...] = (1.2, 1.6, 2.2, 3.6)) -> dict:
+        steps: tuple[float, ...] = (1.2, 1.6, 2.2, 3.6), max_points: int = 0) -> dict:
     from analysis.verification.readers import from_onnx
     from quantize import ort as ort_util
 
@@ -225,7 +227,7 @@ def run(instances: int, props_per: int, pixels: int, timeout: float, verifier: s
             qin = from_onnx(path).nodes[1].op
             sess = ort_util.session(path)
             rng = np.random.default_rng(seed + 1000 + n)
-            for j, prop in enumerate(properties(path, rng, min(props_per, instances - len(rows)), pixels, steps)):
+            for j, prop in enumerate(properties(path, rng, min(props_per, instances - len(rows)), pixels, steps, max_points)):
                 ex = exact(sess, qin, prop["lb"], prop["ub"], prop["label"])
                 got = verdict(path, prop, work, f"n{n}p{j}", verifier, timeout)
                 rows.append({"net": n, "hidden": list(SHAPES[n % len(SHAPES)]), "sample": prop["sample"],
@@ -239,7 +241,8 @@ def run(instances: int, props_per: int, pixels: int, timeout: float, verifier: s
                       f"{r['grid_points']:6d} grid points: exact {r['exact']:5s} (margin {r['exact_margin']:+.4f}), "
                       f"ours {r['status']:7s} in {r['seconds']:.2f} s ({r['stage']})", flush=True)
     decided = [r for r in rows if r["exact"] != "tie"]
-    return {"verifier": verifier, "timeout_s": timeout, "pixels": pixels, "instances": len(rows),
+    return {"verifier": verifier, "timeout_s": timeout, "pixels": pixels, "steps": list(steps), "seed": seed,
+            "max_points": max_points or MAX_POINTS, "instances": len(rows),
             "disagreements": sum(not r["agree"] for r in rows),
             "exact": {a: sum(r["exact"] == a for r in rows) for a in ("unsat", "sat", "tie")},
             "ours": {a: sum(r["status"] == a for r in rows) for a in ("unsat", "sat", "timeout", "unknown", "error")},
@@ -257,9 +260,11 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--verifier", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=float, nargs="+", default=[1.2, 1.6, 2.2, 3.6], help="box half-widths, in input grid steps")
+    p.add_argument("--max-points", type=int, default=MAX_POINTS, help="grid points per box at most")
     p.add_argument("--out", type=Path, default=Path("benchmarks/int8-results/exact.json"))
     a = p.parse_args()
-    res = run(a.instances, a.per_net, a.pixels, a.timeout, a.verifier, a.seed)
+    res = run(a.instances, a.per_net, a.pixels, a.timeout, a.verifier, a.seed, tuple(a.steps), a.max_points)
     summary = {k: v for k, v in res.items() if k != "rows"}
     print(json.dumps(summary, indent=1))
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,3 +61,15 @@ def test_int8_verdicts_agree_with_enumeration(net, tmp_path):
             seen[ex["answer"]] += 1
             assert got["status"] == ex["answer"], (j, ex, got)
     assert seen["sat"] >= 1 and seen["unsat"] >= 1, seen
+
+
+def test_a_counterexample_past_tied_grid_logits_is_found(tmp_path):
+    """Found by the reference (benchmarks/int8-results/exact-hard.json, net 2, sample 84): the exact check finds a grid
+    point misclassified by one logit step (0.178), and every point the attack and the leaf MILPs found first was a tie
+    of two grid logits, which is no counterexample (`Problem.confirm` asks for a strict one). The MILP took a tie as
+    real and the search ended open; it now asks for a strict violation (its margin run) and finds the witness."""
+    path = int8_exact.build(tmp_path, 102, int8_exact.SHAPES[2])
+    p = int8_exact.properties(path, np.random.default_rng(1102), 4, 24, (1.2, 1.6, 2.2), 4_000_000)[2]
+    assert p["sample"] == 84
+    got = int8_exact.verdict(path, p, tmp_path, "p", "auto", 20.0)
+    assert got["status"] == "sat" and got["witness_in_box"] and got["witness_misclassified"], got
