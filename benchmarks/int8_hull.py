@@ -1,10 +1,10 @@
-"""What the rounding's hull lines (`ops.Rounding.lines`, issue 41 item 1) change on a run's int8 properties: CROWN's
-margin bound of every int8 property of `RUN/verify` with the hull's steep facets and without them (the lines before:
-per side x ± E or the snapped end), the same box and graph, one process. Deterministic (no budget, no search): the
-margin bounds, how many of them are > 0 (decided by CROWN alone), and the grid rounding units whose lines took a
-steep facet.
+"""What the staircase hull's lines (`ops.Rounding.hull_lines`, issue 41 item 1) change on a run's int8 properties: the
+margin bound of every int8 property of `RUN/verify` by CROWN, by α-CROWN with the ReLU slopes alone optimized (as
+before this change) and by α-CROWN with the grid roundings' lines optimized too (`Bounder.optimizable`), the same box
+and graph, one process, 30 steps each. Deterministic (no budget, no search): the margin bounds, how many are > 0,
+and how many grid rounding units had free slopes (`Rounding.slope_range`, at most `FREE_CORNERS` corners).
 
-    python -m benchmarks.int8_hull RUN [RUN ...] [--out benchmarks/int8-results/hull.json]
+    python -m benchmarks.int8_hull RUN [RUN ...] [--limit N] [--out benchmarks/int8-results/hull.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def margins(run: Path, limit: int = 0) -> dict:
     from analysis.robustness.properties import is_int8
     from analysis.verification.bounds import Bounder, Spec
     from analysis.verification.nonlinear import OutOfDomain
-    from analysis.verification.ops import Rounding
+    from analysis.verification.ops import Gate, ReLU, Rounding
     from analysis.verification.readers import from_onnx
     from analysis.verification.vnnlib import read_vnnlib_all
 
@@ -38,44 +38,50 @@ def margins(run: Path, limit: int = 0) -> dict:
         net = nets[r["variant"]]
         spec = read_vnnlib_all(out / r["vnnlib"])[0]
         row = {"variant": r["variant"], "sample": int(r["sample"]), "eps": float(r["eps"]), "stage_result": r["result"]}
-        for name, steep_max in (("before", 0.0), ("hull", Rounding.STEEP_MAX)):
-            saved = Rounding.STEEP_MAX
-            Rounding.STEEP_MAX = steep_max  # 0: no steep facet is ever used (the lines before this change)
-            try:
+        C, owner = Spec.from_disjuncts(spec.disjuncts, "cpu")
+        orig = Bounder.optimizable
+
+        def best_of(low):
+            best = [-np.inf] * len(spec.disjuncts)
+            for v, j in zip(low.tolist(), owner):
+                best[j] = max(best[j], v)
+            return float(min(best))
+
+        try:
+            for name in ("relu", "hull"):
+                Bounder.optimizable = orig if name == "hull" else (lambda self, s: isinstance(self.op(s), (ReLU, Gate)))
                 t0 = time.perf_counter()
                 b = Bounder(net, spec.lb, spec.ub)
                 b.crown()
-                C, owner = Spec.from_disjuncts(spec.disjuncts, b.device)
-                low = b.spec_bounds(C)
-                best = [-np.inf] * len(spec.disjuncts)
-                for v, j in zip(low.tolist(), owner):
-                    best[j] = max(best[j], v)
-                row[name] = float(min(best))
+                if name == "relu":
+                    row["crown"] = best_of(b.spec_bounds(C))
+                row[name] = best_of(b.alpha_spec(C, owner, 30, 0.1))
                 row[f"{name}_seconds"] = round(time.perf_counter() - t0, 2)
                 if name == "hull":
-                    steep = 0
+                    free = grid = 0
                     for s, k in enumerate(b.sites):
                         op = b.net.nodes[k].op
                         if isinstance(op, Rounding) and op.step is not None:
-                            al, _, au, _ = op.lines(*b.pre[s])
-                            steep += int(((al > 1) | (au > 1)).sum())
-                    row["steep_units"] = steep
-                    row["grid_units"] = sum(b.pre[s][0].numel() for s, k in enumerate(b.sites)
-                                            if isinstance(b.net.nodes[k].op, Rounding) and b.net.nodes[k].op.step is not None)
-            except OutOfDomain as e:
-                row[name] = None
-                row[f"{name}_note"] = str(e).splitlines()[0]
-            finally:
-                Rounding.STEEP_MAX = saved
+                            (lo_a, lo_b), (up_a, up_b) = op.slope_range(*b.pre[s])
+                            free += int(((lo_b > lo_a) | (up_b > up_a)).sum())
+                            grid += lo_a.numel()
+                    row["free_units"], row["grid_units"] = free, grid
+        except OutOfDomain as e:
+            row["note"] = str(e).splitlines()[0]
+            row.setdefault("relu", None)
+            row.setdefault("hull", None)
+        finally:
+            Bounder.optimizable = orig
         res.append(row)
-        print(f"{row['variant']} sample {row['sample']} eps {row['eps']}: margin {row['before']} -> {row['hull']} "
-              f"({row.get('steep_units', 0)}/{row.get('grid_units', 0)} steep)", flush=True)
+        print(f"{row['variant']} sample {row['sample']} eps {row['eps']}: CROWN {row.get('crown')}, α-CROWN {row['relu']} -> "
+              f"{row['hull']} ({row.get('free_units', 0)}/{row.get('grid_units', 0)} units with free slopes)", flush=True)
 
     def pos(key):
         return sum(1 for r in res if r[key] is not None and r[key] > 0)
 
-    raised = [r["hull"] - r["before"] for r in res if r["hull"] is not None and r["before"] is not None]
-    return {"run": str(run), "properties": len(res), "crown_decided_before": pos("before"), "crown_decided_hull": pos("hull"),
+    raised = [r["hull"] - r["relu"] for r in res if r["hull"] is not None and r["relu"] is not None]
+    return {"run": str(run), "properties": len(res), "decided_crown": pos("crown"), "decided_alpha_relu": pos("relu"),
+            "decided_alpha_hull": pos("hull"),
             "margin_raised": f"{sum(d > 1e-9 for d in raised)}/{len(raised)}",
             "raise_median": float(np.median(raised)) if raised else None, "raise_max": float(max(raised)) if raised else None,
             "lowered": sum(d < -1e-9 for d in raised), "rows": res}

@@ -102,10 +102,11 @@ def _feasible_extremes(x: np.ndarray, s: np.ndarray, E: np.ndarray) -> tuple[np.
 
 @pytest.mark.parametrize("seed", range(3))
 def test_grid_rounding_hull_lines_hold_at_every_corner_and_beat_x_plus_minus_E(seed):
-    """The lines of `ops.Rounding` are the facets of the staircase's hull at the interval's middle: checked against
-    every value the runtime may give (|s·k − x| ≤ E) at dense points, at each corner s·k ± E inside the interval and
-    next to it, lower and upper side apart; on intervals of fewer than two cells whose first corner lies past the
-    middle, the steep facet is used and is tighter at the middle than both x ± E and the snapped end."""
+    """Every line α-CROWN may choose for `ops.Rounding` (`hull_lines` at slopes in `slope_range`: both ends, 1 and random
+    ones between; and slopes beyond the range, which stay sound) is checked against every value the runtime may give
+    (|s·k − x| ≤ E) at dense points, at each corner s·k ± E inside the interval and next to it, lower and upper side
+    apart. On intervals of fewer than two cells whose first corner lies past the middle, the steepest line is tighter
+    at the middle than both x ± E and the snapped end (what the hull adds)."""
     rng = np.random.default_rng(seed)
     n = 3000
     s = rng.uniform(0.01, 0.3, n)
@@ -114,8 +115,9 @@ def test_grid_rounding_hull_lines_hold_at_every_corner_and_beat_x_plus_minus_E(s
     centre = rng.integers(-20, 20, n) * s + rng.uniform(-0.5, 0.5, n) * s
     width = s * np.concatenate([rng.uniform(0, 3.5, n - 200), np.full(100, 1e-7), rng.uniform(0.9, 1.1, 100)])
     l, u = centre - width / 2, centre + width / 2
-    al, bl, au, bu = (t.numpy() for t in op.lines(torch.as_tensor(l), torch.as_tensor(u)))
-    lo, hi = (t.numpy() for t in op.interval(torch.as_tensor(l), torch.as_tensor(u)))
+    L, Uu = torch.as_tensor(l), torch.as_tensor(u)
+    lo, hi = (t.numpy() for t in op.interval(L, Uu))
+    (lo_a, lo_b), (up_a, up_b) = op.slope_range(L, Uu)
     xs = [l + (u - l) * t for t in np.linspace(0, 1, 401)]
     for k in range(-25, 26):  # the corners and their float64 neighbours, where they lie in the interval
         for c in (s * k - E, s * k + E):
@@ -123,18 +125,28 @@ def test_grid_rounding_hull_lines_hold_at_every_corner_and_beat_x_plus_minus_E(s
                 xs.append(np.clip(x, l, u))
     X = np.stack(xs, -1)  # [n, points]
     ymin, ymax = _feasible_extremes(X, s[:, None].repeat(X.shape[1], 1), E[:, None].repeat(X.shape[1], 1))
-    assert np.all(al[:, None] * X + bl[:, None] <= ymin + SUM_TOL), "a lower line above a value the runtime may give"
-    assert np.all(au[:, None] * X + bu[:, None] >= ymax - SUM_TOL), "an upper line below a value the runtime may give"
     assert np.all(lo[:, None] <= ymin + SUM_TOL) and np.all(hi[:, None] >= ymax - SUM_TOL)
-    # tighter where the hull says so: the steep facets are used, and beat both other lines at the middle
+    r = lambda: torch.as_tensor(rng.uniform(0, 1, n))  # noqa: E731
+    choices = [(lo_a, up_a), (lo_b, up_b), (torch.ones(n, dtype=torch.float64),) * 2,
+               (lo_a + r() * (lo_b - lo_a), up_a + r() * (up_b - up_a)), (torch.as_tensor(rng.uniform(0, 3, n)),) * 2,
+               (lo_b * 1.5 + 0.2, up_b * 1.5 + 0.2)]
+    for a_lo, a_up in choices:
+        al, bl, au, bu = (t.numpy() for t in op.hull_lines(L, Uu, (a_lo, a_up)))
+        assert np.all(al[:, None] * X + bl[:, None] <= ymin + SUM_TOL), "a lower line above a value the runtime may give"
+        assert np.all(au[:, None] * X + bu[:, None] >= ymax - SUM_TOL), "an upper line below a value the runtime may give"
+    # CROWN's own lines too
+    al, bl, au, bu = (t.numpy() for t in op.lines(L, Uu))
+    assert np.all(al[:, None] * X + bl[:, None] <= ymin + SUM_TOL) and np.all(au[:, None] * X + bu[:, None] >= ymax - SUM_TOL)
+    # the steepest lines where the first corner lies past the middle: tighter at the middle than both other lines
+    al, bl, au, bu = (t.numpy() for t in op.hull_lines(L, Uu, (lo_b, up_b)))
     mid = (l + u) / 2
-    steep_u, steep_l = (au > 1) & (au != 0), (al > 1) & (al != 0)
-    assert steep_u.sum() > n // 20 and steep_l.sum() > n // 20, (steep_u.sum(), steep_l.sum())
-    up_mid, low_mid = au * mid + bu, al * mid + bl
-    assert np.all(up_mid[steep_u] < np.minimum(mid + E, hi)[steep_u])
-    assert np.all(low_mid[steep_l] > np.maximum(mid - E, lo)[steep_l])
-    # never looser at the middle than the better of x ± E and the snapped end
-    assert np.all(up_mid <= np.minimum(mid + E, hi) + SUM_TOL) and np.all(low_mid >= np.maximum(mid - E, lo) - SUM_TOL)
+    steep_u, steep_l = au > 1, al > 1
+    assert steep_u.sum() > n // 10 and steep_l.sum() > n // 10, (steep_u.sum(), steep_l.sum())
+    past_u = steep_u & ((np.floor((l + E) / s) + 1) * s - E > mid)
+    past_l = steep_l & ((np.ceil((u - E) / s) - 1) * s + E < mid)
+    assert past_u.sum() > n // 20 and past_l.sum() > n // 20
+    assert np.all((au * mid + bu)[past_u] < np.minimum(mid + E, hi)[past_u])
+    assert np.all((al * mid + bl)[past_l] > np.maximum(mid - E, lo)[past_l])
 
 
 def _qdq_gemm(W_int: np.ndarray, w_scale: float, bias: np.ndarray, s_in: float, s_out: float, z_out: int) -> onnx.ModelProto:
@@ -154,8 +166,9 @@ def _qdq_gemm(W_int: np.ndarray, w_scale: float, bias: np.ndarray, s_in: float, 
 
 def test_grid_rounding_lines_contain_onnxruntime_requantized_values(tmp_path):
     """One requantized Gemm run by onnxruntime: at dense points of small boxes (each unit's interval spanning a fraction
-    of a cell to a few cells, where the hull's steep facets are used) the value the runtime computes lies above the
-    `Rounding`'s lower line and below its upper line at the exact (float64) pre-rounding value, each side apart."""
+    of a cell to a few cells, where the hull's steep lines exist) the value the runtime computes lies above the
+    `Rounding`'s lower line and below its upper line at the exact (float64) pre-rounding value, each side apart: CROWN's
+    lines, the steepest hull lines and lines at random slopes of `slope_range`."""
     rng = np.random.default_rng(0)
     n_in, n_out = 6, 40
     W_int = rng.integers(-64, 65, (n_out, n_in))
@@ -175,17 +188,51 @@ def test_grid_rounding_lines_contain_onnxruntime_requantized_values(tmp_path):
             b = Bounder(graph, lb, ub)
             b.crown()
             l, u = b.pre[b.site_of[ri]]
-            al, bl, au, bu = op.lines(l, u)
-            used["lower"] += int((al > 1).sum())
-            used["upper"] += int((au > 1).sum())
+            (lo_a, lo_b), (up_a, up_b) = op.slope_range(l, u)
+            t = torch.as_tensor(rng.uniform(0, 1, l.numel()))
+            lines = [op.lines(l, u), op.hull_lines(l, u, (lo_b, up_b)), op.hull_lines(l, u, (lo_a + t * (lo_b - lo_a), up_a + t * (up_b - up_a)))]
+            used["lower"] += int((lines[1][0] > 1).sum())
+            used["upper"] += int((lines[1][2] > 1).sum())
             xs = np.vstack([rng.uniform(lb, ub, (2000, n_in)), lb, ub]).astype(np.float32)
             v = _node_value(graph, pre, xs)
             y = ort_util.infer(sess, xs).astype(np.float64)
             tol = 1e-6 * np.abs(y) + SUM_TOL  # the output DequantizeLinear's float32 product
             assert np.all(v >= l.numpy() - SUM_TOL) and np.all(v <= u.numpy() + SUM_TOL)
-            assert np.all(y >= al.numpy() * v + bl.numpy() - tol), "onnxruntime below the lower line"
-            assert np.all(y <= au.numpy() * v + bu.numpy() + tol), "onnxruntime above the upper line"
+            for al, bl, au, bu in lines:
+                assert np.all(y >= al.numpy() * v + bl.numpy() - tol), "onnxruntime below the lower line"
+                assert np.all(y <= au.numpy() * v + bu.numpy() + tol), "onnxruntime above the upper line"
     assert used["lower"] > 20 and used["upper"] > 20, used
+
+
+def test_alpha_crown_with_the_roundings_lines_optimized_contains_onnxruntime(tmp_path):
+    """α-CROWN optimizes the grid roundings' lines (`Bounder.optimizable`): its output bounds on small boxes of the tiny
+    int8 net (units spanning a few cells, where the slopes are free) contain onnxruntime's outputs at dense points,
+    lower and upper side apart, and are no looser than CROWN's."""
+    path, _ = _tiny(tmp_path, "int8")
+    graph = from_onnx(path)
+    sess = ort_util.session(path)
+    rng = np.random.default_rng(5)
+    eye = torch.eye(graph.num_outputs, dtype=torch.float64)
+    free = 0
+    for radius in (0.005, 0.02, 0.06):
+        for _ in range(5):
+            c = rng.uniform(-1.0, 2.0, 2)
+            lb, ub = c - radius, c + radius
+            b = Bounder(graph, lb, ub)
+            b.crown()
+            sites = [s for s in range(len(b.sites)) if isinstance(b.op(s), Rounding) and b.optimizable(s)]
+            assert sites
+            free += sum(int((op_r[1][1] > 0).sum()) for op_r in (b.op(s).slope_range(*b.pre[s]) for s in sites))
+            rows = torch.cat([eye, -eye])
+            crown = b.spec_bounds(Spec(rows, torch.zeros(len(rows))))
+            alpha = b.alpha_spec(Spec(rows, torch.zeros(len(rows))), list(range(len(rows))), steps=20, lr=0.1)
+            assert bool(torch.all(alpha >= crown - 1e-12))
+            low, up = alpha[:graph.num_outputs].numpy(), -alpha[graph.num_outputs:].numpy()
+            xs = np.vstack([rng.uniform(lb, ub, (SAMPLES, 2)), [lb, ub, [lb[0], ub[1]], [ub[0], lb[1]]]]).astype(np.float32)
+            ys = ort_util.infer(sess, xs)
+            assert np.all(ys >= low - SUM_TOL), "onnxruntime below α-CROWN's lower bound"
+            assert np.all(ys <= up + SUM_TOL), "onnxruntime above α-CROWN's upper bound"
+    assert free > 0
 
 
 def _node_value(graph: Graph, node: int, xs: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import DTYPE, Affine, Gate, Linear, ReLU, UnsupportedModel, as_tensor
+from .ops import DTYPE, Affine, Gate, Linear, ReLU, Rounding, UnsupportedModel, as_tensor
 from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_slopes, gate_range, intercepts, slope_range,
                           swap_gap_unit)
 
@@ -241,6 +241,8 @@ class Bounder:
         if isinstance(op, ReLU):
             al, _, au, bu = ReluLines.of(l, u).lines(slopes)
             return al, torch.zeros_like(al), au, bu
+        if isinstance(op, Rounding) and slopes is not None:  # α-CROWN's choice among the staircase hull's lines
+            return op.hull_lines(l, u, slopes)
         if not isinstance(op, Gate):
             return op.lines(l, u) if op.elementwise else op.relax(l, u)
         gate = SMOOTH_GATES[op.kind]
@@ -256,8 +258,10 @@ class Bounder:
         return a_lo, lo[0] / lam, a_up, hi[1] / lam
 
     def optimizable(self, s: int) -> bool:
-        """Does site s have slopes α-CROWN optimizes (ReLU, the gates), or a fixed relaxation?"""
-        return isinstance(self.op(s), (ReLU, Gate))
+        """Does site s have slopes α-CROWN optimizes (ReLU, the gates, a grid's rounding: `ops.Rounding.hull_lines`), or
+        a fixed relaxation?"""
+        op = self.op(s)
+        return isinstance(op, (ReLU, Gate)) or (isinstance(op, Rounding) and op.step is not None)
 
     def initial_slopes(self, s: int, rows: int):
         """Starting point of α-CROWN for site s with `rows` query rows: CROWN's own choice, one copy per row."""
@@ -272,6 +276,10 @@ class Bounder:
             p.data.clamp_(0.0, 1.0)
             return
         l, u = self.pre[s]
+        if isinstance(op, Rounding):
+            for q, (low, top) in zip(p, op.slope_range(l, u)):
+                q.data.copy_(torch.minimum(torch.maximum(q.data, low.to(q.dtype)), top.to(q.dtype)))
+            return
         lo, hi = slope_range(SMOOTH_GATES[op.kind], op.lam * l, op.lam * u)
         for q in p:
             q.data.copy_(torch.maximum(torch.minimum(q.data, hi), lo))
