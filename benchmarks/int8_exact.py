@@ -90,7 +90,8 @@ def grid_points(qin, lb: np.ndarray, ub: np.ndarray) -> list[np.ndarray]:
     out = []
     for i in range(lb.size):
         ks = np.arange(qlo[i], qhi[i] + 1)
-        cand = np.concatenate([[lb32[i], ub32[i]], np.clip((np.float32(s[i]) * (ks - z[i]).astype(np.float32)), lb32[i], ub32[i])])
+        on_grid = np.float32(s[i]) * (ks - z[i]).astype(np.float32)
+        cand = np.concatenate([[lb32[i], ub32[i]], np.clip(on_grid, lb32[i], ub32[i])])
         cand = np.unique(cand.astype(np.float32))
         q = grid_index(cand.astype(np.float64), np.full(cand.size, s[i]), np.full(cand.size, z[i]), qin.qmin, qin.qmax)
         _, first = np.unique(q, return_index=True)
@@ -128,7 +129,8 @@ def exact(sess, qin, lb: np.ndarray, ub: np.ndarray, label: int, chunk: int = 1 
 def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, steps: tuple[float, ...],
                max_points: int = 0) -> list[dict]:
     """`count` boxes, one in four on a test image, three in four near a class change (on the segment from a test
-    image to another of another int8 class, at a `BACK_OFF` share of the way to where the class first changes): the `pixels` pixels with the largest margin gradient of the float surrogate move
+    image to another of another int8 class, at a `BACK_OFF` share of the way to where the class first changes): the
+    `pixels` pixels with the largest margin gradient of the float surrogate move
     by ±eps = (a step count drawn from `steps`) input grid steps (the last one, 3.6 steps, meant to reach a class
     change). Label: the int8 model's own class at the centre x0."""
     from analysis.verification.quantized import grid_index
@@ -152,13 +154,13 @@ def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, st
     for n, i in enumerate(order):
         x0 = xs[i]
         label = cls(x0)
-        if n % 4:  # three in four near a class change: on the segment to another image, where the int8 class first changes
+        if n % 4:  # three in four near a class change: on the segment to another image, where the int8 class changes
             j = next(j for j in order[n + 1:] if cls(xs[j]) != label)
             a, b = 0.0, 1.0
             for _ in range(30):
                 t = (a + b) / 2
                 a, b = (t, b) if cls(x0 + t * (xs[j] - x0)) == label else (a, t)
-            a *= float(rng.choice(BACK_OFF))  # a little back towards the image: some boxes then reach the change, some not
+            a *= float(rng.choice(BACK_OFF))  # back towards the image: some boxes then reach the change, some not
             x0 = (x0 + a * (xs[j] - x0)).astype(np.float32).astype(np.float64)
             label = cls(x0)
         x = torch.tensor(x0[None], requires_grad=True)
@@ -173,10 +175,11 @@ def properties(path: Path, rng: np.random.Generator, count: int, pixels: int, st
         lb, ub = lb.astype(np.float32).astype(np.float64), ub.astype(np.float32).astype(np.float64)
         lb, ub = np.minimum(lb, x0.astype(np.float32)), np.maximum(ub, x0.astype(np.float32))
         points = grid_index(ub, qs, qz, qin.qmin, qin.qmax) - grid_index(lb, qs, qz, qin.qmin, qin.qmax) + 1
-        while np.prod(points[pick]) > (max_points or MAX_POINTS):  # the pixels of least gradient stay at x0 until it fits
+        while np.prod(points[pick]) > (max_points or MAX_POINTS):  # pixels of least gradient stay at x0 until it fits
             lb[pick[-1]] = ub[pick[-1]] = np.float32(x0[pick[-1]])
             pick = pick[:-1]
-        out.append({"sample": int(i), "boundary": bool(n % 4), "label": label, "lb": lb, "ub": ub, "eps_steps": eps / s, "pixels": pick.tolist()})
+        out.append({"sample": int(i), "boundary": bool(n % 4), "label": label, "lb": lb, "ub": ub, "eps_steps": eps / s,
+                    "pixels": pick.tolist()})
         if len(out) == count:
             break
     return out
@@ -227,7 +230,8 @@ def run(instances: int, props_per: int, pixels: int, timeout: float, verifier: s
             qin = from_onnx(path).nodes[1].op
             sess = ort_util.session(path)
             rng = np.random.default_rng(seed + 1000 + n)
-            for j, prop in enumerate(properties(path, rng, min(props_per, instances - len(rows)), pixels, steps, max_points)):
+            props = properties(path, rng, min(props_per, instances - len(rows)), pixels, steps, max_points)
+            for j, prop in enumerate(props):
                 ex = exact(sess, qin, prop["lb"], prop["ub"], prop["label"])
                 got = verdict(path, prop, work, f"n{n}p{j}", verifier, timeout)
                 rows.append({"net": n, "hidden": list(SHAPES[n % len(SHAPES)]), "sample": prop["sample"],

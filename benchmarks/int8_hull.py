@@ -1,7 +1,7 @@
 """What the staircase hull's lines (`ops.Rounding.hull_lines`, issue 41 item 1) change on a run's int8 properties: the
-margin bound of every int8 property of `RUN/verify` by CROWN, by α-CROWN with the ReLU slopes alone optimized (as
-before this change) and by α-CROWN with the grid roundings' lines optimized too (`Bounder.optimizable`), the same box
-and graph, one process, 30 steps each. Deterministic (no budget, no search): the margin bounds, how many are > 0,
+margin bound of every int8 property of `RUN/verify` by CROWN, by α-CROWN with the ReLU slopes alone optimized (the
+stage's default) and by α-CROWN with the grid roundings' lines optimized too (`Bounder.OPTIMIZE_ROUNDING`), the same
+box and graph, one process, 30 steps each. Deterministic (no budget, no search): the margin bounds, how many are > 0,
 and how many grid rounding units had free slopes (`Rounding.slope_range`, at most `FREE_CORNERS` corners).
 
     python -m benchmarks.int8_hull RUN [RUN ...] [--limit N] [--out benchmarks/int8-results/hull.json]
@@ -23,7 +23,7 @@ def margins(run: Path, limit: int = 0) -> dict:
     from analysis.robustness.properties import is_int8
     from analysis.verification.bounds import Bounder, Spec
     from analysis.verification.nonlinear import OutOfDomain
-    from analysis.verification.ops import Gate, ReLU, Rounding
+    from analysis.verification.ops import Rounding
     from analysis.verification.readers import from_onnx
     from analysis.verification.vnnlib import read_vnnlib_all
 
@@ -39,7 +39,7 @@ def margins(run: Path, limit: int = 0) -> dict:
         spec = read_vnnlib_all(out / r["vnnlib"])[0]
         row = {"variant": r["variant"], "sample": int(r["sample"]), "eps": float(r["eps"]), "stage_result": r["result"]}
         C, owner = Spec.from_disjuncts(spec.disjuncts, "cpu")
-        orig = Bounder.optimizable
+        orig = Bounder.OPTIMIZE_ROUNDING
 
         def best_of(low):
             best = [-np.inf] * len(spec.disjuncts)
@@ -49,7 +49,7 @@ def margins(run: Path, limit: int = 0) -> dict:
 
         try:
             for name in ("relu", "hull"):
-                Bounder.optimizable = orig if name == "hull" else (lambda self, s: isinstance(self.op(s), (ReLU, Gate)))
+                Bounder.OPTIMIZE_ROUNDING = name == "hull"
                 t0 = time.perf_counter()
                 b = Bounder(net, spec.lb, spec.ub)
                 b.crown()
@@ -71,10 +71,11 @@ def margins(run: Path, limit: int = 0) -> dict:
             row.setdefault("relu", None)
             row.setdefault("hull", None)
         finally:
-            Bounder.optimizable = orig
+            Bounder.OPTIMIZE_ROUNDING = orig
         res.append(row)
-        print(f"{row['variant']} sample {row['sample']} eps {row['eps']}: CROWN {row.get('crown')}, α-CROWN {row['relu']} -> "
-              f"{row['hull']} ({row.get('free_units', 0)}/{row.get('grid_units', 0)} units with free slopes)", flush=True)
+        print(f"{row['variant']} sample {row['sample']} eps {row['eps']}: CROWN {row.get('crown')}, "
+              f"α-CROWN {row['relu']} -> {row['hull']} "
+              f"({row.get('free_units', 0)}/{row.get('grid_units', 0)} units with free slopes)", flush=True)
 
     def pos(key):
         return sum(1 for r in res if r[key] is not None and r[key] > 0)
@@ -83,7 +84,8 @@ def margins(run: Path, limit: int = 0) -> dict:
     return {"run": str(run), "properties": len(res), "decided_crown": pos("crown"), "decided_alpha_relu": pos("relu"),
             "decided_alpha_hull": pos("hull"),
             "margin_raised": f"{sum(d > 1e-9 for d in raised)}/{len(raised)}",
-            "raise_median": float(np.median(raised)) if raised else None, "raise_max": float(max(raised)) if raised else None,
+            "raise_median": float(np.median(raised)) if raised else None,
+            "raise_max": float(max(raised)) if raised else None,
             "lowered": sum(d < -1e-9 for d in raised), "rows": res}
 
 

@@ -204,10 +204,11 @@ def test_grid_rounding_lines_contain_onnxruntime_requantized_values(tmp_path):
     assert used["lower"] > 20 and used["upper"] > 20, used
 
 
-def test_alpha_crown_with_the_roundings_lines_optimized_contains_onnxruntime(tmp_path):
-    """α-CROWN optimizes the grid roundings' lines (`Bounder.optimizable`): its output bounds on small boxes of the tiny
-    int8 net (units spanning a few cells, where the slopes are free) contain onnxruntime's outputs at dense points,
-    lower and upper side apart, and are no looser than CROWN's."""
+def test_alpha_crown_with_the_roundings_lines_optimized_contains_onnxruntime(tmp_path, monkeypatch):
+    """α-CROWN optimizing the grid roundings' lines too (`Bounder.OPTIMIZE_ROUNDING`): its output bounds on small boxes
+    of the tiny int8 net (units spanning a few cells, where the slopes are free) contain onnxruntime's outputs at dense
+    points, lower and upper side apart, and are no looser than CROWN's."""
+    monkeypatch.setattr(Bounder, "OPTIMIZE_ROUNDING", True)
     path, _ = _tiny(tmp_path, "int8")
     graph = from_onnx(path)
     sess = ort_util.session(path)

@@ -651,7 +651,8 @@ class Rounding(Activation):
     (E' = E − s/2; ties either way): a unit whose interval stays inside one grid cell has an exact, constant value,
     and the clamp's ReLUs after it see the snapped range (a unit just below a grid point's half step is dead, not
     unstable). CROWN's lines are, per side, x ± E or the snapped end, whichever is tighter at the interval's middle;
-    α-CROWN chooses per row among every supporting line of the staircase's hull (`hull_lines`).
+    α-CROWN may choose per row among every supporting line of the staircase's hull (`hull_lines`,
+    `bounds.Bounder.OPTIMIZE_ROUNDING`, off by default).
 
     `forward` is the surrogate an attack searches on: the grid value s·round(x/s) (x itself without a grid), with
     the identity's gradient. A point it finds counts only once the int8 model itself misclassifies it."""
@@ -737,7 +738,8 @@ class Rounding(Activation):
         s/(c₁ − l), through (l, s·k_l) beyond (and through it for every a ≥ 0 when no corner lies in the interval).
         Slope 0 is the snapped end, slope 1 is x + E, the steepest facet beats both on an interval of under two cells
         (CROWN's midpoint choice of it lowered 27 of 30 margin bounds on a preact_resnet: a slope above 1 multiplies
-        everything before the unit, so only an optimizer that sees the whole bound should choose it). The corners are
+        everything before the unit, so only an optimizer that sees the whole bound should choose it: α-CROWN with
+        `bounds.Bounder.OPTIMIZE_ROUNDING`). The corners are
         moved left by `SNAP_SLACK` steps and the intercepts outward by their own float64 rounding. The lower side is
         the same staircase turned by half a turn."""
         if self.step is None:
