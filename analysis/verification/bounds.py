@@ -261,7 +261,7 @@ class Bounder:
     # default, by measurement (issue 41; benchmarks/int8-results/hull-*.json): on preact_resnet [4,8] int8 it raised 26
     # of 30 margin bounds at 30 steps, by a median 0.04 (margins −3.5 to −28, none decided either way), but each step
     # costs 45% more, and within the stage's int8 budget (20 s) the margins reached came out lower on 19 of 24 open
-    # properties (median −0.52)
+    # properties (median −0.52 against a run without it; timing alone moved them by a median 0.31 between two runs)
     OPTIMIZE_ROUNDING: ClassVar[bool] = False
 
     def optimizable(self, s: int) -> bool:
