@@ -88,6 +88,162 @@ def test_grid_rounding_relaxation_holds_for_every_rounding_of_every_point(seed):
     assert bool(torch.all((lo == hi)[one])) and bool(torch.all((al == 0)[one])) and bool(torch.all((au == 0)[one]))
 
 
+def _feasible_extremes(x: np.ndarray, s: np.ndarray, E: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest and largest s·k with |s·k − x| ≤ E (every value the runtime may give at x, ties and the arithmetic
+    before the rounding included), from the candidates around x/s, counted feasible up to a relative 1e-12 (so a
+    value right at a corner is always in)."""
+    base = np.floor(x / s)
+    ks = base[..., None] + np.arange(-40, 41)
+    y = ks * s[..., None]
+    ok = np.abs(y - x[..., None]) <= E[..., None] * (1 + 1e-12)
+    assert np.all(ok.any(-1)) and not np.any(ok[..., 0] | ok[..., -1])  # the candidates cover every feasible k
+    return np.where(ok, y, np.inf).min(-1), np.where(ok, y, -np.inf).max(-1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grid_rounding_hull_lines_hold_at_every_corner_and_beat_x_plus_minus_E(seed):
+    """Every line α-CROWN may choose for `ops.Rounding` (`hull_lines` at slopes in `slope_range`: both ends, 1 and random
+    ones between; and slopes beyond the range, which stay sound) is checked against every value the runtime may give
+    (|s·k − x| ≤ E) at dense points, at each corner s·k ± E inside the interval and next to it, lower and upper side
+    apart. On intervals of fewer than two cells whose first corner lies past the middle, the steepest line is tighter
+    at the middle than both x ± E and the snapped end (what the hull adds)."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    s = rng.uniform(0.01, 0.3, n)
+    E = s / 2 + s * rng.choice([0.0, 1e-6, 0.01, 0.2, 0.45], n)
+    op = Rounding(E, s)
+    centre = rng.integers(-20, 20, n) * s + rng.uniform(-0.5, 0.5, n) * s
+    width = s * np.concatenate([rng.uniform(0, 3.5, n - 200), np.full(100, 1e-7), rng.uniform(0.9, 1.1, 100)])
+    l, u = centre - width / 2, centre + width / 2
+    L, Uu = torch.as_tensor(l), torch.as_tensor(u)
+    lo, hi = (t.numpy() for t in op.interval(L, Uu))
+    (lo_a, lo_b), (up_a, up_b) = op.slope_range(L, Uu)
+    xs = [l + (u - l) * t for t in np.linspace(0, 1, 401)]
+    for k in range(-25, 26):  # the corners and their float64 neighbours, where they lie in the interval
+        for c in (s * k - E, s * k + E):
+            for x in (c, np.nextafter(c, -np.inf), np.nextafter(c, np.inf)):
+                xs.append(np.clip(x, l, u))
+    X = np.stack(xs, -1)  # [n, points]
+    ymin, ymax = _feasible_extremes(X, s[:, None].repeat(X.shape[1], 1), E[:, None].repeat(X.shape[1], 1))
+    assert np.all(lo[:, None] <= ymin + SUM_TOL) and np.all(hi[:, None] >= ymax - SUM_TOL)
+    r = lambda: torch.as_tensor(rng.uniform(0, 1, n))  # noqa: E731
+    choices = [(lo_a, up_a), (lo_b, up_b), (torch.ones(n, dtype=torch.float64),) * 2,
+               (lo_a + r() * (lo_b - lo_a), up_a + r() * (up_b - up_a)), (torch.as_tensor(rng.uniform(0, 3, n)),) * 2,
+               (lo_b * 1.5 + 0.2, up_b * 1.5 + 0.2)]
+    for a_lo, a_up in choices:
+        al, bl, au, bu = (t.numpy() for t in op.hull_lines(L, Uu, (a_lo, a_up)))
+        assert np.all(al[:, None] * X + bl[:, None] <= ymin + SUM_TOL), "a lower line above a value the runtime may give"
+        assert np.all(au[:, None] * X + bu[:, None] >= ymax - SUM_TOL), "an upper line below a value the runtime may give"
+    # CROWN's own lines too
+    al, bl, au, bu = (t.numpy() for t in op.lines(L, Uu))
+    assert np.all(al[:, None] * X + bl[:, None] <= ymin + SUM_TOL) and np.all(au[:, None] * X + bu[:, None] >= ymax - SUM_TOL)
+    # the steepest lines where the first corner lies past the middle: tighter at the middle than both other lines
+    al, bl, au, bu = (t.numpy() for t in op.hull_lines(L, Uu, (lo_b, up_b)))
+    mid = (l + u) / 2
+    steep_u, steep_l = au > 1, al > 1
+    assert steep_u.sum() > n // 10 and steep_l.sum() > n // 10, (steep_u.sum(), steep_l.sum())
+    past_u = steep_u & ((np.floor((l + E) / s) + 1) * s - E > mid)
+    past_l = steep_l & ((np.ceil((u - E) / s) - 1) * s + E < mid)
+    assert past_u.sum() > n // 20 and past_l.sum() > n // 20
+    assert np.all((au * mid + bu)[past_u] < np.minimum(mid + E, hi)[past_u])
+    assert np.all((al * mid + bl)[past_l] > np.maximum(mid - E, lo)[past_l])
+
+
+def _qdq_gemm(W_int: np.ndarray, w_scale: float, bias: np.ndarray, s_in: float, s_out: float, z_out: int) -> onnx.ModelProto:
+    """input → Q → DQ → Gemm by DequantizeLinear(7-bit weights), float bias → Q → DQ: one requantized layer, its output
+    the grid values the runtime computes (int8 activations, the input's zero point 0)."""
+    init = [numpy_helper.from_array(np.array(s_in, dtype=np.float32), "si"), numpy_helper.from_array(np.array(0, dtype=np.int8), "zi"),
+            numpy_helper.from_array(W_int.astype(np.int8), "w"), numpy_helper.from_array(np.array(w_scale, dtype=np.float32), "ws"),
+            numpy_helper.from_array(np.array(0, dtype=np.int8), "wz"), numpy_helper.from_array(bias.astype(np.float32), "b"),
+            numpy_helper.from_array(np.array(s_out, dtype=np.float32), "so"), numpy_helper.from_array(np.array(z_out, dtype=np.int8), "zo")]
+    nodes = [helper.make_node("QuantizeLinear", ["input", "si", "zi"], ["q"]), helper.make_node("DequantizeLinear", ["q", "si", "zi"], ["x"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["W"]), helper.make_node("Gemm", ["x", "W", "b"], ["v"], transB=1),
+             helper.make_node("QuantizeLinear", ["v", "so", "zo"], ["q2"]), helper.make_node("DequantizeLinear", ["q2", "so", "zo"], ["logits"])]
+    g = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["b", W_int.shape[1]])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", W_int.shape[0]])], init)
+    return make_model(g, 19)
+
+
+def test_grid_rounding_lines_contain_onnxruntime_requantized_values(tmp_path):
+    """One requantized Gemm run by onnxruntime: at dense points of small boxes (each unit's interval spanning a fraction
+    of a cell to a few cells, where the hull's steep lines exist) the value the runtime computes lies above the
+    `Rounding`'s lower line and below its upper line at the exact (float64) pre-rounding value, each side apart: CROWN's
+    lines, the steepest hull lines and lines at random slopes of `slope_range`."""
+    rng = np.random.default_rng(0)
+    n_in, n_out = 6, 40
+    W_int = rng.integers(-64, 65, (n_out, n_in))
+    s_in, w_scale, s_out = 1 / 127, 0.004, 0.011
+    model = _qdq_gemm(W_int, w_scale, rng.uniform(-0.1, 0.1, n_out), s_in, s_out, 3)
+    path = tmp_path / "gemm.onnx"
+    onnx.save(model, path)
+    graph = from_onnx(path)
+    ri = next(k for k, nd in enumerate(graph.nodes) if isinstance(nd.op, Rounding) and nd.op.step is not None)
+    op, pre = graph.nodes[ri].op, graph.nodes[ri].inputs[0]
+    sess = ort_util.session(path)
+    used = {"lower": 0, "upper": 0}
+    for radius in (0.3, 1.0, 2.0, 4.0):  # in input grid steps
+        for _ in range(10):
+            c = rng.uniform(-0.3, 0.3, n_in)  # |v| ≤ 0.6: inside the output grid's range, no clamp
+            lb, ub = c - radius * s_in, c + radius * s_in
+            b = Bounder(graph, lb, ub)
+            b.crown()
+            l, u = b.pre[b.site_of[ri]]
+            (lo_a, lo_b), (up_a, up_b) = op.slope_range(l, u)
+            t = torch.as_tensor(rng.uniform(0, 1, l.numel()))
+            lines = [op.lines(l, u), op.hull_lines(l, u, (lo_b, up_b)), op.hull_lines(l, u, (lo_a + t * (lo_b - lo_a), up_a + t * (up_b - up_a)))]
+            used["lower"] += int((lines[1][0] > 1).sum())
+            used["upper"] += int((lines[1][2] > 1).sum())
+            xs = np.vstack([rng.uniform(lb, ub, (2000, n_in)), lb, ub]).astype(np.float32)
+            v = _node_value(graph, pre, xs)
+            y = ort_util.infer(sess, xs).astype(np.float64)
+            tol = 1e-6 * np.abs(y) + SUM_TOL  # the output DequantizeLinear's float32 product
+            assert np.all(v >= l.numpy() - SUM_TOL) and np.all(v <= u.numpy() + SUM_TOL)
+            for al, bl, au, bu in lines:
+                assert np.all(y >= al.numpy() * v + bl.numpy() - tol), "onnxruntime below the lower line"
+                assert np.all(y <= au.numpy() * v + bu.numpy() + tol), "onnxruntime above the upper line"
+    assert used["lower"] > 20 and used["upper"] > 20, used
+
+
+def test_alpha_crown_with_the_roundings_lines_optimized_contains_onnxruntime(tmp_path, monkeypatch):
+    """α-CROWN optimizing the grid roundings' lines too (`Bounder.OPTIMIZE_ROUNDING`): its output bounds on small boxes
+    of the tiny int8 net (units spanning a few cells, where the slopes are free) contain onnxruntime's outputs at dense
+    points, lower and upper side apart, and are no looser than CROWN's."""
+    monkeypatch.setattr(Bounder, "OPTIMIZE_ROUNDING", True)
+    path, _ = _tiny(tmp_path, "int8")
+    graph = from_onnx(path)
+    sess = ort_util.session(path)
+    rng = np.random.default_rng(5)
+    eye = torch.eye(graph.num_outputs, dtype=torch.float64)
+    free = 0
+    for radius in (0.005, 0.02, 0.06):
+        for _ in range(5):
+            c = rng.uniform(-1.0, 2.0, 2)
+            lb, ub = c - radius, c + radius
+            b = Bounder(graph, lb, ub)
+            b.crown()
+            sites = [s for s in range(len(b.sites)) if isinstance(b.op(s), Rounding) and b.optimizable(s)]
+            assert sites
+            free += sum(int((op_r[1][1] > 0).sum()) for op_r in (b.op(s).slope_range(*b.pre[s]) for s in sites))
+            rows = torch.cat([eye, -eye])
+            crown = b.spec_bounds(Spec(rows, torch.zeros(len(rows))))
+            alpha = b.alpha_spec(Spec(rows, torch.zeros(len(rows))), list(range(len(rows))), steps=20, lr=0.1)
+            assert bool(torch.all(alpha >= crown - 1e-12))
+            low, up = alpha[:graph.num_outputs].numpy(), -alpha[graph.num_outputs:].numpy()
+            xs = np.vstack([rng.uniform(lb, ub, (SAMPLES, 2)), [lb, ub, [lb[0], ub[1]], [ub[0], lb[1]]]]).astype(np.float32)
+            ys = ort_util.infer(sess, xs)
+            assert np.all(ys >= low - SUM_TOL), "onnxruntime below α-CROWN's lower bound"
+            assert np.all(ys <= up + SUM_TOL), "onnxruntime above α-CROWN's upper bound"
+    assert free > 0
+
+
+def _node_value(graph: Graph, node: int, xs: np.ndarray) -> np.ndarray:
+    """The exact (float64) value of graph node `node` at inputs xs, the first quantization as the runtime computes it."""
+    vals = [torch.as_tensor(xs, dtype=torch.float64)]
+    for nd in graph.nodes[1:node + 1]:
+        vals.append(nd.op.forward(*(vals[i] for i in nd.inputs)))
+    return vals[node].detach().numpy()
+
+
 def test_a_unit_below_the_first_half_step_is_dead_after_the_clamp():
     """x ∈ [−3s, 0.3s] on a grid of step s with the clamp at 0 (an absorbed ReLU): every value rounds to ≤ 0, so the
     clamp's ReLU is stable. The interval x ± E alone would leave it unstable."""

@@ -13,7 +13,8 @@ MILP is small and an excluded disjunct costs nothing): (1) the LP relaxation min
 infeasible proves the disjunct empty, and its optimum, run through the network, may be a
 counterexample; (2) the MILP min Σ A y subject to A y ≤ b with an equal share of the remaining time:
 infeasible proves it empty; a solution is checked in float64 (big-M with HiGHS's integrality tolerance
-can place it slightly off the network), and if it is not a real counterexample a second MILP asks for
+can place it slightly off the network; a point on the unsafe set's boundary, as int8 grid logits that tie, is none either,
+as `Problem.confirm` counts), and if it is not a real counterexample a second MILP asks for
 A y ≤ b − margin. "Infeasible" means so within HiGHS's feasibility tolerance (1e-7). HiGHS's time limit
 is wall-clock time.
 
@@ -233,7 +234,9 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
     net, pre = on_cpu(net, pre)
 
     def real(x: np.ndarray) -> bool:
-        return spec.violation(net.forward(x).numpy()) <= 0
+        # strictly unsafe, as `Problem.confirm` counts a counterexample: a point on the unsafe set's boundary (an int8
+        # model's grid logits tie there often) is no answer, and the margin run then looks for one strictly inside
+        return spec.violation(net.forward(x).numpy()) < 0
 
     enc = encode(net, spec.lb, spec.ub, pre)
     n = enc.num_vars
