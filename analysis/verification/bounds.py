@@ -43,11 +43,12 @@ CPU_CROWN_CHUNK = 2 ** 17
 # fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). 0 turns it off.
 FLOAT32_MIN_TERMS = 64
 FLOAT32_RANGE = 2.0 ** 100  # interval ends and weights beyond this (or nonzero weights below its inverse): float64
-# The smooth gates' sites bounded with float32 convolutions too (their rounding error added: sound). Off: a gate's
-# relaxation depends on every unit's interval, so float32's looser intervals (on the [16,32] preact ResNet at most
-# 0.14% of a width) would reach the spec rows' bounds (1.4e-5 lower there), where float64 gives CROWN's own; on, the
-# smooth network's pass costs a fifth (6.5 s → 1.3 s measured, docs/architecture.md "Verification engine").
-FLOAT32_GATES = False
+# The smooth gates' sites bounded with float32 convolutions too (their rounding error added: sound). A gate's relaxation
+# depends on every unit's interval, so float32's looser intervals (on the [16,32] preact ResNet at most 0.14% of a
+# width) reach the spec rows' bounds (1.4e-5 lower there than float64's CROWN); for that the smooth network's pass costs
+# a fifth (6.5 s → 1.3 s), and that preact run's verify stage decides 29/30 smooth properties instead of 22/30 in the
+# same budget (benchmarks/verify-results/crown-speed.md). On; False gives float64's CROWN exactly.
+FLOAT32_GATES = True
 
 
 @dataclass
