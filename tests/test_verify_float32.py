@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import analysis.verification.bounds as bounds_mod
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.graph import Graph, Node
-from analysis.verification.ops import Conv, ReLU
+from analysis.verification.ops import Activation, Conv, ReLU
 from analysis.verification.readers import from_torch
 from pipeline.numerics import UNDERFLOW, dot_error
 from test_verify_bounds import NET_TOL, _random_dag, _samples, cnn
@@ -180,13 +180,17 @@ def test_float32_gates_are_sound_and_close(seed, monkeypatch):
     _check_sound(b32, s32, spec, _samples(lb, ub, 1500, gen))
 
 
-def test_a_network_with_gates_is_float64_unless_asked(monkeypatch):
+def test_a_network_with_gates_is_float64_when_float32_gates_are_off(monkeypatch):
+    # FLOAT32_GATES (the default) screens the gates' sites in float32 too; off, a gated network's CROWN is float64's
     net = _random_dag(3, conv=True)
     x0 = torch.rand(net.num_inputs, dtype=torch.float64)
     monkeypatch.setattr(bounds_mod, "FLOAT32_MIN_TERMS", 1)
-    b = Bounder(net, x0 - 0.05, x0 + 0.05)
-    b.crown()
-    assert b._f32_used == 0 and any(not isinstance(b.op(s), ReLU) for s in range(len(b.sites)))
+    assert any(isinstance(n.op, Activation) and not isinstance(n.op, ReLU) for n in net.nodes[1:])
+    for on in (True, False):
+        monkeypatch.setattr(bounds_mod, "FLOAT32_GATES", on)
+        b = Bounder(net, x0 - 0.05, x0 + 0.05)
+        b.crown()
+        assert (b._f32_used > 0) == on
 
 
 @pytest.mark.parametrize("stride", [1, 2])

@@ -607,6 +607,10 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
                         return "sat", x, "branch and bound: a leaf LP point is a counterexample", stats
                     stats["unconfirmed"] += 1
                     continue
+                if status == "unknown":  # its points only tie (no strict counterexample): look on in the other domains
+                    stats["undecided_leaves"] = stats.get("undecided_leaves", 0) + 1  # kept with the stats for a resume
+                    stats["leaf_note"] = _
+                    continue
                 if status != "unsat":
                     return status, None, "branch and bound: a leaf LP did not finish", stats
             p = {k: v[~leaf] for k, v in p.items()}
@@ -656,6 +660,9 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
                     return "sat", x, "branch and bound: an attack from the domains' bound minimizers found a counterexample", stats
     detail = (f"{stats['domains']} domains in {stats['rounds']} rounds ({time.perf_counter() - t0:.2f} s), "
               f"{stats['leaf_lps']} leaf LPs")
+    if stats.get("undecided_leaves"):
+        return "unknown", None, (f"branch and bound: {stats['undecided_leaves']} leaves whose LP found no strict "
+                                 f"counterexample and no proof ({stats['leaf_note']}); {detail}"), stats
     if stats["unconfirmed"]:
         return "unknown", None, (f"branch and bound: {stats['unconfirmed']} unsafe points in float64 that are none after "
                                  f"float32 rounding; {detail}"), stats
