@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from benchmarks.vit_digits import _attack_float, _attack_onnx, _rows_summary, _witnesses, accuracy, digits
 
 OUT = Path(__file__).resolve().parent / "verify-results"
-KINDS = ("float_relu", "smooth", "int8")
+KINDS = ("float_relu", "smooth", "int8", "pairmax")
 
 
 def resnet(layers: tuple[int, ...], channels: tuple[int, ...]) -> torch.nn.Module:
@@ -94,6 +94,29 @@ def _verified(api, model, path: Path, xte, yte, a, attack) -> dict:
     return out
 
 
+def pairmax_interval_cost(graph, x0: np.ndarray, eps: float) -> dict:
+    """One CROWN pass over the box of x0 with `PairMax`'s interval (the max's own) and with the plain Pool's (a + ReLU(b − a)
+    by interval arithmetic): how many units interval arithmetic leaves unstable, what CROWN then costs and leaves."""
+    from analysis.verification.bounds import Bounder
+    from analysis.verification.ops import PairMax, Pool
+
+    out = {}
+    lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+    for name, ibp in (("PairMax", PairMax.ibp), ("Pool", Pool.ibp)):
+        saved, PairMax.ibp = PairMax.ibp, ibp
+        try:
+            b = Bounder(graph, lb, ub)
+            ibp_unstable = b.result().unstable("ibp")
+            t0 = time.perf_counter()
+            b.crown()
+            out[name] = {"ibp_unstable_per_site": ibp_unstable, "ibp_unstable": sum(ibp_unstable),
+                         "crown_unstable": sum(b.result().unstable()), "crown_seconds": round(time.perf_counter() - t0, 2),
+                         "ibp_output_width": float((b.ibp_out[1] - b.ibp_out[0]).max())}
+        finally:
+            PairMax.ibp = saved
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=8)
@@ -105,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--layers", type=int, nargs=4, default=[1, 1, 1, 1])  # timm runs layer1..layer4
     p.add_argument("--channels", type=int, nargs=4, default=[8, 16, 16, 16])
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=["float_relu"],
-                   help="what to verify: the float ReLU model, the λ-Swish model itself, the ReLU model's int8 QDQ file")
+                   help="what to verify: the float ReLU model, the λ-Swish model itself, the ReLU model's int8 QDQ file; "
+                        "pairmax: one CROWN pass on the first sample's box with PairMax's interval and with the plain Pool's")
     p.add_argument("--out", type=Path, default=OUT / "maxpool_resnet.json")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -122,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     graph = from_torch(t["relu"], (1, 32, 32))
     result["graph"] = graph.describe()
     result["stem"] = [str(getattr(t["relu"], m)) for m in ("conv1", "bn1", "act1", "maxpool")]
+    if "pairmax" in a.kinds:
+        result["pairmax"] = pairmax_interval_cost(graph, xte[0].reshape(-1).double().numpy(), a.eps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         fp32 = tmp / "relu.onnx"
