@@ -47,8 +47,8 @@ from pipeline.numerics import U
 from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
 from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
-from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
-                  TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
+from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale,
+                  Select, Sum, TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
 WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
 
