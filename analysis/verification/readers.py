@@ -14,7 +14,8 @@ LayerNormalization as centring, its variance (`Variance`, bounded from the input
 or Div of two variables as `Product` (with `Reciprocal` for the divisor), Sqrt/Exp/Reciprocal/Pow as they are.
 Data movement on a variable (Gather, Slice, Split, Expand, Tile, Where on a constant condition, Concat with constant
 inputs such as a class token) becomes `Select`/`Concat`; ReduceMean/ReduceSum a `Pool`; a MatMul by a constant on
-tokens a `TokenLinear`.
+tokens a `TokenLinear`. MaxPool (and GlobalMaxPool) is each window's max as a balanced tree of max(a, b) = a + ReLU(b − a)
+(`_max_tree`): exact, and ReLUs, which CROWN relaxes, branch and bound splits and the MILP encodes.
 
 An int8 QDQ graph (`quantized` says which execution the reading covers) is read by the same handlers; the reader then
 also follows, for every float32 value between a DequantizeLinear and the next QuantizeLinear, how far onnxruntime's
@@ -46,8 +47,8 @@ from pipeline.numerics import U
 from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
 from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
-from .ops import (Affine, Concat, Conv, Gate, Linear, Op, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale, Select, Sum,
-                  TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
+from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale,
+                  Select, Sum, TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
 WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
 
@@ -1014,6 +1015,100 @@ def _avgpool(r: OnnxReader) -> None:
     r.set(r.add(op, [x], (1,) + op.out_shape))
 
 
+@handles("MaxPool", "GlobalMaxPool")
+def _maxpool(r: OnnxReader) -> None:
+    """The max of each window (padded positions, −inf in ONNX, left out) as a tree of ReLUs (`_max_tree`)."""
+    x = r.var(r.node.input[0])
+    c, h, w = _image(r, x, "MaxPool")
+    if len(r.node.output) > 1 and r.node.output[1]:
+        raise r.unsupported("its Indices output is read", what="a MaxPool whose Indices output is used",
+                            fix="use the pooled values only (return_indices=False)")
+    if r.node.op_type == "GlobalMaxPool":
+        kernel, strides, pads, dil = (h, w), (1, 1), (0, 0, 0, 0), (1, 1)
+    else:
+        kernel = tuple(int(k) for k in r.attr("kernel_shape"))
+        strides = tuple(int(v) for v in r.attr("strides", [1, 1]))
+        pads = tuple(int(v) for v in r.attr("pads", [0, 0, 0, 0]))
+        dil = tuple(int(v) for v in r.attr("dilations", [1, 1]))
+        auto_pad = r.attr("auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if r.attr("ceil_mode", 0) or auto_pad not in ("NOTSET", "VALID"):
+            form = "ceil_mode=1" if r.attr("ceil_mode", 0) else f"auto_pad={auto_pad}"
+            raise r.unsupported(f"{form}", what=f"a MaxPool with {form}",
+                                fix="use explicit pads and ceil_mode=False (nn.MaxPool2d(k, s, padding=p))")
+    windows = pool_windows((c, h, w), kernel, strides, pads, dil)
+    if windows is None:
+        raise r.unsupported(f"a window with no element of the input (kernel {kernel}, pads {pads})",
+                            what="a MaxPool window wholly in the padding")
+    out_shape = (1, c, *windows.shape[1:3])
+    out = _max_tree(r, x, windows.reshape(-1, windows.shape[-1]), out_shape)
+    if r.int8 and x.fl is not None:
+        # float32 max is exact: the window's largest error and the range of its max
+        out.fl = Float(*(_window_max(v, windows) for v in (x.fl.err, x.fl.lo, x.fl.hi)))
+    grid, flat = r.grids.get(x.node), windows.reshape(-1, windows.shape[-1])
+    first = flat.max(1)  # an element of each window
+    same = lambda v: bool(np.all((flat < 0) | (v[np.maximum(flat, 0)] == v[first, None])))  # noqa: E731
+    if grid is not None and same(grid.scale) and same(grid.zero):
+        # maxima of a grid's points are points of it: a requantization on the same grid is exact
+        lo, hi = (as_tensor(_window_max(t.numpy(), windows)) for t in (grid.lo, grid.hi))
+        r.grids[out.node] = Grid(grid.scale[first], grid.zero[first], grid.qmin, grid.qmax, lo, hi)
+    r.set(out)
+
+
+def pool_windows(in_shape: tuple[int, int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                 pads: tuple[int, int, int, int], dilation: tuple[int, int]) -> np.ndarray | None:
+    """[C, Ho, Wo, kh·kw] flat input positions of each pooling window (pads: top, left, bottom, right); −1 where the
+    window lies in the padding. None when some window lies wholly in it."""
+    c, h, w = in_shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    ho = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    if ho < 1 or wo < 1:
+        return None
+    rows = np.arange(ho)[:, None] * sh - pads[0] + np.arange(kh)[None, :] * dh  # [Ho, kh]
+    cols = np.arange(wo)[:, None] * sw - pads[1] + np.arange(kw)[None, :] * dw  # [Wo, kw]
+    R, C = rows[:, None, :, None], cols[None, :, None, :]  # [Ho, 1, kh, 1], [1, Wo, 1, kw]
+    ok = (R >= 0) & (R < h) & (C >= 0) & (C < w)
+    pos = np.where(ok, R * w + C, -1).reshape(ho, wo, kh * kw)
+    if not np.all((pos >= 0).any(-1)):
+        return None
+    chan = np.arange(c)[:, None, None, None] * (h * w)
+    return np.where(pos[None] >= 0, pos[None] + chan, -1)
+
+
+def _window_max(v: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """Per window (rows of `windows`, −1 left out), the max of v over it."""
+    flat = windows.reshape(-1, windows.shape[-1])
+    return np.where(flat >= 0, np.asarray(v)[np.maximum(flat, 0)], -np.inf).max(1)
+
+
+def _max_tree(r: OnnxReader, x: Value, windows: np.ndarray, shape: tuple[int, ...]) -> Value:
+    """max over each row of `windows` (flat positions of x; −1: none) as a balanced tree of max(a, b) = a + ReLU(b − a),
+    ⌈log2 n⌉ levels for n elements: per level a `Pool` of the pairs' differences b − a, their ReLUs, and a `PairMax`
+    a + ReLU(b − a) per pair (an odd element carried). Exact, and made of ReLUs: CROWN relaxes each pairwise max by the
+    ReLU's triangle (α-CROWN's lower slope picks any mix of a and b), branch and bound splits them, the MILP encodes
+    them exactly; `PairMax` keeps interval arithmetic and the swap gap at the max's own [max l, max u] and max δ."""
+    slots = [[int(p) for p in row if p >= 0] for row in windows]  # per output, its elements' positions in `cur`
+    cur, n = x, numel(x.shape)
+    while any(len(s) > 1 for s in slots):
+        first, other, nxt = [], [], []  # per output of the level, in window order: a and b (−1: a carried)
+        for s in slots:
+            nxt.append(list(range(len(first), len(first) + (len(s) + 1) // 2)))
+            first += s[0::2]
+            other += s[1::2] + ([-1] if len(s) % 2 else [])
+        a, b = np.array(first), np.array(other)
+        pa, pb = a[b >= 0], b[b >= 0]
+        p = pa.size
+        diff = r.add(Pool(np.repeat(np.arange(p), 2), np.tile([1.0, -1.0], p), p, np.stack([pb, pa], 1).reshape(-1), n), [cur], (p,))
+        both = r.add(Concat(((n,), (p,)), 0), [cur, r.add(ReLU(p), [diff], (p,))], (n + p,))
+        cur = r.add(PairMax.of(a, b, n), [both], (a.size,))
+        n, slots = a.size, nxt
+    last = np.array([s[0] for s in slots], dtype=np.int64)
+    if np.array_equal(last, np.arange(n)):
+        return Value(cur.node, tuple(shape), cur.fl)
+    return r.add(Select(last, n), [cur], shape)  # a 1×1 window: the elements themselves
+
+
 @handles("BatchNormalization")
 def _batchnorm(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
@@ -1092,6 +1187,7 @@ def supported_ops() -> dict[str, str]:
         "Add": "a constant or another variable (broadcast)", "Sub": "a constant or another variable (broadcast)",
         "Mul": "a constant, another variable, or a gate x·g(λx)", "Div": "by a constant or a variable provably positive on the box",
         "Conv": "2-d, symmetric padding", "AveragePool": "symmetric padding counted in the average",
+        "MaxPool": "2-d, explicit pads, ceil_mode=False (a tree of ReLUs)", "GlobalMaxPool": "2-d (a tree of ReLUs)",
         "Concat": "variables and constants", "Where": "a constant condition", "Gather": "constant indices",
         "Pow": "exponents 2, 0.5, -0.5, -1, 1", "Softmax": "any axis", "LayerNormalization": "its first output",
         "QuantizeLinear": "int8/uint8, read with its DequantizeLinear", "DequantizeLinear": "of its own QuantizeLinear",
