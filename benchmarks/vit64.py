@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "verify-results"
 MODEL = Path("/tmp/vit64-model.pt")
 HEADS = 2
+MODEL_NOTE = "40 epochs of AdamW (one-cycle, max lr 2e-3, batch 64, seed 0) on sklearn digits upscaled to 32×32"
 
 
 def build(heads: int = HEADS) -> torch.nn.Module:
@@ -93,6 +94,50 @@ def load(a) -> torch.nn.Module:
     return m.eval()
 
 
+def _witness_ok(path, x, x0, eps, label) -> bool:
+    """onnxruntime on the float32 witness: inside the box and strictly misclassified."""
+    from quantize import ort as ort_util
+
+    sess = ort_util.session(path)
+    x = np.asarray(x, dtype=np.float32).reshape(1, *x0.shape)
+    inside = bool(np.all(x >= np.clip(x0 - eps, 0, 1).astype(np.float32)) and np.all(x <= np.clip(x0 + eps, 0, 1).astype(np.float32)))
+    y = sess.run(None, {sess.get_inputs()[0].name: x})[0][0].astype(np.float64)
+    return inside and float(np.delete(y, label).max()) > float(y[label])
+
+
+def section_verify(a) -> dict:
+    from analysis import api
+
+    from .vit_digits import _attack_float, _attack_onnx
+
+    model = load(a)
+    _, _, xte, yte = digits32()
+    x, y = xte[a.start:a.start + a.samples], yte[a.start:a.start + a.samples]
+    t0 = time.perf_counter()
+    res = api.verify(model, (x, y), epsilons=[a.eps], low=0.0, high=1.0, samples=len(x), timeout_s=a.timeout,
+                     progress=False)
+    wall = time.perf_counter() - t0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vit64.onnx"
+        api.export_onnx(model, x[:1], path)
+        for r in res["rows"]:
+            i = r["sample"]
+            x0, label = x[i].numpy().astype(np.float64), int(y[i])
+            row = {k: r.get(k) for k in ("result", "reason", "seconds", "margin_lb", "message")}
+            row["sample"] = a.start + i
+            if r["result"] == "sat":
+                row["witness_strictly_unsafe_in_onnxruntime"] = _witness_ok(path, r["counterexample"], x0, a.eps, label)
+            if r["result"] == "unsat":
+                row["attack_broke_it"] = _attack_float(model, x0, label, a.eps) or _attack_onnx(path, x0, label, a.eps, n=500)
+            rows.append(row)
+    out = {"wall_s": round(wall, 1), "first_pass": res.get("first_pass"), "note": res.get("note"), "rows": rows}
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, default=str))
+    for r in rows:
+        print(r)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("section", choices=["train", "profile", "verify"])
@@ -104,9 +149,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eps", type=float, default=0.002)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--tag", default="after")
+    p.add_argument("--start", type=int, default=0, help="verify: the first test sample")
+    p.add_argument("--code", default="", help="verify: the checkout whose analysis/ runs (recorded)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    res = {"train": section_train}[a.section](a)
+    res = {"train": section_train, "verify": section_verify}[a.section](a)
+    if a.section == "verify":
+        import analysis
+
+        path = OUT / "vit64.json"
+        allres = json.loads(path.read_text()) if path.exists() else {}
+        part = allres.setdefault(a.tag, {"model": f"timm vit_tiny_patch16_224, img 32, patch 4, dim 64, depth 2, "
+                                                  f"{a.heads} heads, ReLU; trained {MODEL_NOTE}",
+                                         "eps": a.eps, "timeout_s": a.timeout, "code": a.code or str(Path(analysis.__file__).parent.parent),
+                                         "machine": {"cpus": __import__("os").cpu_count(), "torch_threads": 1,
+                                                     "python": platform.python_version(), "torch": torch.__version__},
+                                         "chunks": {}})
+        part["chunks"][str(a.start)] = res
+        part["rows"] = sorted((r for c in part["chunks"].values() for r in c["rows"]), key=lambda r: r["sample"])
+        n = len(part["rows"])
+        part["decided"] = sum(r["result"] in ("sat", "unsat") for r in part["rows"])
+        part["budget"] = sum(r.get("reason") == "budget" for r in part["rows"])
+        part["summary"] = f"{part['decided']}/{n} decided, {part['budget']} without a bound pass (budget)"
+        path.write_text(json.dumps(allres, indent=1, default=str) + "\n")
+        print(part["summary"])
 
 
 if __name__ == "__main__":

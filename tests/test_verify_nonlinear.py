@@ -243,5 +243,8 @@ def test_variance_range_and_planes_hold_by_dense_sampling(seed):
     lo, hi = op.interval(l, u)
     assert bool(torch.all((lo <= v) & (v <= hi)))
     assert float(lo[0]) > 1e-5 * 10  # the first row's box is narrow: the norm bound keeps its variance off 0
+    # c's own box alone (x's box vacuous): the bound from c's centre and half-widths holds and keeps row 0 off 0
+    lo_c, _ = op.interval(torch.cat([xl - 1e3, cl]), torch.cat([xu + 1e3, cu]))
+    assert bool(torch.all(lo_c <= v)) and float(lo_c[0]) > 1e-5 * 10
     eye = torch.eye(R, dtype=DT)
     assert _lower_holds(op, l, u, eye, h) <= 0 and _lower_holds(op, l, u, -eye, h) <= 0

@@ -411,7 +411,8 @@ class Variance(_Bilinear):
     """v = mean(c²) + ε per row of R rows × N, c = x − mean x (a LayerNorm's variance). Its input is the concatenation
     (x, c), so that both come with their own (CROWN-tightened) intervals: with c = Px (P the centring, a projection)
     and x in a box of centre x₀ and half-widths r, ‖c‖ ≥ ‖Px₀‖ − ‖P(x − x₀)‖ ≥ ‖Px₀‖ − ‖r‖₂, so
-    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
+    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, the same from c's own box (‖c‖ ≥ ‖c_m‖ − ‖ρ‖₂, c_m and ρ its centre and half-widths),
+    besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
     arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
     at c's centre c₀ (‖c‖² ≥ 2c₀ᵀc − ‖c₀‖²); above, the chords c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
 
@@ -442,7 +443,10 @@ class Variance(_Bilinear):
         x0 = (xl + xu) / 2
         c0 = x0 - x0.mean(-1, keepdim=True)
         norm = (c0.norm(dim=-1) - ((xu - xl) / 2).norm(dim=-1)).clamp(min=0) ** 2
-        lo = torch.maximum(sep, norm) / self.N + self.eps
+        # the same from c's own box (centre m, half-widths ρ): ‖c‖ ≥ ‖m‖ − ‖c − m‖ ≥ ‖m‖ − ‖ρ‖₂; tighter where CROWN
+        # bounds c closer than x's box does (c = Px from x's correlated units)
+        norm_c = (((cl + cu) / 2).norm(dim=-1) - ((cu - cl) / 2).norm(dim=-1)).clamp(min=0) ** 2
+        lo = torch.maximum(torch.maximum(sep, norm), norm_c) / self.N + self.eps
         hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
         return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
 
