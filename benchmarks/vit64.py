@@ -6,6 +6,7 @@ re-run in onnxruntime, every unsat attacked (PGD in float64 and random points th
     flock /tmp/heavy.lock python -m benchmarks.vit64 train            # the model, seeded (writes --model)
     flock /tmp/heavy.lock python -m benchmarks.vit64 profile          # one CROWN pass, site by site
     flock /tmp/heavy.lock python -m benchmarks.vit64 verify --tag after   # api.verify on --samples test samples
+    flock /tmp/heavy.lock python -m benchmarks.vit64 deit --epochs 4 --samples 5 --timeout 10 --tag after  # deit_tiny 32×2
 
 `verify` merges its result under `--tag` into benchmarks/verify-results/vit64.json (run it from another checkout's
 code for a "before": `PYTHONPATH=OTHER python -m benchmarks.vit64 verify --tag before --code OTHER`)."""
@@ -94,6 +95,95 @@ def load(a) -> torch.nn.Module:
     return m.eval()
 
 
+def section_profile(a) -> dict:
+    """One `Bounder.crown()` on test sample --start at --eps, each CROWN query timed (node, op, units, seconds, widths),
+    then every site's interval and the margin's CROWN bound (or what stopped it)."""
+    from analysis.verification.bounds import Bounder, Spec
+    from analysis.verification.readers import from_torch
+
+    model = load(a)
+    net = from_torch(model, (3, 32, 32))
+    _, _, xte, yte = digits32()
+    x0, label = xte[a.start].reshape(-1).double(), int(yte[a.start])
+    b = Bounder(net, (x0 - a.eps).clamp(0, 1), (x0 + a.eps).clamp(0, 1))
+    if a.cut_depth != "default":
+        b.cut_depth = None if a.cut_depth == "none" else int(a.cut_depth)
+    queries = []
+    orig = b._crown_rows
+
+    def timed(j, idx, cuts):
+        t = time.perf_counter()
+        lo, hi = orig(j, idx, cuts)
+        queries.append({"node": j, "op": type(b.net.nodes[j].op).__name__, "units": idx.numel(),
+                        "seconds": round(time.perf_counter() - t, 2), "max_width": float((hi - lo).max())})
+        return lo, hi
+
+    b._crown_rows = timed
+    t0 = time.perf_counter()
+    error = ""
+    try:
+        b.crown()
+    except Exception as e:  # an OutOfDomain is the finding
+        error = f"{type(e).__name__}: {e}"
+    seconds = time.perf_counter() - t0
+    sites = []
+    for s in range(len(b.sites)):
+        lo, hi = b.pre[s]
+        op = b.op(s)
+        sites.append({"site": s, "op": type(op).__name__, "source": getattr(op, "source", ""), "units": lo.numel(),
+                      "max_width": float((hi - lo).max()), "min": float(lo.min()), "max": float(hi.max())})
+    C = -torch.eye(10, dtype=torch.float64)[[j for j in range(10) if j != label]]
+    C[:, label] = 1.0
+    try:
+        margin = float(b.spec_bounds(Spec(C, torch.zeros(9))).min())
+    except Exception as e:
+        margin = f"{type(e).__name__}: {e}"
+    out = {"sample": a.start, "eps": a.eps, "cut_depth": b.cut_depth, "crown_seconds": round(seconds, 1),
+           "crown_error": error, "queries": queries, "query_units": sum(q["units"] for q in queries), "sites": sites,
+           "margin_lb": margin}
+    for q in queries:
+        print(q)
+    for s in sites:
+        print(s)
+    print({k: v for k, v in out.items() if k not in ("queries", "sites")})
+    return out
+
+
+def section_deit(a) -> dict:
+    """The `deit_tiny` built-in at dim 32, depth 2, 4 heads, patch 4 with ReLU, trained --epochs on sklearn's 8×8
+    digits (seeded), then `api.verify` at ε --eps on the first --samples test samples, `timeout_s` --timeout."""
+    from torch import nn
+
+    from analysis import api
+    from pipeline.config import ModelConfig
+    from pipeline.models import deit_tiny
+
+    from .vit_digits import digits
+
+    torch.manual_seed(a.seed)
+    model = deit_tiny(ModelConfig(name="deit_tiny", dim=32, depth=2, heads=4, patch_size=4), (1, 8, 8), 10,
+                      lambda ch: nn.ReLU())
+    xtr, ytr, xte, yte = digits()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
+    gen = torch.Generator().manual_seed(a.seed)
+    for _ in range(a.epochs):
+        model.train()
+        for i in torch.randperm(len(xtr), generator=gen).split(64):
+            opt.zero_grad()
+            F.cross_entropy(model(xtr[i]), ytr[i]).backward()
+            opt.step()
+    model.eval()
+    t0 = time.perf_counter()
+    res = api.verify(model, (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout,
+                     progress=False)
+    rows = [{k: r.get(k) for k in ("sample", "result", "reason", "seconds", "margin_lb")} for r in res["rows"]]
+    out = {"acc_test": accuracy(model, xte, yte), "epochs": a.epochs, "eps": a.eps, "timeout_s": a.timeout,
+           "wall_s": round(time.perf_counter() - t0, 1), "first_pass": res.get("first_pass"), "rows": rows,
+           "decided": sum(r["result"] in ("sat", "unsat") for r in rows), "code": a.code}
+    print(out)
+    return out
+
+
 def _witness_ok(path, x, x0, eps, label) -> bool:
     """onnxruntime on the float32 witness: inside the box and strictly misclassified."""
     from quantize import ort as ort_util
@@ -140,7 +230,7 @@ def section_verify(a) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("section", choices=["train", "profile", "verify"])
+    p.add_argument("section", choices=["train", "profile", "verify", "deit"])
     p.add_argument("--model", type=Path, default=MODEL)
     p.add_argument("--heads", type=int, default=HEADS)
     p.add_argument("--epochs", type=int, default=8)
@@ -149,11 +239,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eps", type=float, default=0.002)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--tag", default="after")
-    p.add_argument("--start", type=int, default=0, help="verify: the first test sample")
+    p.add_argument("--start", type=int, default=0, help="verify: the first test sample; profile: the sample")
+    p.add_argument("--cut-depth", default="default", help="profile: Bounder.cut_depth (an int, none, or default)")
     p.add_argument("--code", default="", help="verify: the checkout whose analysis/ runs (recorded)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    res = {"train": section_train, "verify": section_verify}[a.section](a)
+    res = {"train": section_train, "verify": section_verify, "profile": section_profile,
+           "deit": section_deit}[a.section](a)
+    if a.section == "deit":
+        path = OUT / "vit64.json"
+        allres = json.loads(path.read_text()) if path.exists() else {}
+        allres.setdefault("deit_tiny", {})[a.tag] = res
+        path.write_text(json.dumps(allres, indent=1, default=str) + "\n")
+    if a.section == "profile":
+        path = OUT / "vit64.json"
+        allres = json.loads(path.read_text()) if path.exists() else {}
+        allres.setdefault("profile", {})[f"{a.tag}-sample{a.start}-depth{a.cut_depth}"] = res
+        path.write_text(json.dumps(allres, indent=1, default=str) + "\n")
     if a.section == "verify":
         import analysis
 

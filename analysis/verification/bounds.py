@@ -34,7 +34,8 @@ from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_
                           swap_gap_unit)
 
 CHUNK_ELEMENTS = 2 ** 25  # coefficient rows × width per back-substitution batch (256 MB of float64)
-CUT_DEPTH = 1  # on a graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
+CUT_DEPTH = 1  # on a wide graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
+CUT_MIN_WIDTH = 8192  # "wide": a node of this many units (the 64-token ViT's qkv: 12,480; deit_tiny 32×2 on 8×8: 2,176)
 # ops whose every output unit is a copy of one input unit (Permute is a Select) or an affine function of one (Scale): the
 # CROWN bounds of such a unit are its source's, mapped
 COPIES = (Concat, Select, Scale)
@@ -172,8 +173,12 @@ class Bounder:
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
         self._plan: tuple[set[int], set[int]] | None = None
-        # attention (a product of two variables, a softmax): CROWN's intermediate queries stop at the first cut
-        self.cut_depth = CUT_DEPTH if any(isinstance(n.op, ATTENTION) for n in self.net.nodes) else None
+        # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
+        # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere
+        self.attention = any(isinstance(n.op, ATTENTION) for n in self.net.nodes)
+        # cuts only where full back-substitution is out of reach: a wide transformer (on a small one they cost tightness
+        # for nothing: the tests' one-block TinyViT's branch and bound bound fell from above −1 to −2.0)
+        self.cut_depth = CUT_DEPTH if self.attention and max(self.net.sizes) >= CUT_MIN_WIDTH else None
         self._cast: dict[torch.dtype, list] = {}  # the ops in another dtype (branch and bound's float32 search)
 
     def ancestors(self, node: int) -> set[int]:
@@ -421,7 +426,9 @@ class Bounder:
             via: set[int] = set()
             nodes: set[int] = set()
             for s, j in enumerate(self.site_input):
-                if not isinstance(self.net.nodes[j].op, COPIES):
+                # only with attention: elsewhere a copy feeds a ReLU (a BatchNorm's Scale), whose unstable units alone
+                # are queried at the site itself
+                if not self.attention or not isinstance(self.net.nodes[j].op, COPIES):
                     continue
                 via.add(s)
                 stack = [j]
