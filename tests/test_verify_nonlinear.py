@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.verification.nonlinear import REL_SLACK, BatchMatMul, Exp, OutOfDomain, Product, Reciprocal, Rsqrt, Sqrt, Square
+from analysis.verification.nonlinear import REL_SLACK, BatchMatMul, Exp, ExpSums, OutOfDomain, Product, Reciprocal, Rsqrt, Sqrt, Square
 
 DT = torch.float64
 POINTS = 4001  # samples per interval, the ends included
@@ -139,6 +139,48 @@ def test_batch_matmul_relaxation_holds_for_mixed_sign_rows_by_dense_sampling(see
     torch.testing.assert_close(op.forward(c[None])[0], (a @ bb).reshape(-1))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_exp_sums_relaxation_and_range_hold_each_side_by_dense_sampling(seed):
+    """The softmax's sums Σ_j exp(x_j − x_i) as one op: e_r and −e_r rows (each side apart) and mixed-sign rows, on
+    narrow and wide logit intervals, against the float64 forward; the range contains every sample."""
+    gen = torch.Generator().manual_seed(seed)
+    op = ExpSums(3, 5)
+    n = op.in_sizes()[0]
+    c = 3 * torch.randn(n, generator=gen, dtype=DT)
+    w = torch.rand(n, generator=gen, dtype=DT) * (0.05 if seed % 2 else 2.0)
+    l, u = c - w, c + w
+    s = _box_samples(l, u, 6000, gen)
+    z = op.forward(s)
+    # forward is the sum itself (1/softmax)
+    xs = s.reshape(-1, 3, 5)
+    torch.testing.assert_close(z, (torch.exp(xs[:, :, None, :] - xs[:, :, :, None]).sum(-1)).reshape(len(s), -1))
+    eye = torch.eye(op.out_size, dtype=DT)
+    assert _lower_holds(op, l, u, eye, s) <= 0  # lower side
+    assert _lower_holds(op, l, u, -eye, s) <= 0  # upper side
+    assert _lower_holds(op, l, u, torch.randn(8, op.out_size, generator=gen, dtype=DT), s) <= 0
+    lo, hi = op.interval(l, u)
+    assert bool(torch.all((lo <= z) & (z <= hi))) and bool(torch.all(lo >= 1 - 1e-12))
+    # not vacuous on narrow intervals: the lines' gap at the centre is of the order of the widths
+    if seed % 2:
+        A_in, cst = op.back(eye, op.relax(l, u))
+        assert float((z - (s @ A_in.T + cst)).max()) < 0.1 * float(z.max())
+    (Ml, lo_l, _), (Mu, _, hi_u) = op.milp_rows(l, u)
+    gap_l, gap_u = z.numpy() - s.numpy() @ Ml.toarray().T, z.numpy() - s.numpy() @ Mu.toarray().T
+    assert np.all(gap_l >= lo_l - 1e-9) and np.all(gap_u <= hi_u + 1e-9)
+    d = torch.rand(n, generator=gen, dtype=DT) * 0.05
+    zp = op.forward((s + (2 * torch.rand(s.shape, generator=gen, dtype=DT) - 1) * d))
+    assert bool(torch.all((zp - z).abs() <= op.gap(l, u, d)))
+
+
+def test_exp_sums_refuses_an_overflowing_difference():
+    op = ExpSums(1, 3)
+    l, u = torch.tensor([0.0, 0.0, -400.0], dtype=DT), torch.tensor([0.0, 400.0, 0.0], dtype=DT)
+    with pytest.raises(OutOfDomain):
+        op.relax(l, u)
+    lo, hi = op.interval(l, u)
+    assert bool(torch.isinf(hi).any()) and bool(torch.all(lo >= 1 - 1e-12))
+
+
 def test_batch_matmul_milp_rows_are_the_planes_of_relax():
     gen = torch.Generator().manual_seed(5)
     op = BatchMatMul(1, 2, 3, 2)
@@ -201,5 +243,8 @@ def test_variance_range_and_planes_hold_by_dense_sampling(seed):
     lo, hi = op.interval(l, u)
     assert bool(torch.all((lo <= v) & (v <= hi)))
     assert float(lo[0]) > 1e-5 * 10  # the first row's box is narrow: the norm bound keeps its variance off 0
+    # c's own box alone (x's box vacuous): the bound from c's centre and half-widths holds and keeps row 0 off 0
+    lo_c, _ = op.interval(torch.cat([xl - 1e3, cl]), torch.cat([xu + 1e3, cu]))
+    assert bool(torch.all(lo_c <= v)) and float(lo_c[0]) > 1e-5 * 10
     eye = torch.eye(R, dtype=DT)
     assert _lower_holds(op, l, u, eye, h) <= 0 and _lower_holds(op, l, u, -eye, h) <= 0

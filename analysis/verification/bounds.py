@@ -30,7 +30,8 @@ import torch
 from pipeline.numerics import UNDERFLOW, U, dot_error
 
 from .graph import Graph
-from .ops import DTYPE, Affine, Conv, Gate, Linear, ReLU, Rounding, UnsupportedModel, as_tensor
+from .nonlinear import BatchMatMul, ExpSums
+from .ops import DTYPE, Affine, Concat, Conv, Gate, Linear, ReLU, Rounding, Scale, Select, UnsupportedModel, as_tensor
 from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_slopes, gate_range, intercepts, slope_range,
                           swap_gap_unit)
 
@@ -49,6 +50,12 @@ FLOAT32_RANGE = 2.0 ** 100  # interval ends and weights beyond this (or nonzero 
 # a fifth (6.5 s → 1.3 s), and that preact run's verify stage decides 29/30 smooth properties instead of 22/30 in the
 # same budget (benchmarks/verify-results/crown-speed.md). On; False gives float64's CROWN exactly.
 FLOAT32_GATES = True
+CUT_DEPTH = 1  # on a wide graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
+CUT_MIN_WIDTH = 8192  # "wide": a node of this many units (the 64-token ViT's qkv: 12,480; deit_tiny 32×2 on 8×8: 2,176)
+# ops whose every output unit is a copy of one input unit (Permute is a Select) or an affine function of one (Scale): the
+# CROWN bounds of such a unit are its source's, mapped
+COPIES = (Concat, Select, Scale)
+ATTENTION = (BatchMatMul, ExpSums)
 
 
 @dataclass
@@ -182,6 +189,13 @@ class Bounder:
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
         self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
+        self._plan: tuple[set[int], set[int]] | None = None
+        # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
+        # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere
+        self.attention = any(isinstance(n.op, ATTENTION) for n in self.net.nodes)
+        # cuts only where full back-substitution is out of reach: a wide transformer (on a small one they cost tightness
+        # for nothing: the tests' one-block TinyViT's branch and bound bound fell from above −1 to −2.0)
+        self.cut_depth = CUT_DEPTH if self.attention and max(self.net.sizes) >= CUT_MIN_WIDTH else None
         self._cast: dict[torch.dtype, list] = {}  # the ops in another dtype (branch and bound's float32 search)
 
     def ancestors(self, node: int) -> set[int]:
@@ -208,9 +222,11 @@ class Bounder:
         lo, hi = self._interval_pass(record)
         return pre, (lo, hi)
 
-    def _interval_pass(self, at_site: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]):
+    def _interval_pass(self, at_site: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                       at_node: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None):
         """Interval arithmetic through the graph in topological order; at activation site s, `at_site(s, l, u)` gets
-        the interval reaching its input and returns the one to relax (IBP records it; CROWN tightens it first)."""
+        the interval reaching its input and returns the one to relax (IBP records it; CROWN tightens it first);
+        `at_node(k, l, u)`, when given, may tighten any node's interval ([1, n] tensors) before its consumers read it."""
         vals: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.net.nodes)
         vals[0] = (self.lb[None], self.ub[None])
         self._iv = vals  # every node's interval (the last pass's; `_float32_back` reads its affine nodes' inputs')
@@ -219,6 +235,8 @@ class Bounder:
         for k, node in enumerate(self.net.nodes[1:], start=1):
             if isinstance(node.op, Affine):
                 vals[k] = _unknown_nan(*node.op.ibp(*(vals[i] for i in node.inputs)))
+                if at_node is not None:
+                    vals[k] = at_node(k, *vals[k])
                 continue
             lo, hi = vals[node.inputs[0]]
             l, u = at_site(self.site_of[k], lo[0], hi[0])
@@ -229,6 +247,8 @@ class Bounder:
             else:
                 glo, ghi = _unknown_nan(*node.op.interval(l, u))
             vals[k] = (glo[None], ghi[None])
+            if at_node is not None:
+                vals[k] = at_node(k, *vals[k])
         lo, hi = vals[self.net.output]
         return lo[0], hi[0]
 
@@ -319,7 +339,8 @@ class Bounder:
     def backward(self, A: torch.Tensor, node: int, slopes: dict[int, Any] | None = None,
                  exact: bool = True, bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
                  extra: dict[int, torch.Tensor] | None = None, record: dict[int, torch.Tensor] | None = None,
-                 inputs: list[torch.Tensor] | None = None, float32: bool = False) -> torch.Tensor:
+                 inputs: list[torch.Tensor] | None = None, float32: bool = False,
+                 cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None, depth: int = 1) -> torch.Tensor:
         """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size), computed in A's dtype
         (float64 unless branch and bound searches in float32; what float32 closes is re-checked in float64 there).
         `float32`: the Convs that pay run in float32 with their rounding error added (`_float32_back`): sound, and
@@ -328,16 +349,29 @@ class Bounder:
         For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]), or for a ReLU site gives
         its relaxation on such intervals (`ReluLines`, computed once for many passes); `extra[s]` is added to
         the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
-        coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in)."""
+        coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in).
+
+        `cuts` (CROWN's intermediate bounds, `crown`): nodes with a known interval [l, u]; once every coefficient of
+        the pass has reached one of them (a cut of the graph: all that is left flows through it) after at least one
+        activation site, at the `depth`-th such cut, the rows are concretized there, A⁺·l + A⁻·u, instead of carried to
+        the input: sound (the interval holds on the box), looser by what the correlations behind the cut carried,
+        and as many fewer back-substitution steps."""
         rows, dtype = A.shape[0], A.dtype
         ops = self._ops(dtype) if dtype != DTYPE else [n.op for n in self.net.nodes]
         acc: dict[int, torch.Tensor] = {node: A}
         const = A.new_zeros(rows)
+        passed = False  # an activation site behind the rows (a cut before any is an affine map: nothing to gain)
         for k in range(node, 0, -1):
             A = acc.pop(k, None)
             if A is None:
                 continue
+            if cuts is not None and passed and not acc and k in cuts:
+                depth -= 1
+                if depth <= 0:
+                    l, u = cuts[k]
+                    return A.clamp(min=0) @ l.to(dtype) + A.clamp(max=0) @ u.to(dtype) + const
             n = self.net.nodes[k]
+            passed = passed or not isinstance(n.op, Affine)
             if isinstance(n.op, Affine):
                 fast = self._float32_back(k, A) if float32 and dtype == DTYPE else None
                 parts, c = ops[k].back(A) if fast is None else fast
@@ -502,15 +536,45 @@ class Bounder:
         E[idx.numel() + r, idx] = -1.0
         return E
 
-    def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _crown_plan(self) -> tuple[set[int], set[int]]:
+        """(the sites whose input is a copy of other nodes' units, the nodes CROWN queries for them). A Concat, Select
+        or Permute copies units: CROWN bounds of a copy are those of its source, so such a site (a product's operands,
+        a LayerNorm's (x, x − mean x), a broadcast 1/√var) is bounded through its sources, each queried once however
+        many sites read it. A source needs no query when interval arithmetic is already exact on it: the input, an
+        affine map of the input alone, the output of an elementwise activation (its range over its input's interval,
+        which CROWN cannot beat: a 1/√var spread over a token's N units, queried N times before)."""
+        if self._plan is None:
+            via: set[int] = set()
+            nodes: set[int] = set()
+            for s, j in enumerate(self.site_input):
+                # only with attention: elsewhere a copy feeds a ReLU (a BatchNorm's Scale), whose unstable units alone
+                # are queried at the site itself
+                if not self.attention or not isinstance(self.net.nodes[j].op, COPIES):
+                    continue
+                via.add(s)
+                stack = [j]
+                while stack:
+                    k = stack.pop()
+                    node = self.net.nodes[k]
+                    if k == 0 or (k in self.site_of and node.op.elementwise):
+                        continue
+                    if isinstance(node.op, COPIES):
+                        stack.extend(node.inputs)
+                    elif not (isinstance(node.op, Affine) and all(i == 0 for i in node.inputs)):
+                        nodes.add(k)
+            self._plan = (via, nodes)
+        return self._plan
+
+    def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False,
+              cuts: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
-        of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS)."""
+        of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS); `cuts`: where the queries stop (`backward`)."""
         chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
         step = max(1, chunk // max(1, self.width(j)) // 2)
         los, ups = [], []
         for i in range(0, idx.numel(), step):
             part = idx[i:i + step]
-            b = self.backward(self._query_rows(part, n), j, float32=float32)
+            b = self.backward(self._query_rows(part, n), j, float32=float32, cuts=cuts, depth=self.cut_depth or 1)
             los.append(b[:part.numel()])
             ups.append(-b[part.numel():])
         return torch.cat(los), torch.cat(ups)
@@ -545,16 +609,20 @@ class Bounder:
 
         In a network whose every activation is a ReLU (or also a smooth gate, with FLOAT32_GATES), the ReLU sites'
         units are screened with float32 convolutions first (`_relu_rows`); in others (an int8 rounding's or a
-        transformer op's relaxation depends on every unit's interval) every site is float64's."""
+        transformer op's relaxation depends on every unit's interval) every site is float64's. A site read through
+        copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
+        `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
         stopped = False
         screen = all(isinstance(self.op(s), ReLU) or (FLOAT32_GATES and isinstance(self.op(s), Gate))
                      for s in range(len(self.sites)))
+        via, nodes = self._crown_plan()
+        cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if self.cut_depth else None
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
             self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
             stopped = stopped or self.expired()
-            if stopped or self._exact_by_ibp(s):
+            if stopped or self._exact_by_ibp(s) or s in via:
                 return self.pre[s]
             idx = self._query(s)
             if idx.numel() == 0:
@@ -564,11 +632,26 @@ class Bounder:
             if screen and isinstance(self.op(s), ReLU):
                 lo, up = self._relu_rows(j, idx, n)
             else:
-                lo, up = self._rows(j, idx, n, float32=screen and isinstance(self.op(s), Gate))
+                lo, up = self._rows(j, idx, n, float32=screen and isinstance(self.op(s), Gate), cuts=cuts)
             self._tighten(s, idx, lo, up)
+            if cuts is not None and idx.numel() == self.net.sizes[j]:
+                cuts[j] = self.pre[s]
             return self.pre[s]
 
-        self._interval_pass(tighten)
+        def at_node(k: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal stopped
+            if k not in nodes or stopped:
+                return lo, hi
+            stopped = self.expired()
+            if stopped:
+                return lo, hi
+            l, u = self._rows(k, torch.arange(self.net.sizes[k], device=lo.device), self.net.sizes[k], cuts=cuts)
+            lo, hi = torch.maximum(lo, l[None]), torch.minimum(hi, u[None])
+            if cuts is not None:
+                cuts[k] = (lo[0], hi[0])
+            return lo, hi
+
+        self._interval_pass(tighten, at_node if nodes else None)
         if not stopped:
             self.method = "crown"
 

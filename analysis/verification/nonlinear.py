@@ -402,7 +402,7 @@ def curve(name: str, size: int, source: str = "") -> Curve:
     return CURVES[name](size, source)
 
 
-__all__ = ["Curve", "Exp", "Reciprocal", "Rsqrt", "Sqrt", "Square", "Product", "BatchMatMul", "OutOfDomain", "CURVES",
+__all__ = ["Curve", "Exp", "Reciprocal", "Rsqrt", "Sqrt", "Square", "Product", "BatchMatMul", "ExpSums", "OutOfDomain", "CURVES",
            "REL_SLACK", "DTYPE", "as_tensor"]
 
 
@@ -411,7 +411,8 @@ class Variance(_Bilinear):
     """v = mean(c²) + ε per row of R rows × N, c = x − mean x (a LayerNorm's variance). Its input is the concatenation
     (x, c), so that both come with their own (CROWN-tightened) intervals: with c = Px (P the centring, a projection)
     and x in a box of centre x₀ and half-widths r, ‖c‖ ≥ ‖Px₀‖ − ‖P(x − x₀)‖ ≥ ‖Px₀‖ − ‖r‖₂, so
-    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
+    v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, the same from c's own box (‖c‖ ≥ ‖c_m‖ − ‖ρ‖₂, c_m and ρ its centre and half-widths),
+    besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
     arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
     at c's centre c₀ (‖c‖² ≥ 2c₀ᵀc − ‖c₀‖²); above, the chords c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
 
@@ -442,7 +443,10 @@ class Variance(_Bilinear):
         x0 = (xl + xu) / 2
         c0 = x0 - x0.mean(-1, keepdim=True)
         norm = (c0.norm(dim=-1) - ((xu - xl) / 2).norm(dim=-1)).clamp(min=0) ** 2
-        lo = torch.maximum(sep, norm) / self.N + self.eps
+        # the same from c's own box (centre m, half-widths ρ): ‖c‖ ≥ ‖m‖ − ‖c − m‖ ≥ ‖m‖ − ‖ρ‖₂; tighter where CROWN
+        # bounds c closer than x's box does (c = Px from x's correlated units)
+        norm_c = (((cl + cu) / 2).norm(dim=-1) - ((cu - cl) / 2).norm(dim=-1)).clamp(min=0) ** 2
+        lo = torch.maximum(torch.maximum(sep, norm), norm_c) / self.N + self.eps
         hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
         return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
 
@@ -569,3 +573,100 @@ class LayerNormRounding(_Bilinear):
 
     def gap(self, l, u, d):
         return self.split(d)[0]
+
+
+@dataclass(eq=False)
+class ExpSums(_Bilinear):
+    """s_i = Σ_j exp(x_j − x_i) per row of R rows × T (a softmax's denominators in the exp-reciprocal form: softmax_i =
+    1/s_i), as one op on the logits x. Read as a Linear to the T² differences, an Exp on each and a sum, the
+    differences are a layer of R·T² units (a 64-token ViT with 2 heads: 549,250, against 8,450 logits) that every
+    later back-substitution carries, and CROWN queried each of them (1.1 M rows a softmax).
+
+    Relaxation: the differences' intervals from the logits' (x_j − x_i ∈ [l_j − u_i, u_j − l_i], exactly 0 at j = i),
+    the `Exp` lines on each (tangent at the middle below, chord above, each intercept widened as `Curve.lines` does),
+    summed over j: s_i ≥ Σ_j al_ij·(x_j − x_i) + bl_ij and s_i ≤ Σ_j au_ij·(x_j − x_i) + bu_ij. `back` applies them to
+    coefficient rows Λ [rows, R, T] without the T² layer: x_j gets Σ_i Λ⁺_i·al_ij + Λ⁻_i·au_ij (one batched matrix
+    product per row of logits), x_i gets −Λ⁺_i·Σ_j al_ij − Λ⁻_i·Σ_j au_ij."""
+
+    R: int
+    T: int
+    source: str = ""
+
+    def in_sizes(self) -> tuple[int, ...]:
+        return (self.R * self.T,)
+
+    @property
+    def out_size(self) -> int:
+        return self.R * self.T
+
+    def forward(self, h):
+        x = h.reshape(h.shape[0], self.R, self.T)
+        s = torch.exp(torch.logsumexp(x, -1, keepdim=True) - x)
+        return s.reshape(h.shape[0], -1)
+
+    def _diffs(self, l, u):
+        """The intervals [dl, du] of x_j − x_i, [R, T(i), T(j)], exactly 0 on the diagonal."""
+        l, u = l.reshape(self.R, self.T), u.reshape(self.R, self.T)
+        dl = l[:, None, :] - u[:, :, None]
+        du = u[:, None, :] - l[:, :, None]
+        eye = torch.eye(self.T, dtype=torch.bool, device=l.device)
+        zero = torch.zeros_like(dl)
+        return torch.where(eye, zero, dl), torch.where(eye, zero, du), eye
+
+    def interval(self, l, u):
+        dl, du, _ = self._diffs(l, u)
+        el, eu = Exp(dl.numel()).interval(dl.reshape(-1), du.reshape(-1))  # each end widened; +∞ where it overflows
+        lo = (el.reshape(dl.shape).sum(-1) * (1 - self.T * REL_SLACK)).clamp(min=1.0)  # exp(x_i − x_i) = 1, the rest > 0
+        return lo.reshape(-1), (eu.reshape(du.shape).sum(-1) * (1 + self.T * REL_SLACK)).reshape(-1)
+
+    def relax(self, l, u):
+        dl, du, eye = self._diffs(l, u)
+        if bool(du.max() > EXP_MAX):
+            raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): a difference of its logits reaches "
+                              f"{float(du.max()):.4g} > {EXP_MAX:g} on this box (exp overflows), so it has no finite "
+                              "sound relaxation here")
+        al, bl, au, bu = (t.reshape(dl.shape) for t in Exp(dl.numel()).lines(dl.reshape(-1), du.reshape(-1)))
+        zero, one = torch.zeros_like(al), torch.ones_like(al)
+        # exp(x_i − x_i) = 1 exactly: the constant line
+        al, au = torch.where(eye, zero, al), torch.where(eye, zero, au)
+        bl, bu = torch.where(eye, one, bl), torch.where(eye, one, bu)
+        # the sums over j of the intercepts, each widened by its own rounding (T terms)
+        sl, su = bl.sum(-1), bu.sum(-1)
+        slack = REL_SLACK * self.T * (bl.abs().sum(-1) + bu.abs().sum(-1)) + TINY
+        return al, au, al.sum(-1), au.sum(-1), sl - slack, su + slack
+
+    def back(self, A, relax):
+        al, au, al_sum, au_sum, sl, su = relax
+        rows = A.shape[0]
+        Lam = A.reshape(rows, self.R, self.T)
+        Ap, An = Lam.clamp(min=0), Lam.clamp(max=0)
+        # coefficient of x_j: Σ_i Λ⁺_i·al_ij + Λ⁻_i·au_ij, per logit row r a [rows, T] @ [T, T] product
+        cj = (Ap.transpose(0, 1) @ al + An.transpose(0, 1) @ au).transpose(0, 1)
+        ci = Ap * al_sum + An * au_sum
+        const = (Ap * sl).sum((1, 2)) + (An * su).sum((1, 2))
+        return (cj - ci).reshape(rows, -1), const
+
+    def _planes(self, a, a_sum):
+        from scipy import sparse
+
+        R, T = self.R, self.T
+        r, i, j = np.meshgrid(np.arange(R), np.arange(T), np.arange(T), indexing="ij")
+        rows = (r * T + i).ravel()
+        vals = np.concatenate([a.reshape(-1), -a_sum.reshape(-1)])
+        cols = np.concatenate([(r * T + j).ravel(), np.arange(R * T)])
+        return sparse.csr_matrix((vals, (np.concatenate([rows, np.arange(R * T)]), cols)), shape=(R * T, R * T))
+
+    def milp_rows(self, l, u):
+        al, au, al_sum, au_sum, sl, su = (t.numpy() for t in self.relax(l, u))
+        inf = np.full(self.R * self.T, np.inf)
+        return [(self._planes(al, al_sum), sl.reshape(-1), inf), (self._planes(au, au_sum), -inf, su.reshape(-1))]
+
+    def gap(self, l, u, d):
+        # |s'_i − s_i| ≤ Σ_j max exp over [dl − δ, du + δ] · δ_ij, δ_ij = d_i + d_j how far x_j − x_i moves
+        dl, du, eye = self._diffs(l, u)
+        dd = d.reshape(self.R, self.T)
+        delta = torch.where(eye, torch.zeros_like(dl), dd[:, None, :] + dd[:, :, None])
+        hi = du + delta
+        if bool(hi.max() > EXP_MAX):
+            raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): its swap gap needs exp of {float(hi.max()):.4g}")
+        return ((torch.exp(hi) * delta).sum(-1) * (1 + self.T * REL_SLACK)).reshape(-1) + TINY

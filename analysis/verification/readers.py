@@ -46,7 +46,7 @@ from pipeline.numerics import U
 
 from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
-from .nonlinear import BatchMatMul, Exp, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
+from .nonlinear import BatchMatMul, Exp, ExpSums, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
 from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale,
                   Select, Sum, TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
@@ -692,12 +692,9 @@ def _pow(r: OnnxReader) -> None:
 
 
 def _softmax_rows(r: OnnxReader, x: Value, rows: int, T: int) -> Value:
-    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring)."""
-    eye = np.eye(T)
-    diff = (eye[None, :, :] - eye[:, None, :]).reshape(T * T, T)  # row (i, j): e_j − e_i (exactly 0 where j = i)
-    d = r.add(TokenLinear(diff, np.zeros(T * T), rows), [x], (rows, T * T))
-    e = r.add(Exp(rows * T * T, source=r.node.name), [d], (rows, T * T))
-    s = r.add(TokenLinear(np.kron(np.eye(T), np.ones((1, T))), np.zeros(T), rows), [e], (rows, T))
+    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring): the sums one
+    `ExpSums` op on the logits (no layer of rows·T² differences), then a Reciprocal."""
+    s = r.add(ExpSums(rows, T, source=r.node.name), [x], (rows, T))
     return r.add(Reciprocal(rows * T, source=r.node.name), [s], (rows, T))
 
 
