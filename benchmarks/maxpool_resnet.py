@@ -18,7 +18,6 @@ MaxPool); training is deterministic (one thread, a seed), so each kind may run i
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import tempfile
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.vit_digits import _attack_float, _attack_onnx, _rows_summary, _witnesses, accuracy, digits
+from benchmarks.vit_digits import _attack_float, _attack_onnx, _rows_summary, _witnesses, digits, harden
 
 OUT = Path(__file__).resolve().parent / "verify-results"
 KINDS = ("float_relu", "smooth", "int8", "pairmax")
@@ -53,28 +52,8 @@ def digits32() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def train(seed: int, epochs: int, layers, channels) -> dict:
-    from pipeline import Hardener, to_gates, to_relu
-
     torch.manual_seed(seed)
-    xtr, ytr, xte, yte = digits32()
-    model, report = to_gates(resnet(layers, channels))
-    hardener = Hardener(model, epochs=epochs, example=xtr[:2])
-    opt = torch.optim.AdamW(hardener.param_groups(lr=3e-3, weight_decay=1e-4), lr=3e-3)
-    gen = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        hardener.start_epoch(epoch)
-        model.train()
-        for i in torch.randperm(len(xtr), generator=gen).split(64):
-            opt.zero_grad()
-            F.cross_entropy(model(xtr[i]), ytr[i]).backward()
-            opt.step()
-    seconds = time.perf_counter() - t0
-    gated = model.eval()
-    relu = to_relu(copy.deepcopy(gated)).eval()
-    return {"gated": gated, "relu": relu, "convert": str(report).splitlines()[0] if str(report) else "",
-            "train_seconds": round(seconds, 1), "acc_gated": accuracy(gated, xte, yte), "acc_relu": accuracy(relu, xte, yte),
-            "lambdas": [round(float(v), 2) for v in hardener.lambdas()], "hardness": round(float(hardener.hardness()), 4)}
+    return harden(resnet(layers, channels), digits32(), epochs, seed)
 
 
 def _verified(api, model, path: Path, xte, yte, a, attack) -> dict:

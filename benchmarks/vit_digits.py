@@ -85,11 +85,18 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def train(seed: int, epochs: int, dim: int, heads: int, depth: int, hidden: int) -> dict:
     """GELU → λ-GELU (to_gates) → Algorithm 1 (Hardener) → ReLU (to_relu); returns the models and their accuracies."""
+    torch.manual_seed(seed)
+    return harden(TinyViT(dim, heads, depth, hidden), digits(), epochs, seed)
+
+
+def harden(model: nn.Module, data, epochs: int, seed: int) -> dict:
+    """A user's model through `to_gates`, `Hardener` in a plain AdamW loop and `to_relu`, on (xtr, ytr, xte, yte):
+    the gated and the swapped model, their test accuracies, the training seconds and the final λ."""
+    import copy
+
     from pipeline import Hardener, to_gates, to_relu
 
-    torch.manual_seed(seed)
-    xtr, ytr, xte, yte = digits()
-    model = TinyViT(dim, heads, depth, hidden)
+    xtr, ytr, xte, yte = data
     model, report = to_gates(model)
     hardener = Hardener(model, epochs=epochs, example=xtr[:2])  # the example lets it look for F.gelu calls in forward()
     opt = torch.optim.AdamW(hardener.param_groups(lr=3e-3, weight_decay=1e-4), lr=3e-3)
@@ -104,7 +111,7 @@ def train(seed: int, epochs: int, dim: int, heads: int, depth: int, hidden: int)
             opt.step()
     seconds = time.perf_counter() - t0
     gated = model.eval()
-    relu = to_relu(__import__("copy").deepcopy(gated)).eval()
+    relu = to_relu(copy.deepcopy(gated)).eval()
     return {"gated": gated, "relu": relu, "convert": str(report).splitlines()[0] if str(report) else "",
             "train_seconds": round(seconds, 1), "acc_gated": accuracy(gated, xte, yte), "acc_relu": accuracy(relu, xte, yte),
             "lambdas": [round(float(v), 2) for v in hardener.lambdas()], "hardness": round(float(hardener.hardness()), 4)}

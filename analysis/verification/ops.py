@@ -245,15 +245,22 @@ class Conv(Affine):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self._conv(h, self.weight, self.bias)
 
+    def _output_padding(self) -> list[int]:
+        """conv_transpose2d's output padding: it may come out short of the input size where the stride skipped the
+        last rows."""
+        _c, h, w = self.in_shape
+        kh, kw = self.weight.shape[2:]
+        _, ho, wo = self.out_shape
+        return [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
+                w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
+
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """A (rows, C_out·Ho·Wo) -> (A·Conv as a matrix, via conv_transpose2d, and A·bias)."""
         rows = A.shape[0]
         _c, h, w = self.in_shape
-        kh, kw = self.weight.shape[2:]
         _, ho, wo = self.out_shape
-        # conv_transpose2d may come out short of the input size where the stride skipped the last rows
-        op = [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
-              w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
+        kh, kw = self.weight.shape[2:]
+        op = self._output_padding()
         Ai = A.reshape(rows, *self.out_shape)
         if (kh, kw) == (1, 1) and self.padding == (0, 0) and self.groups == 1:
             return [self._back_1x1(Ai)], Ai.sum(dim=(2, 3)) @ self.bias
@@ -307,11 +314,7 @@ class Conv(Affine):
         product of `back_terms` products of rounded factors: its error is what `bounds.Bounder` adds to the bound
         (`pipeline.numerics`' dot-product bound with two more roundings); an overflow is an inf there."""
         rows = A.shape[0]
-        _c, h, w = self.in_shape
-        kh, kw = self.weight.shape[2:]
-        _, ho, wo = self.out_shape
-        op = [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
-              w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
+        op = self._output_padding()
         if max(op) >= max(self.stride[0], self.dilation[0], self.stride[1], self.dilation[1]):
             return None
         A32 = A.float()
