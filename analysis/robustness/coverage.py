@@ -55,7 +55,7 @@ PEER_RECORD = BENCHMARKS / "peers" / "readers" / "record.json"
 MEASURED: dict[str, tuple[str, ...]] = {
     "mlp": ("verify-results/issue40/mlp",),
     "cnn": ("verify-results/issue40/cnn1632",),
-    "preact_resnet": ("verify-results/issue40/preact816", "verify-results/issue40/preact1632"),
+    "preact_resnet": ("verify-results/issue40/preact816", "verify-results/issue40/preact1632-merged"),
     "deit_tiny": ("verify-results/issue40/deit32x2",),
 }
 UNMEASURED = "not measured"
