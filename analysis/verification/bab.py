@@ -600,7 +600,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             for i in torch.nonzero(leaf).flatten().tolist():
                 stats["leaf_lps"] += 1
                 own = (p["pre_l"][i], p["pre_u"][i]) if s.rebound else None
-                status, x, _ = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts, left)
+                status, x, why = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts, left)
                 if status == "sat":
                     x = confirm(x)
                     if x is not None:
@@ -609,7 +609,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
                     continue
                 if status == "unknown":  # its points only tie (no strict counterexample): look on in the other domains
                     stats["undecided_leaves"] = stats.get("undecided_leaves", 0) + 1  # kept with the stats for a resume
-                    stats["leaf_note"] = _
+                    stats["leaf_note"] = why
                     continue
                 if status != "unsat":
                     return status, None, "branch and bound: a leaf LP did not finish", stats
