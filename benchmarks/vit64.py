@@ -14,11 +14,9 @@ code for a "before": `PYTHONPATH=OTHER python -m benchmarks.vit64 verify --tag b
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,23 +63,29 @@ def accuracy(model, x, y) -> float:
         return float((model.eval()(x).argmax(1) == y).float().mean())
 
 
-def section_train(a) -> dict:
-    torch.manual_seed(a.seed)
-    model = build(a.heads)
-    xtr, ytr, xte, yte = digits32()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
-    gen = torch.Generator().manual_seed(a.seed)
-    steps = a.epochs * math.ceil(len(xtr) / 64)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
-    t0 = time.perf_counter()
-    for _ in range(a.epochs):
+def fit(model: torch.nn.Module, xtr: torch.Tensor, ytr: torch.Tensor, epochs: int, seed: int, opt, sched=None) -> None:
+    """Cross-entropy in batches of 64 in a seeded order, `sched` stepped per batch; leaves the model in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
         model.train()
         for i in torch.randperm(len(xtr), generator=gen).split(64):
             opt.zero_grad()
             F.cross_entropy(model(xtr[i]), ytr[i]).backward()
             opt.step()
-            sched.step()
+            if sched is not None:
+                sched.step()
     model.eval()
+
+
+def section_train(a) -> dict:
+    torch.manual_seed(a.seed)
+    model = build(a.heads)
+    xtr, ytr, xte, yte = digits32()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    steps = a.epochs * math.ceil(len(xtr) / 64)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
+    t0 = time.perf_counter()
+    fit(model, xtr, ytr, a.epochs, a.seed, opt, sched)
     out = {"epochs": a.epochs, "heads": a.heads, "train_seconds": round(time.perf_counter() - t0, 1),
            "acc_train": accuracy(model, xtr, ytr), "acc_test": accuracy(model, xte, yte)}
     torch.save(model.state_dict(), a.model)
@@ -167,15 +171,7 @@ def section_deit(a) -> dict:
     relu.expansion = 1  # type: ignore[attr-defined]  # outputs per input unit (`pipeline.models.MakeAct`)
     model = deit_tiny(ModelConfig(name="deit_tiny", dim=32, depth=2, heads=4, patch_size=4), (1, 8, 8), 10, relu)
     xtr, ytr, xte, yte = digits()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-    gen = torch.Generator().manual_seed(a.seed)
-    for _ in range(a.epochs):
-        model.train()
-        for i in torch.randperm(len(xtr), generator=gen).split(64):
-            opt.zero_grad()
-            F.cross_entropy(model(xtr[i]), ytr[i]).backward()
-            opt.step()
-    model.eval()
+    fit(model, xtr, ytr, a.epochs, a.seed, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4))
     t0 = time.perf_counter()
     res = api.verify(model, (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout,
                      progress=False)
