@@ -121,8 +121,8 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
             u = h @ w.T + b
             h, slope = u, None
         elif kind == "gate":
-            fam, lam = gate_of(m)
-            lam = lam.reshape(1, -1) if lam.numel() > 1 else lam.reshape(1, 1)
+            fam, lam = gate_of(m)  # λ comes back on the CPU
+            lam = (lam.reshape(1, -1) if lam.numel() > 1 else lam.reshape(1, 1)).to(u.device)
             with torch.enable_grad():
                 z = u.detach().clone().requires_grad_(True)
                 y = m(z)
@@ -130,7 +130,7 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
             cv = curvature(fam)
             far = ((u.abs() - ebar) * lam).clamp_min(0.0)  # λ·distance of the interval [u − ē, u + ē] from 0
             idx = (far / CURVATURE_STEP).floor().clamp_max(len(cv.envelope) - 1).long()
-            q = torch.minimum(0.5 * lam * cv.envelope[idx] * ebar * ebar, cv.slope_range * ebar)
+            q = torch.minimum(0.5 * lam * cv.envelope.to(u.device)[idx] * ebar * ebar, cv.slope_range * ebar)
             s = gate_rounding(u.abs() + ebar)
             pending, slope, h = SAFETY * (q + s), d, y.detach()
         else:  # ReLU
