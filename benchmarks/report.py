@@ -141,9 +141,12 @@ def _gpu(sec: dict[str, Any]) -> list[str]:
         lines += _table(["model", "path", "examples", "GELU epoch s", "λ learned ÷ GELU", "λ frozen ÷ GELU"], rows)
     run = sec.get("default_run")
     if run:
-        lines += ["", f"The default `pipeline run` on this machine: {run['total_s']:.1f} s of stages.", ""]
-        lines += _table(["stage", "seconds", "device"], [[s, f"{v['seconds']:.1f}" if v["seconds"] is not None else "–",
-                                                          str(v.get("device"))] for s, v in run["stages"].items()])
+        stopped = [s for s, v in run["stages"].items() if v.get("status") != "done"]
+        lines += ["", f"The default `pipeline run` on this machine: {run['total_s']:.1f} s of stages"
+                  + (f", **stopped at {stopped[0]} ({run['stages'][stopped[0]].get('status')})**." if stopped else "."), ""]
+        lines += _table(["stage", "seconds", "status", "device"],
+                        [[s, f"{v['seconds']:.1f}" if v["seconds"] is not None else "–", str(v.get("status")),
+                          str(v.get("device"))] for s, v in run["stages"].items()])
     v = sec.get("verify")
     if v:
         lines += ["", f"Verifier: the mnist_fc stand-in through `pipeline vnncomp` on the GPU, {v['timeout_s']:g} s per instance, "

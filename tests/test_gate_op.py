@@ -81,3 +81,38 @@ def test_a_compiled_model_runs_the_op_and_matches_eager():
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g / 3, p.grad, rtol=1e-4, atol=1e-6)  # three accumulated backward passes
+
+
+def _ttir(kernel, constexprs: dict, scalar_t: str) -> str:
+    """The kernel lowered to Triton IR for sm_90 with the float scalar `t` typed `scalar_t`: the front end, which
+    needs no GPU (the step where a wrong dtype fails to compile)."""
+    try:
+        from triton._C.libtriton import ir
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.compiler.compiler import make_backend
+
+        target = GPUTarget("cuda", 90, 32)
+        backend = make_backend(target)
+    except (ImportError, AttributeError, RuntimeError) as exc:  # Triton's internals, not the kernel
+        pytest.skip(f"this Triton cannot lower for sm_90 here: {exc}")
+    names = kernel.arg_names
+    sig = {n: ("constexpr" if n in constexprs else "fp64" if n == "t" and scalar_t == "fp64" else
+               "fp32" if n == "t" else "*i32" if n == "cnt_ptr" else "*fp32" if n.endswith("_ptr") else "i32")
+           for n in names}
+    src = ASTSource(kernel, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    options = backend.parse_options({})
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    return str(src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), ctx))
+
+
+@pytest.mark.parametrize("scalar_t", ["fp32", "fp64"])
+@pytest.mark.parametrize("from_s", [True, False])
+def test_the_kernels_compile_when_inductor_passes_t_as_fp64(scalar_t, from_s):
+    # torch.compile's wrap_triton types the Python float t as fp64, the eager launcher as fp32 (an H200 run failed to
+    # compile the op under torch.compile: the fp64 λ reached a 32-bit bitcast)
+    common = {"COL": True, "FROM_S": from_s, "GATE": 0, "PRECISE": True, "FAST": True, "BM": 8, "BN": 32}
+    assert "tt.func" in _ttir(tg._gate_fwd, common, scalar_t)
+    assert "tt.func" in _ttir(tg._gate_bwd, {**common, "NEED_X": True, "NEED_P": from_s, "PR": 32}, scalar_t)

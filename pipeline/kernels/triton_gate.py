@@ -181,6 +181,9 @@ if _IMPORT_ERROR is None:
         """λ (and ∂λ/∂s / λ when FROM_S) for a vector or scalar of channels, in fp32."""
         p = tl.load(p_ptr + idx, mask=mask, other=0.0).to(tl.float32)
         if FROM_S:
+            # inductor passes a Python float as fp64 (torch.compile through gate_op.py), the launcher as fp32: in fp64,
+            # λ would reach _times_e's 32-bit bitcast and fail to compile; in fp32 both paths round alike
+            t = tl.cast(t, tl.float32)
             u = p / t
             e = tl.exp(tl.where(u > _SP_THRESHOLD, _SP_THRESHOLD, u))  # NaN s stays NaN
             w = 1.0 + e
