@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU goal of the training issue and the verifier's GPU run, in one call of at most 9 minutes on a lent H100/H200
+# Every GPU goal of the training issue and the verifier's GPU run, in one call on a lent H100/H200: the steps' limits sum
+# to 600 s; on an H200 (benchmarks/gpu-results/h200-*) bench took 57 s, the default run 80 s up to its verify stage
+# (41 s on older code), the verifier 126 s and the cuda tests 78 s, so a call of 480 s leaves the fast suite ~80 s
 # (the device tool's README: few, full calls). From the repository root:
 #   bash benchmarks/gpu.sh            # writes into $OUT (the device tool's folder) or ./gpu-out
 # Needs torch with CUDA and triton (both on the lent machines); carried along (all git-ignored): the cp312 onnxsim wheel
@@ -64,20 +66,20 @@ fi
 # 3. the verifier on the GPU: the mnist_fc stand-in at 30 s per instance (benchmarks/gpu_verify.sh), packed in one file
 if ! skip verify && [ -f benchmarks/gpu_verify.sh ] && [ -d runs/standins/mnist_fc ]; then
   stamp "verifier"
-  OUT=/tmp/verify-out timeout "${VERIFY_S:-170}" bash benchmarks/gpu_verify.sh 2>&1 | tail -22
+  OUT=/tmp/verify-out timeout "${VERIFY_S:-140}" bash benchmarks/gpu_verify.sh 2>&1 | tail -22
   tar czf "$OUT/verify.tar.gz" -C /tmp verify-out 2>/dev/null
 fi
 # 4. the cuda-marked tests (compiled Triton kernels, whole-step graphs, the compiled op, devices), then the fast suite
 if ! skip tests; then
   stamp "cuda tests"
   # the whole log, tracebacks included: a failure seen only on the GPU must be readable from what comes back
-  timeout "${TESTS_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider --tb=long -rfE tests > "$OUT/cuda-tests.log" 2>&1
+  timeout "${TESTS_S:-100}" python3 -m pytest -m cuda -q -p no:cacheprovider --tb=long -rfE tests > "$OUT/cuda-tests.log" 2>&1
   tail -5 "$OUT/cuda-tests.log"
 fi
 if ! skip suite; then
   stamp "fast suite"
   # one torch thread per worker: 12 workers of 16 threads each (192 on 16 cores) reached only 38% in 170 s
-  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout "${SUITE_S:-170}" python3 -m pytest -m "not slow" -q -p no:cacheprovider \
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout "${SUITE_S:-100}" python3 -m pytest -m "not slow" -q -p no:cacheprovider \
     -n "${SUITE_WORKERS:-14}" --dist loadfile --tb=short -rfE tests 2>&1 | tail -120 > "$OUT/fast-suite.log"
   tail -8 "$OUT/fast-suite.log"
 fi
