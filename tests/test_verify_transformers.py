@@ -284,3 +284,30 @@ def test_api_check_holds_through_multi_head_attention():
     r = api.check(model.eval(), (x, y))
     assert r["verdict"]["certificate"] == "holds", r["verdict"]
     assert r["certificate"]["per_sample"]["status"] == "sound"
+
+
+def test_a_narrow_softmax_keeps_its_differences_a_layer_and_a_wide_one_takes_expsums(monkeypatch):
+    from analysis.verification.nonlinear import Exp, ExpSums
+
+    model = _vit(depth=1)
+    x0 = _x(1, seed=3).reshape(-1).double().numpy()
+    eps = 0.03
+    lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+    pts = _sampled(None, lb, ub, 2000)
+    with torch.no_grad():
+        y = copy.deepcopy(model).double()(torch.as_tensor(pts).reshape(-1, 1, 8, 8)).numpy()
+    widths = {}
+    for form, min_diffs in (("layer", 10**9), ("expsums", 0)):
+        monkeypatch.setattr(ExpSums, "MIN_DIFFS", min_diffs)
+        net = from_torch(model, (1, 8, 8))
+        kinds = {type(n.op) for n in net.nodes[1:]}
+        assert (ExpSums in kinds) == (form == "expsums") and (Exp in kinds) == (form == "layer")
+        b = Bounder(net, lb, ub)
+        b.crown()
+        K = net.num_outputs
+        low = b.spec_bounds(Spec(np.concatenate([np.eye(K), -np.eye(K)]), np.zeros(2 * K))).numpy()
+        assert np.all(y >= low[:K] - 1e-9) and np.all(y <= -low[K:] + 1e-9)  # both forms sound
+        widths[form] = float(np.sum(-low[K:] - low[:K]))
+    # the layer's intervals come from CROWN (x_j and x_i correlated), ExpSums' from [l_j − u_i, u_j − l_i]: on a
+    # narrow softmax the layer is the tighter form, which is why readers keep it below ExpSums.MIN_DIFFS
+    assert widths["layer"] <= widths["expsums"]

@@ -692,9 +692,17 @@ def _pow(r: OnnxReader) -> None:
 
 
 def _softmax_rows(r: OnnxReader, x: Value, rows: int, T: int) -> Value:
-    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring): the sums one
-    `ExpSums` op on the logits (no layer of rows·T² differences), then a Reciprocal."""
-    s = r.add(ExpSums(rows, T, source=r.node.name), [x], (rows, T))
+    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring), then a Reciprocal.
+    The sums: one `ExpSums` op on the logits where the rows·T² differences would be a wide layer, else the differences
+    as a layer of their own, an Exp on each and a sum (tighter: `ExpSums.MIN_DIFFS`)."""
+    if rows * T * T >= ExpSums.MIN_DIFFS:
+        s = r.add(ExpSums(rows, T, source=r.node.name), [x], (rows, T))
+    else:
+        eye = np.eye(T)
+        diff = (eye[None, :, :] - eye[:, None, :]).reshape(T * T, T)  # row (i, j): e_j − e_i (exactly 0 where j = i)
+        d = r.add(TokenLinear(diff, np.zeros(T * T), rows), [x], (rows, T * T))
+        e = r.add(Exp(rows * T * T, source=r.node.name), [d], (rows, T * T))
+        s = r.add(TokenLinear(np.kron(np.eye(T), np.ones((1, T))), np.zeros(T), rows), [e], (rows, T))
     return r.add(Reciprocal(rows * T, source=r.node.name), [s], (rows, T))
 
 
