@@ -262,6 +262,13 @@ class _Bilinear(Activation):
         raise NotImplementedError(f"{type(self).__name__} is not elementwise: its relaxation is `relax`/`back`")
 
 
+def _read(A: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """A·c elementwise with 0·(±∞) read as 0: a relaxation's constant overflows on a unit whose interval is unknown
+    (±1e300, `bounds.UNKNOWN`: one the output does not depend on keeps interval arithmetic's, `Bounder.needed`), and a
+    coefficient of 0 does not read it (a coefficient ≠ 0 gets ∓∞: no bound, as it should)."""
+    return torch.where(A == 0, torch.zeros((), dtype=A.dtype, device=A.device), A * c)
+
+
 def _middle(xl, xu, yl, yu):
     """The averaged McCormick planes' pieces per product term: x_m, y_m, γ_l, γ_u (module docstring)."""
     return (xl + xu) / 2, (yl + yu) / 2, -(xu * yu + xl * yl) / 2, -(xl * yu + xu * yl) / 2
@@ -303,7 +310,7 @@ class Product(_Bilinear):
 
     def back(self, A, relax):
         ym, xm, gl, gu = relax
-        const = (A.clamp(min=0) * gl).sum(-1) + (A.clamp(max=0) * gu).sum(-1)
+        const = _read(A.clamp(min=0), gl).sum(-1) + _read(A.clamp(max=0), gu).sum(-1)
         return torch.cat([A * ym, A * xm], dim=-1), const
 
     def milp_rows(self, l, u):
@@ -373,7 +380,7 @@ class BatchMatMul(_Bilinear):
         Lam = A.reshape(R, self.b, self.m, self.n)
         coef_a = Lam @ bm.transpose(-1, -2)  # [R, b, m, k]
         coef_b = am.transpose(-1, -2) @ Lam  # [R, b, k, n]
-        const = (Lam.clamp(min=0) * gl).sum((1, 2, 3)) + (Lam.clamp(max=0) * gu).sum((1, 2, 3))
+        const = _read(Lam.clamp(min=0), gl).sum((1, 2, 3)) + _read(Lam.clamp(max=0), gu).sum((1, 2, 3))
         return torch.cat([coef_a.reshape(R, -1), coef_b.reshape(R, -1)], dim=-1), const
 
     def milp_rows(self, l, u):
@@ -467,7 +474,7 @@ class Variance(_Bilinear):
         lc, uc = lo_coef.reshape(self.R, self.N), up_coef.reshape(self.R, self.N)
         coef = Ap[..., None] * lc + An[..., None] * uc  # [rows, R, N] on c
         return torch.cat([A.new_zeros(A.shape[0], self.R * self.N), coef.reshape(A.shape[0], -1)], -1), \
-            Ap @ lo_const + An @ up_const
+            _read(Ap, lo_const).sum(-1) + _read(An, up_const).sum(-1)
 
     def milp_rows(self, l, u):
         from scipy import sparse
@@ -620,30 +627,42 @@ class ExpSums(_Bilinear):
         return lo.reshape(-1), (eu.reshape(du.shape).sum(-1) * (1 + self.T * REL_SLACK)).reshape(-1)
 
     def relax(self, l, u):
+        """The lines above. A sum s_i with some difference above `EXP_MAX` (exp overflows) gets the constant lines
+        1 ≤ s_i ≤ ∞ (s_i ≥ exp(0) = 1 always): no finite upper line, which `back` refuses only for rows that read it, so
+        the rows of a softmax the output does not depend on (block 1's non-class tokens in a ViT) cost nothing."""
         dl, du, eye = self._diffs(l, u)
-        if bool(du.max() > EXP_MAX):
-            raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): a difference of its logits reaches "
-                              f"{float(du.max()):.4g} > {EXP_MAX:g} on this box (exp overflows), so it has no finite "
-                              "sound relaxation here")
+        over = (du > EXP_MAX).any(-1)  # [R, T(i)]
+        du = du.clamp(max=EXP_MAX)
+        dl = torch.minimum(dl, du)
         al, bl, au, bu = (t.reshape(dl.shape) for t in Exp(dl.numel()).lines(dl.reshape(-1), du.reshape(-1)))
         zero, one = torch.zeros_like(al), torch.ones_like(al)
         # exp(x_i − x_i) = 1 exactly: the constant line
         al, au = torch.where(eye, zero, al), torch.where(eye, zero, au)
         bl, bu = torch.where(eye, one, bl), torch.where(eye, one, bu)
+        al, au = torch.where(over[..., None], zero, al), torch.where(over[..., None], zero, au)
         # the sums over j of the intercepts, each widened by its own rounding (T terms)
         sl, su = bl.sum(-1), bu.sum(-1)
         slack = REL_SLACK * self.T * (bl.abs().sum(-1) + bu.abs().sum(-1)) + TINY
-        return al, au, al.sum(-1), au.sum(-1), sl - slack, su + slack
+        sl, su = sl - slack, su + slack
+        sl = torch.where(over, torch.ones_like(sl) * (1 - REL_SLACK), sl)
+        su = torch.where(over, torch.full_like(su, math.inf), su)
+        return al, au, al.sum(-1), au.sum(-1), sl, su
 
     def back(self, A, relax):
         al, au, al_sum, au_sum, sl, su = relax
         rows = A.shape[0]
         Lam = A.reshape(rows, self.R, self.T)
         Ap, An = Lam.clamp(min=0), Lam.clamp(max=0)
+        over = torch.isinf(su)
+        if bool(over.any()):
+            if bool((An < 0).logical_and(over).any()):
+                raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): a difference of its logits exceeds {EXP_MAX:g} on "
+                                  "this box (exp overflows) in a softmax row the bound reads, so that row has no finite "
+                                  "sound upper relaxation here")
         # coefficient of x_j: Σ_i Λ⁺_i·al_ij + Λ⁻_i·au_ij, per logit row r a [rows, T] @ [T, T] product
         cj = (Ap.transpose(0, 1) @ al + An.transpose(0, 1) @ au).transpose(0, 1)
         ci = Ap * al_sum + An * au_sum
-        const = (Ap * sl).sum((1, 2)) + (An * su).sum((1, 2))
+        const = _read(Ap, sl).sum((1, 2)) + _read(An, su).sum((1, 2))
         return (cj - ci).reshape(rows, -1), const
 
     def _planes(self, a, a_sum):
