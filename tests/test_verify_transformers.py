@@ -350,3 +350,28 @@ def test_crown_ignores_the_intervals_of_units_the_output_does_not_read():
     b._relax_cache.pop(s, None)
     with pytest.raises(UnsupportedModel, match="exp overflows"):
         b.spec_bounds(spec)
+
+
+def test_a_pass_that_overflows_runs_once_and_says_so(monkeypatch):
+    """A ViT whose attention logits are scaled until a softmax overflows on the box: `api.verify`'s first pass raises
+    OutOfDomain once; the property reports it (not decided) without a second CROWN pass of the same box (on the
+    64-token ViT a pass is ~35 s, and the fallback ran it twice: 79 s)."""
+    from analysis import api
+
+    model = _vit(depth=1)
+    with torch.no_grad():
+        model.blocks[0].attn.in_proj_weight[:16] *= 300.0  # q and k
+    calls = []
+    orig = Bounder._crown
+
+    def counted(self):
+        calls.append(1)
+        return orig(self)
+
+    monkeypatch.setattr(Bounder, "_crown", counted)
+    x = _x(1, seed=5)
+    y = torch.as_tensor([int(model(x).argmax())])
+    res = api.verify(model, (x, y), epsilons=[0.05], low=0.0, high=1.0, samples=1, timeout_s=20, progress=False)
+    (row,) = res["rows"]
+    assert row["result"] == "unknown" and "OutOfDomain" in row["message"], row["message"]
+    assert len(calls) == 1

@@ -192,9 +192,11 @@ class Bounder:
         self.pre = list(self.ibp_pre)
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
+        self._finite: dict[int, bool] = {}  # per cached relaxation of a non-elementwise site: is every tensor of it finite?
         self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
         self._plan: tuple[set[int], set[int]] | None = None
         self._needed: list[torch.Tensor] | None = None  # per node, the units the output depends on (`needed`)
+        self.crown_failed: Exception | None = None  # what stopped the last `crown()` (an exp that may overflow)
         # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
         # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere
         self.attention = any(isinstance(n.op, ATTENTION) for n in self.net.nodes)
@@ -278,6 +280,8 @@ class Bounder:
         out = self._relaxation(s, slopes, exact, self.pre[s])
         if slopes is None:
             self._relax_cache[s] = out
+            if not self.op(s).elementwise:  # read once per relaxation (`_Bilinear.back`'s `unknown`)
+                self._finite[s] = all(bool(torch.isfinite(t).all()) for t in out)
         return out
 
     def _relaxation(self, s: int, slopes: Any, exact: bool, bounds: tuple[torch.Tensor, torch.Tensor]):
@@ -395,7 +399,8 @@ class Bounder:
             else:
                 relax = tuple(None if t is None else t.to(dtype) for t in self.relaxation(s, sl, exact))
                 if not n.op.elementwise:  # a product of two variables (`nonlinear`): its own back-substitution
-                    A, c = ops[k].back(A, relax)
+                    # finite in float64 may overflow in float32 (branch and bound's search): then guarded
+                    A, c = ops[k].back(A, relax, unknown=dtype != DTYPE or not self._finite.get(s, False))
                     const = const + c
                     i = n.inputs[0]
                     acc[i] = acc[i] + A if i in acc else A
@@ -666,6 +671,13 @@ class Bounder:
         transformer op's relaxation depends on every unit's interval) every site is float64's. A site read through
         copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
         `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
+        try:
+            self._crown()
+        except Exception as e:
+            self.crown_failed = e  # what stopped this box's pass (`first_pass` does not run it again to learn it)
+            raise
+
+    def _crown(self) -> None:
         stopped = False
         screen = all(isinstance(self.op(s), ReLU) or (FLOAT32_GATES and isinstance(self.op(s), Gate))
                      for s in range(len(self.sites)))
