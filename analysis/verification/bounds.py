@@ -671,6 +671,7 @@ class Bounder:
         transformer op's relaxation depends on every unit's interval) every site is float64's. A site read through
         copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
         `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
+        self.crown_failed = None
         try:
             self._crown()
         except Exception as e:
