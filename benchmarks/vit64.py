@@ -113,16 +113,16 @@ def section_profile(a) -> dict:
     if a.cut_depth != "default":
         b.cut_depth = None if a.cut_depth == "none" else int(a.cut_depth)
     queries = []
-    orig = b._crown_rows
+    orig = b._rows
 
-    def timed(j, idx, cuts):
+    def timed(j, idx, n, float32=False, cuts=None):
         t = time.perf_counter()
-        lo, hi = orig(j, idx, cuts)
+        lo, hi = orig(j, idx, n, float32, cuts)
         queries.append({"node": j, "op": type(b.net.nodes[j].op).__name__, "units": idx.numel(),
                         "seconds": round(time.perf_counter() - t, 2), "max_width": float((hi - lo).max())})
         return lo, hi
 
-    b._crown_rows = timed
+    b._rows = timed
     t0 = time.perf_counter()
     error = ""
     try:
@@ -134,8 +134,10 @@ def section_profile(a) -> dict:
     for s in range(len(b.sites)):
         lo, hi = b.pre[s]
         op = b.op(s)
+        on = b.needed()[b.site_input[s]]  # the units the output depends on (the rest keep interval arithmetic's)
         sites.append({"site": s, "op": type(op).__name__, "source": getattr(op, "source", ""), "units": lo.numel(),
-                      "max_width": float((hi - lo).max()), "min": float(lo.min()), "max": float(hi.max())})
+                      "needed": int(on.sum()), "max_width": float((hi - lo)[on].max()), "min": float(lo[on].min()),
+                      "max": float(hi[on].max())})
     C = -torch.eye(10, dtype=torch.float64)[[j for j in range(10) if j != label]]
     C[:, label] = 1.0
     try:

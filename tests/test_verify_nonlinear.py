@@ -172,13 +172,33 @@ def test_exp_sums_relaxation_and_range_hold_each_side_by_dense_sampling(seed):
     assert bool(torch.all((zp - z).abs() <= op.gap(l, u, d)))
 
 
-def test_exp_sums_refuses_an_overflowing_difference():
-    op = ExpSums(1, 3)
-    l, u = torch.tensor([0.0, 0.0, -400.0], dtype=DT), torch.tensor([0.0, 400.0, 0.0], dtype=DT)
-    with pytest.raises(OutOfDomain):
-        op.relax(l, u)
+def test_exp_sums_refuses_an_overflowing_difference_only_where_a_row_reads_its_upper_line():
+    """Row 0's differences x_j − x_2 reach 800 (exp overflows float64): s_2 gets 1 ≤ s_2 ≤ ∞; a coefficient row that needs
+    an upper line there (a negative coefficient) is refused, one that reads only the lower line or only row 1 gets sound
+    bounds (dense samples of the box, in float64, each side apart)."""
+    op = ExpSums(2, 3)
+    l = torch.tensor([0.0, 0.0, -400.0, 0.1, -0.3, 0.2], dtype=DT)
+    u = torch.tensor([0.0, 400.0, 0.0, 0.4, 0.1, 0.5], dtype=DT)
     lo, hi = op.interval(l, u)
-    assert bool(torch.isinf(hi).any()) and bool(torch.all(lo >= 1 - 1e-12))
+    assert bool(torch.isinf(hi[:3]).any()) and bool(torch.all(lo >= 1 - 1e-12)) and bool(torch.isfinite(hi[3:]).all())
+    relax = op.relax(l, u)
+    with pytest.raises(OutOfDomain, match="a softmax row the bound reads"):
+        op.back(torch.tensor([[0.0, 0.0, -1.0, 1.0, 0.0, 0.0]], dtype=DT), relax)
+    gen = torch.Generator().manual_seed(9)
+    s = _box_samples(l, u, 4000, gen)
+    with np.errstate(over="ignore"):
+        z = op.forward(s)  # +inf where exp overflows: above any lower bound
+    # lower sides: a nonnegative row on the overflowing sums (s_i ≥ 1 there), any row on the others; upper sides of
+    # row 1's sums only (the rows below, negated, bound them from above)
+    A = torch.cat([torch.rand(8, 3, generator=gen, dtype=DT), torch.randn(8, 3, generator=gen, dtype=DT)], 1)
+    A = torch.cat([A, -torch.cat([torch.zeros(8, 3, dtype=DT), torch.rand(8, 3, generator=gen, dtype=DT)], 1)])
+    A_in, cst = op.back(A, relax)
+    bound = s @ A_in.T + cst  # the relaxation's lower bound of A·z at each sample
+    value = torch.where(A[None] == 0, torch.zeros(()), A[None] * z[:, None, :]).sum(-1)  # A·z, 0·∞ read as 0
+    assert bool(torch.all(value >= bound - 1e-9)), float((bound - value).max())
+    # the overflowing sum read from below alone: the constant line s_2 ≥ 1 (to its rounding), no coefficient on the logits
+    A_in, cst = op.back(torch.eye(6, dtype=DT)[2:3], relax)
+    assert bool(torch.all(A_in == 0)) and np.allclose(cst.numpy(), 1.0, rtol=1e-9)
 
 
 def test_batch_matmul_milp_rows_are_the_planes_of_relax():

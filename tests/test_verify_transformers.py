@@ -180,9 +180,12 @@ def test_crown_through_copies_and_cuts_bounds_every_sampled_site_input(depth):
         l, u = b.pre[s]
         assert bool(torch.all(v >= l - 1e-9)), (s, float((l - v).max()))  # the lower side
         assert bool(torch.all(v <= u + 1e-9)), (s, float((v - u).max()))  # the upper side
-    # not vacuous: finite everywhere, and never wider than interval arithmetic (an intersection with it)
-    for (l, u), (il, iu) in zip(b.pre, b.ibp_pre):
-        assert bool(torch.all(u - l < 1e6)) and bool(torch.all((l >= il) & (u <= iu)))
+    # not vacuous: finite on every unit the output reads (the others keep interval arithmetic's bounds, `needed`), and
+    # never wider than interval arithmetic (an intersection with it)
+    need = b.needed()
+    for s, ((l, u), (il, iu)) in enumerate(zip(b.pre, b.ibp_pre)):
+        on = need[b.site_input[s]]
+        assert bool(torch.all((u - l)[on] < 1e6)) and bool(torch.all((l >= il) & (u <= iu)))
     assert sum(float((u - l).sum()) for l, u in b.pre) < sum(float((u - l).sum()) for l, u in b.ibp_pre)
 
 
@@ -311,3 +314,91 @@ def test_a_narrow_softmax_keeps_its_differences_a_layer_and_a_wide_one_takes_exp
     # the layer's intervals come from CROWN (x_j and x_i correlated), ExpSums' from [l_j − u_i, u_j − l_i]: on a
     # narrow softmax the layer is the tighter form, which is why readers keep it below ExpSums.MIN_DIFFS
     assert widths["layer"] <= widths["expsums"]
+
+
+def test_needed_units_are_those_the_output_depends_on():
+    """`Bounder.needed` against the Jacobian of the output with respect to each node's value (autograd, float64) at
+    random inputs: every unit the output moves with is marked, and the last block reads the class token alone (its MLP:
+    `hidden` units of the 5 tokens' 5·hidden; its softmax: one row per head)."""
+    model = _vit(depth=2)
+    net = from_torch(model, (1, 8, 8))
+    b = Bounder(net, np.zeros(64), np.full(64, 0.01))
+    need = b.needed()
+    g = b.net
+    x = torch.rand(40, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 4 - 2
+    w = torch.randn(g.sizes[g.output], generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for k in range(1, g.output):
+        vals = g.values(x)
+        leaf = vals[k].detach().requires_grad_(True)
+        vals[k] = leaf
+        for j in range(k + 1, g.output + 1):
+            if j in g.ancestors(g.output):
+                vals[j] = g.nodes[j].op.forward(*(vals[i] for i in g.nodes[j].inputs))
+        if not vals[g.output].requires_grad:
+            assert not bool(need[k].any()), k
+            continue
+        (grad,) = torch.autograd.grad((vals[g.output] @ w).sum(), leaf, allow_unused=True)
+        moved = torch.zeros(g.sizes[k], dtype=torch.bool) if grad is None else (grad != 0).any(0)
+        assert bool(torch.all(need[k][moved])), (k, type(g.nodes[k].op).__name__)  # every unit it moves with is marked
+    relus = [k for k in b.sites if type(g.nodes[k].op).__name__ == "ReLU"]
+    assert [int(need[k].sum()) for k in relus] == [5 * 16, 16]  # block 0's MLP on every token, block 1's on the class token
+    sums = [k for k in b.sites if type(g.nodes[k].op).__name__ == "ExpSums"]
+    assert [int(need[k].sum()) for k in sums] == [2 * 5 * 5, 2 * 5]
+
+
+def test_crown_ignores_the_intervals_of_units_the_output_does_not_read():
+    """On a two-block ViT, every unit off the paths to the output widened until block 1's softmax overflows on them:
+    CROWN's spec bounds are the same (those units are read by no row), and hold at dense samples of the box."""
+    model = _vit(depth=2)
+    net = from_torch(model, (1, 8, 8))
+    x0 = _x(1, seed=4).reshape(-1).double().numpy()
+    lb, ub = np.clip(x0 - 0.01, 0, 1), np.clip(x0 + 0.01, 0, 1)
+    b = Bounder(net, lb, ub)
+    b.crown()
+    K = net.num_outputs
+    spec = Spec(np.concatenate([np.eye(K), -np.eye(K)]), np.zeros(2 * K))
+    before = b.spec_bounds(spec)
+    need = b.needed()
+    (s,) = [s for s, k in enumerate(b.sites) if type(b.op(s)).__name__ == "ExpSums" and not bool(need[k].all())]
+    l, u = b.pre[s]
+    off = ~need[b.site_input[s]]
+    assert bool(off.any())
+    b.tighten(s, torch.arange(0), l[:0], u[:0])  # (clears the cached relaxation)
+    b.pre[s] = (torch.where(off, l - 1000, l), torch.where(off, u + 1000, u))
+    after = b.spec_bounds(spec)
+    assert torch.allclose(before, after, rtol=0, atol=1e-12)
+    pts = _sampled(net, lb, ub, 1500, seed=3)
+    with torch.no_grad():
+        y = copy.deepcopy(model).double()(torch.as_tensor(pts).reshape(-1, 1, 8, 8)).numpy()
+    low = after.numpy()
+    assert np.all(y >= low[:K] - 1e-9) and np.all(y <= -low[K:] + 1e-9)
+    # a row that reads an overflowing sum's upper line is refused, not bounded
+    b.pre[s] = (l - 1000, u + 1000)
+    b._relax_cache.pop(s, None)
+    with pytest.raises(UnsupportedModel, match="exp overflows"):
+        b.spec_bounds(spec)
+
+
+def test_a_pass_that_overflows_runs_once_and_says_so(monkeypatch):
+    """A ViT whose attention logits are scaled until a softmax overflows on the box: `api.verify`'s first pass raises
+    OutOfDomain once; the property reports it (not decided) without a second CROWN pass of the same box (on the
+    64-token ViT a pass is ~35 s, and the fallback ran it twice: 79 s)."""
+    from analysis import api
+
+    model = _vit(depth=1)
+    with torch.no_grad():
+        model.blocks[0].attn.in_proj_weight[:16] *= 300.0  # q and k
+    calls = []
+    orig = Bounder._crown
+
+    def counted(self):
+        calls.append(1)
+        return orig(self)
+
+    monkeypatch.setattr(Bounder, "_crown", counted)
+    x = _x(1, seed=5)
+    y = torch.as_tensor([int(model(x).argmax())])
+    res = api.verify(model, (x, y), epsilons=[0.05], low=0.0, high=1.0, samples=1, timeout_s=20, progress=False)
+    (row,) = res["rows"]
+    assert row["result"] == "unknown" and "OutOfDomain" in row["message"], row["message"]
+    assert len(calls) == 1

@@ -39,6 +39,10 @@ CHUNK_ELEMENTS = 2 ** 25  # coefficient rows × width per back-substitution batc
 # CROWN's query rows on the CPU, per batch: a batch whose coefficients (1 MB of float64) stay in the core's cache across
 # the ops of a back-substitution step is 35% faster than one batch of all rows on preact_resnet [16,32]
 CPU_CROWN_CHUNK = 2 ** 17
+# with attention, a row back-substitutes through layers 2–3× the widest node's size (a softmax's T×T coefficients per
+# head) and a batch of 2^17 elements is ~7 rows, whose per-op overhead dominates: on the 64-token ViT (12,610 units)
+# 2^19 is 24–33% faster a query than 2^17, and 2^21 or more slower again (`benchmarks/verify-results/VIT64.md`)
+CPU_CROWN_CHUNK_ATTENTION = 2 ** 19
 # A Conv whose back-substitution sums at least this many products per coefficient (`Conv.back_terms`) runs it in
 # float32 on the CPU, its rounding error added to the bound (`Bounder._float32_back`); below it float64's kernel is as
 # fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). 0 turns it off.
@@ -188,8 +192,11 @@ class Bounder:
         self.pre = list(self.ibp_pre)
         self.method = "ibp"
         self._relax_cache: dict[int, tuple[torch.Tensor, ...]] = {}  # CROWN's relaxation per site, until its bounds change
+        self._finite: dict[int, bool] = {}  # per cached relaxation of a non-elementwise site: is every tensor of it finite?
         self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
         self._plan: tuple[set[int], set[int]] | None = None
+        self._needed: list[torch.Tensor] | None = None  # per node, the units the output depends on (`needed`)
+        self.crown_failed: Exception | None = None  # what stopped the last `crown()` (an exp that may overflow)
         # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
         # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere
         self.attention = any(isinstance(n.op, ATTENTION) for n in self.net.nodes)
@@ -273,6 +280,8 @@ class Bounder:
         out = self._relaxation(s, slopes, exact, self.pre[s])
         if slopes is None:
             self._relax_cache[s] = out
+            if not self.op(s).elementwise:  # read once per relaxation (`_Bilinear.back`'s `unknown`)
+                self._finite[s] = all(bool(torch.isfinite(t).all()) for t in out)
         return out
 
     def _relaxation(self, s: int, slopes: Any, exact: bool, bounds: tuple[torch.Tensor, torch.Tensor]):
@@ -390,7 +399,8 @@ class Bounder:
             else:
                 relax = tuple(None if t is None else t.to(dtype) for t in self.relaxation(s, sl, exact))
                 if not n.op.elementwise:  # a product of two variables (`nonlinear`): its own back-substitution
-                    A, c = ops[k].back(A, relax)
+                    # finite in float64 may overflow in float32 (branch and bound's search): then guarded
+                    A, c = ops[k].back(A, relax, unknown=dtype != DTYPE or not self._finite.get(s, False))
                     const = const + c
                     i = n.inputs[0]
                     acc[i] = acc[i] + A if i in acc else A
@@ -516,6 +526,9 @@ class Bounder:
     def _tighten(self, s: int, idx: torch.Tensor, lo: torch.Tensor, up: torch.Tensor) -> None:
         l, u = self.pre[s]
         l, u = l.clone(), u.clone()
+        # a NaN bound (∞ − ∞ in a relaxation's constants on an unknown interval) says nothing: torch.maximum would keep it
+        lo = torch.nan_to_num(lo, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        up = torch.nan_to_num(up, nan=math.inf, posinf=math.inf, neginf=-math.inf)
         l[idx] = torch.maximum(l[idx], lo)
         u[idx] = torch.minimum(u[idx], up)
         self.pre[s] = (l, u)
@@ -565,11 +578,57 @@ class Bounder:
             self._plan = (via, nodes)
         return self._plan
 
+    def needed(self) -> list[torch.Tensor]:
+        """Per node, a mask of the units the output depends on (through any path; structurally, whatever the box).
+        A unit off every path to the output needs no tight interval: its relaxation multiplies a coefficient that is 0
+        in every back-substitution from the output, and a query row of a unit on a path has coefficients only on units
+        on a path (what a unit depends on, the output does too). In a ViT whose head reads the class token, the last
+        block's queries after its keys and values are one token's, not 65 tokens'.
+
+        One back-substitution of a row of positive weights, each op's coefficients replaced by their magnitudes
+        (random positive relaxation coefficients at the nonlinear sites, whose `relax` gives their shapes), so no two
+        paths cancel; where an exact cancellation of random weights marked a needed unit off, that unit would keep its
+        interval arithmetic bounds: sound, only looser. Computed on graphs with attention only (elsewhere every unit)."""
+        if self._needed is None and not self.attention:  # a conv net's or an MLP's output reads every unit
+            self._needed = [torch.ones(n, dtype=torch.bool, device=self.device) for n in self.net.sizes]
+        if self._needed is None:
+            gen = torch.Generator(device=self.device).manual_seed(0)
+
+            def positive(t: torch.Tensor) -> torch.Tensor:
+                return torch.rand(t.shape, generator=gen, dtype=DTYPE, device=self.device) + 0.5
+
+            sizes = self.net.sizes
+            masks = [torch.zeros(n, dtype=torch.bool, device=self.device) for n in sizes]
+            acc = {self.net.output: torch.ones(1, sizes[self.net.output], dtype=DTYPE, device=self.device)}
+            for k in range(self.net.output, 0, -1):
+                w = acc.pop(k, None)
+                if w is None:
+                    continue
+                masks[k] = w[0] > 0
+                A = positive(w) * masks[k]
+                node = self.net.nodes[k]
+                if isinstance(node.op, Affine):
+                    parts, _ = node.op.back(A)
+                elif node.op.elementwise:
+                    parts = [A]
+                else:  # a product, a variance, a softmax's sums: random positive lines of relax's shapes
+                    n_in = sizes[node.inputs[0]]
+                    ones = torch.ones(n_in, dtype=DTYPE, device=self.device)
+                    relax = tuple(positive(t) for t in node.op.relax(ones, 2 * ones))
+                    parts = [node.op.back(A, relax)[0]]
+                for i, Ai in zip(node.inputs, parts):
+                    Ai = Ai.abs()
+                    acc[i] = acc[i] + Ai if i in acc else Ai
+            masks[0] = torch.ones(sizes[0], dtype=torch.bool, device=self.device)
+            self._needed = masks
+        return self._needed
+
     def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False,
               cuts: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
         of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS); `cuts`: where the queries stop (`backward`)."""
-        chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
+        chunk = (CPU_CROWN_CHUNK_ATTENTION if self.attention else CPU_CROWN_CHUNK) if self.device.type == "cpu" \
+            else CHUNK_ELEMENTS
         step = max(1, chunk // max(1, self.width(j)) // 2)
         los, ups = [], []
         for i in range(0, idx.numel(), step):
@@ -612,10 +671,19 @@ class Bounder:
         transformer op's relaxation depends on every unit's interval) every site is float64's. A site read through
         copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
         `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
+        self.crown_failed = None
+        try:
+            self._crown()
+        except Exception as e:
+            self.crown_failed = e  # what stopped this box's pass (`first_pass` does not run it again to learn it)
+            raise
+
+    def _crown(self) -> None:
         stopped = False
         screen = all(isinstance(self.op(s), ReLU) or (FLOAT32_GATES and isinstance(self.op(s), Gate))
                      for s in range(len(self.sites)))
         via, nodes = self._crown_plan()
+        need = self.needed()
         cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if self.cut_depth else None
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -624,17 +692,19 @@ class Bounder:
             stopped = stopped or self.expired()
             if stopped or self._exact_by_ibp(s) or s in via:
                 return self.pre[s]
+            j = self.site_input[s]
             idx = self._query(s)
+            every = idx.numel() == self.net.sizes[j]
+            idx = idx[need[j][idx]]  # the units the output depends on (`needed`)
             if idx.numel() == 0:
                 return self.pre[s]
-            j = self.site_input[s]
             n = self.pre[s][0].numel()
             if screen and isinstance(self.op(s), ReLU):
                 lo, up = self._relu_rows(j, idx, n)
             else:
                 lo, up = self._rows(j, idx, n, float32=screen and isinstance(self.op(s), Gate), cuts=cuts)
             self._tighten(s, idx, lo, up)
-            if cuts is not None and idx.numel() == self.net.sizes[j]:
+            if cuts is not None and every:  # every needed unit queried (the rest are read by no query row)
                 cuts[j] = self.pre[s]
             return self.pre[s]
 
@@ -645,8 +715,12 @@ class Bounder:
             stopped = self.expired()
             if stopped:
                 return lo, hi
-            l, u = self._rows(k, torch.arange(self.net.sizes[k], device=lo.device), self.net.sizes[k], cuts=cuts)
-            lo, hi = torch.maximum(lo, l[None]), torch.minimum(hi, u[None])
+            idx = torch.nonzero(need[k]).flatten()
+            if idx.numel() == 0:
+                return lo, hi
+            l, u = self._rows(k, idx, self.net.sizes[k], cuts=cuts)
+            lo, hi = lo.clone(), hi.clone()
+            lo[0, idx], hi[0, idx] = torch.maximum(lo[0, idx], l), torch.minimum(hi[0, idx], u)
             if cuts is not None:
                 cuts[k] = (lo[0], hi[0])
             return lo, hi

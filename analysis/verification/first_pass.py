@@ -87,7 +87,9 @@ def _crown(items: Sequence[Item], deadline: float) -> None:
                 Bounder.crown_many([it.state.bounder for it in todo])
             except Exception:
                 for it in todo:
-                    if it.state.bounder.method == "ibp":
+                    if it.state.bounder.crown_failed is not None:  # its pass raised: the same pass would again
+                        it.state.failed = it.state.bounder.crown_failed
+                    elif it.state.bounder.method == "ibp":
                         try:
                             it.state.bounder.crown()
                         except Exception as e:

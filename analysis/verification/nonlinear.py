@@ -251,7 +251,9 @@ class _Bilinear(Activation):
     def relax(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def back(self, A: torch.Tensor, relax: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    def back(self, A: torch.Tensor, relax: tuple[torch.Tensor, ...], unknown: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """`unknown`: `relax` may hold ±∞ (or its constants may overflow; `_read`); False (the caller checked every tensor
+        of `relax` is finite, once per relaxation) skips the guard, a pass over the coefficients per constant."""
         raise NotImplementedError
 
     def milp_rows(self, l: torch.Tensor, u: torch.Tensor) -> list[tuple[Any, np.ndarray, np.ndarray]]:
@@ -260,6 +262,15 @@ class _Bilinear(Activation):
 
     def lines(self, l, u):
         raise NotImplementedError(f"{type(self).__name__} is not elementwise: its relaxation is `relax`/`back`")
+
+
+def _read(A: torch.Tensor, c: torch.Tensor, unknown: bool = True) -> torch.Tensor:
+    """A·c elementwise, with 0·(±∞) read as 0 where `unknown`: a relaxation's constant overflows on a unit whose interval
+    is unknown (±1e300, `bounds.UNKNOWN`: one the output does not depend on keeps interval arithmetic's,
+    `Bounder.needed`), and a coefficient of 0 does not read it (a coefficient ≠ 0 gets ∓∞: no bound, as it should)."""
+    if not unknown:
+        return A * c
+    return torch.where(A == 0, torch.zeros((), dtype=A.dtype, device=A.device), A * c)
 
 
 def _middle(xl, xu, yl, yu):
@@ -301,9 +312,9 @@ class Product(_Bilinear):
         slack = REL_SLACK * 4 * torch.maximum(xl.abs(), xu.abs()) * torch.maximum(yl.abs(), yu.abs()) + TINY
         return ym, xm, gl - slack, gu + slack
 
-    def back(self, A, relax):
+    def back(self, A, relax, unknown: bool = True):
         ym, xm, gl, gu = relax
-        const = (A.clamp(min=0) * gl).sum(-1) + (A.clamp(max=0) * gu).sum(-1)
+        const = _read(A.clamp(min=0), gl, unknown).sum(-1) + _read(A.clamp(max=0), gu, unknown).sum(-1)
         return torch.cat([A * ym, A * xm], dim=-1), const
 
     def milp_rows(self, l, u):
@@ -367,13 +378,13 @@ class BatchMatMul(_Bilinear):
         slack = REL_SLACK * 4 * (self.k + 2) * (ma @ mb) + TINY
         return am, bm, gl - slack, gu + slack
 
-    def back(self, A, relax):
+    def back(self, A, relax, unknown: bool = True):
         am, bm, gl, gu = relax
         R = A.shape[0]
         Lam = A.reshape(R, self.b, self.m, self.n)
         coef_a = Lam @ bm.transpose(-1, -2)  # [R, b, m, k]
         coef_b = am.transpose(-1, -2) @ Lam  # [R, b, k, n]
-        const = (Lam.clamp(min=0) * gl).sum((1, 2, 3)) + (Lam.clamp(max=0) * gu).sum((1, 2, 3))
+        const = _read(Lam.clamp(min=0), gl, unknown).sum((1, 2, 3)) + _read(Lam.clamp(max=0), gu, unknown).sum((1, 2, 3))
         return torch.cat([coef_a.reshape(R, -1), coef_b.reshape(R, -1)], dim=-1), const
 
     def milp_rows(self, l, u):
@@ -461,13 +472,13 @@ class Variance(_Bilinear):
         slack = 8 * REL_SLACK * ((mag * mag).sum(-1) / self.N + self.eps) + TINY
         return lo_coef.reshape(-1), lo_const - slack, up_coef.reshape(-1), up_const + slack
 
-    def back(self, A, relax):
+    def back(self, A, relax, unknown: bool = True):
         lo_coef, lo_const, up_coef, up_const = relax
         Ap, An = A.clamp(min=0), A.clamp(max=0)  # [rows, R]
         lc, uc = lo_coef.reshape(self.R, self.N), up_coef.reshape(self.R, self.N)
         coef = Ap[..., None] * lc + An[..., None] * uc  # [rows, R, N] on c
         return torch.cat([A.new_zeros(A.shape[0], self.R * self.N), coef.reshape(A.shape[0], -1)], -1), \
-            Ap @ lo_const + An @ up_const
+            _read(Ap, lo_const, unknown).sum(-1) + _read(An, up_const, unknown).sum(-1)
 
     def milp_rows(self, l, u):
         from scipy import sparse
@@ -556,7 +567,7 @@ class LayerNormRounding(_Bilinear):
     def relax(self, l, u):
         return (self.bound(l, u),)
 
-    def back(self, A, relax):
+    def back(self, A, relax, unknown: bool = True):
         (E,) = relax
         rest = A.new_zeros(A.shape[0], self.R * self.N + self.R)
         # an unbounded unit costs −∞ only to the rows that read it (0·∞ is 0 here, not NaN)
@@ -624,30 +635,42 @@ class ExpSums(_Bilinear):
         return lo.reshape(-1), (eu.reshape(du.shape).sum(-1) * (1 + self.T * REL_SLACK)).reshape(-1)
 
     def relax(self, l, u):
+        """The lines above. A sum s_i with some difference above `EXP_MAX` (exp overflows) gets the constant lines
+        1 ≤ s_i ≤ ∞ (s_i ≥ exp(0) = 1 always): no finite upper line, which `back` refuses only for rows that read it, so
+        the rows of a softmax the output does not depend on (block 1's non-class tokens in a ViT) cost nothing."""
         dl, du, eye = self._diffs(l, u)
-        if bool(du.max() > EXP_MAX):
-            raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): a difference of its logits reaches "
-                              f"{float(du.max()):.4g} > {EXP_MAX:g} on this box (exp overflows), so it has no finite "
-                              "sound relaxation here")
+        over = (du > EXP_MAX).any(-1)  # [R, T(i)]
+        du = du.clamp(max=EXP_MAX)
+        dl = torch.minimum(dl, du)
         al, bl, au, bu = (t.reshape(dl.shape) for t in Exp(dl.numel()).lines(dl.reshape(-1), du.reshape(-1)))
         zero, one = torch.zeros_like(al), torch.ones_like(al)
         # exp(x_i − x_i) = 1 exactly: the constant line
         al, au = torch.where(eye, zero, al), torch.where(eye, zero, au)
         bl, bu = torch.where(eye, one, bl), torch.where(eye, one, bu)
+        al, au = torch.where(over[..., None], zero, al), torch.where(over[..., None], zero, au)
         # the sums over j of the intercepts, each widened by its own rounding (T terms)
         sl, su = bl.sum(-1), bu.sum(-1)
         slack = REL_SLACK * self.T * (bl.abs().sum(-1) + bu.abs().sum(-1)) + TINY
-        return al, au, al.sum(-1), au.sum(-1), sl - slack, su + slack
+        sl, su = sl - slack, su + slack
+        sl = torch.where(over, torch.ones_like(sl) * (1 - REL_SLACK), sl)
+        su = torch.where(over, torch.full_like(su, math.inf), su)
+        return al, au, al.sum(-1), au.sum(-1), sl, su
 
-    def back(self, A, relax):
+    def back(self, A, relax, unknown: bool = True):
         al, au, al_sum, au_sum, sl, su = relax
         rows = A.shape[0]
         Lam = A.reshape(rows, self.R, self.T)
         Ap, An = Lam.clamp(min=0), Lam.clamp(max=0)
+        over = torch.isinf(su)
+        if unknown and bool(over.any()):
+            if bool((An < 0).logical_and(over).any()):
+                raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): a difference of its logits exceeds {EXP_MAX:g} on "
+                                  "this box (exp overflows) in a softmax row the bound reads, so that row has no finite "
+                                  "sound upper relaxation here")
         # coefficient of x_j: Σ_i Λ⁺_i·al_ij + Λ⁻_i·au_ij, per logit row r a [rows, T] @ [T, T] product
         cj = (Ap.transpose(0, 1) @ al + An.transpose(0, 1) @ au).transpose(0, 1)
         ci = Ap * al_sum + An * au_sum
-        const = (Ap * sl).sum((1, 2)) + (An * su).sum((1, 2))
+        const = _read(Ap, sl, unknown).sum((1, 2)) + _read(An, su, unknown).sum((1, 2))
         return (cj - ci).reshape(rows, -1), const
 
     def _planes(self, a, a_sum):
