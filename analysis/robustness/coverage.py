@@ -54,9 +54,9 @@ PEER_RECORD = BENCHMARKS / "peers" / "readers" / "record.json"
 # run's verify/summary.json and config.json, committed by benchmarks/verify_time.py); the README links each.
 MEASURED: dict[str, tuple[str, ...]] = {
     "mlp": ("verify-results/issue40/mlp",),
-    "cnn": ("verify-results/issue40/cnn1632",),
-    "preact_resnet": ("verify-results/issue40/preact816", "verify-results/issue40/preact1632-merged"),
-    "deit_tiny": ("verify-results/issue40/deit32x2",),
+    "cnn": ("verify-results/issue40/cnn1632-merged",),
+    "preact_resnet": ("verify-results/issue40/preact816-merged", "verify-results/issue40/preact1632-merged"),
+    "deit_tiny": ("verify-results/issue40/deit32x2-merged",),
 }
 UNMEASURED = "not measured"
 RERUN = "not measured on this form (rerun benchmarks/peers/readers.py)"
