@@ -70,6 +70,12 @@ EMPTY_TOL = 1e-8
 # what a resumed search takes over from the one that left its domains: the grid units its splits count from
 GRID_STATE = ("round_sites", "grid", "V", "W", "k0", "step", "bidx", "bE")
 
+# a leaf (no unstable ReLU) whose grid units could still be split: seconds its MILP may take, and how many such leaves
+# per search try it, before the grid splits go on instead (the bit-exact reference's tiny nets: their leaf MILPs decide
+# at once; the cnn [4,8]'s open int8 properties: every ReLU stable at the root, and its MILP does not finish in 15 s)
+LEAF_MILP_S = 2.0
+LEAF_MILP_TRIES = 3
+
 # parent domains per round on a CPU (256 gave the best global lower bound on 3 of 4 hard mnist_fc stand-ins at 30 s, against 64)
 CPU_BATCH = 256
 # on a GPU: the batch whose bound pass takes at most this share of the device memory free when the search starts
@@ -119,12 +125,13 @@ class Settings:
     # (benchmarks/VERIFICATION.md): every later site costs 6-40x the domains per second and gave a worse global lower
     # bound on 5 of 6 hard mnist_fc stand-ins at 30 s
     rebound: int = 0
-    # grid splits (issue 41): a grid rounding unit whose root interval allows 2..grid_values grid indices may be split
-    # on its index, k ≤ j | k ≥ j + 1, chosen beside the ReLUs by the same score (0: ReLU splits only)
+    # grid splits (issue 41): a grid unit (a rounding's, an input pixel's) whose root interval allows 2..grid_values
+    # grid indices may be split on its index, k ≤ j | k ≥ j + 1, after the ReLUs (`relu_first`), where a leaf's MILP
+    # does not finish (`LEAF_MILP_S`); 0: ReLU splits only
     grid_values: int = 4
     # grid units per domain evaluated by their children's bounds beside the ReLUs (`choose`); 0: the scores alone decide.
-    # Measured on preact_resnet [4,8] int8 (benchmarks/int8-results/bab-*.json): with 2, a round cost 3x and no grid split
-    # won (a ReLU's worse child was always better)
+    # Measured on preact_resnet [4,8] int8 (benchmarks/int8-results/bab-preact48.json): with 2 no grid split won (a
+    # ReLU's worse child was always better), and the extra passes cost rounds
     grid_candidates: int = 0
 
 
@@ -461,7 +468,7 @@ class _Search:
         int8 graph, the best `grid_candidates` grid units by theirs (the two scores only estimate, on scales of their
         own). Where there are several, each is evaluated by one CROWN pass over both children with the parent's α and β
         (no optimization; kFSB, De Palma et al. 2021 / α,β-CROWN): the unit whose worse child is best wins, ReLU or grid
-        split alike; else the best by score."""
+        split alike; else the best by score, the ReLUs first (`relu_first`)."""
         P = scores.shape[0]
         top = torch.topk(scores[:, :self.U], max(1, min(self.s.candidates, self.U)), dim=1)
         vals, idx = top.values, top.indices
@@ -470,7 +477,7 @@ class _Search:
             gt = torch.topk(scores[:, self.U:], g, dim=1)
             if bool((gt.values >= 0).any()):  # one read per round; none splittable: the ReLUs' choice alone
                 vals, idx = torch.cat([vals, gt.values], 1), torch.cat([idx, gt.indices + self.U], 1)
-        best = torch.topk(scores, 1, dim=1)  # by score alone, over every unit
+        best = torch.topk(self.relu_first(scores), 1, dim=1)  # by score alone
         pick = torch.where(best.values[:, 0] >= 0, best.indices[:, 0], -1)
         k = vals.shape[1]
         if k <= 1 or self.expired():
@@ -488,6 +495,15 @@ class _Search:
         value = torch.where(valid, value, torch.full_like(value, -math.inf)).view(P, k)
         won = idx.gather(1, value.argmax(1, keepdim=True))[:, 0]
         return torch.where((pick >= 0) & (value.max(1).values > -math.inf), won, pick)  # no valid candidate: by score
+
+    def relu_first(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores ([P, U + V]) with the grid units' set to −1 where a domain has an unstable ReLU: by score, grid
+        splits come after the ReLUs (measured: the bit-exact reference's tiny nets are decided by the leaf MILPs that
+        ReLU splits reach at once, and a grid split ahead of them left 5 of 47 instances open)."""
+        if not self.V:
+            return scores
+        relu = scores[:, :self.U].max(1, keepdim=True).values >= 0
+        return torch.cat([scores[:, :self.U], torch.where(relu, torch.full_like(scores[:, self.U:], -1.0), scores[:, self.U:])], 1)
 
     def children(self, splits: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each parent's splits ([P, U + 2V]: ReLU signs in {−1, 0, +1}, then each grid unit's raise of k_lo and cut of
@@ -752,22 +768,35 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, batch / len(store))))))
         p = store.take(batch)
         if depth > 1:
-            top = torch.topk(p["scores"], min(depth, U), dim=1)
+            top = torch.topk(search.relu_first(p["scores"]), min(depth, U), dim=1)
             depth = max(1, min(depth, int((top.values >= 0).sum(1).min())))  # one read per round
             units = top.indices[:, :depth]
-            leaf = top.values[:, 0] < 0
         else:
             try:
                 pick = search.choose(p["scores"], p["splits"], p["alpha"], p["beta"], p["lower"],
                                      (p["pre_l"], p["pre_u"]) if s.rebound else None, p.get("rbeta"))
             except _Expired:
                 return timeout(p)
-            units, leaf = pick.clamp(min=0)[:, None], pick < 0
-        if bool(leaf.any()):  # no unstable unit left: the LP over this activation pattern decides (on the host)
-            for i in torch.nonzero(leaf).flatten().tolist():
+            units = pick.clamp(min=0)[:, None]
+        # a leaf: no unstable ReLU left, so the LP over its activation pattern decides (the MILP of an int8 graph's grid,
+        # on the host). Where grid units are left to split, its MILP gets `LEAF_MILP_S` and, for the first
+        # `LEAF_MILP_TRIES` such leaves only, the grid splits go on where it does not finish
+        no_relu = p["scores"][:, :U].max(1).values < 0
+        leaf = torch.zeros_like(no_relu)
+        if bool(no_relu.any()):
+            gridded = p["scores"][:, U:].max(1).values >= 0 if V else torch.zeros_like(no_relu)
+            for i in torch.nonzero(no_relu).flatten().tolist():
+                capped = bool(gridded[i])
+                if capped and stats.get("leaf_timeouts", 0) >= LEAF_MILP_TRIES:
+                    continue
                 stats["leaf_lps"] += 1
                 own = (p["pre_l"][i], p["pre_u"][i]) if s.rebound else None
-                status, x, why = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts, left)
+                status, x, why = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts,
+                                            (lambda: min(left(), LEAF_MILP_S)) if capped else left)
+                if status == "timeout" and capped:
+                    stats["leaf_timeouts"] = stats.get("leaf_timeouts", 0) + 1
+                    continue
+                leaf[i] = True
                 if status == "sat":
                     x = confirm(x)
                     if x is not None:
