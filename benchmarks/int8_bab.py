@@ -11,6 +11,11 @@ domains left open; the message's number).
 grid indices a unit may take: for the worst row, each grid rounding unit's coefficient |A| times its used line's
 distance from the identity (y = x) at its interval's middle (the first-order cost of its noise), summed per bucket of
 index counts. Deterministic (no budget).
+
+`--ties`: instead, for each of those properties, onnxruntime on `TIE_ROUNDS` batches of 2000 inputs from the box's
+float32 corners (the first half of each batch, after the first, 5% of the pixels flipped from the worst point so far): how
+many give the label's logit exactly equal to the largest other one (a tie: the property's unsafe set is reached, so
+no certificate exists) and how many strictly below (a counterexample), and the least margin. Seeded.
 """
 
 from __future__ import annotations
@@ -72,6 +77,49 @@ def run(runs: list[Path], timeout: float, grids: list[str], everything: bool, on
 
 
 BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 16), (17, 10**9))
+TIE_ROUNDS = 60
+
+
+def ties(runs: list[Path], everything: bool, only: list[str]) -> list[dict]:
+    import numpy as np
+
+    from analysis.robustness.properties import is_int8
+    from analysis.verification.vnnlib import read_vnnlib_all
+    from quantize import ort as ort_util
+
+    res = []
+    for r in runs:
+        out = r / "verify"
+        rows = [x for x in csv.DictReader(open(out / "details.csv")) if is_int8(x["variant"]) and x["stage"] != "clean"]
+        if not everything:
+            rows = [x for x in rows if x["result"] not in ("sat", "unsat")]
+        if only:
+            rows = [x for x in rows if f"{x['variant']}:{x['sample']}:{x['eps']}" in only]
+        for x in rows:
+            spec = read_vnnlib_all(out / x["vnnlib"])[0]
+            sess = ort_util.session(out / "onnx" / f"{x['variant']}.onnx")
+            # the box's ends in float32, moved inward where rounding took them out (a witness must lie in the box)
+            lb, ub, label = spec.lb.astype(np.float32), spec.ub.astype(np.float32), int(x["label"])
+            lb = np.where(lb < spec.lb, np.nextafter(lb, np.float32(np.inf)), lb).astype(np.float32)
+            ub = np.where(ub > spec.ub, np.nextafter(ub, np.float32(-np.inf)), ub).astype(np.float32)
+            rng = np.random.default_rng(0)
+            best, worst, tie, below, n = np.inf, None, 0, 0, 0
+            for it in range(TIE_ROUNDS):
+                pts = np.where(rng.random((2000, lb.size)) < 0.5, lb, ub).astype(np.float32)
+                if worst is not None:
+                    flip = rng.random((1000, lb.size)) < 0.05
+                    pts[:1000] = np.where(flip, np.where(worst == lb, ub, lb), worst)
+                shape = [d if isinstance(d, int) else -1 for d in sess.get_inputs()[0].shape]
+                y = ort_util.infer(sess, pts.reshape(-1, *shape[1:]))
+                m = y[:, label] - np.delete(y, label, axis=1).max(1)
+                tie, below, n = tie + int((m == 0).sum()), below + int((m < 0).sum()), n + len(m)
+                if m.min() < best:
+                    best, worst = float(m.min()), pts[int(np.argmin(m))].copy()
+            row = {"run": r.name, "variant": x["variant"], "sample": int(x["sample"]), "eps": float(x["eps"]),
+                   "inputs": n, "ties": tie, "strictly_below": below, "least_margin": best}
+            res.append(row)
+            print(row, flush=True)
+    return res
 
 
 def decompose(runs: list[Path], everything: bool) -> list[dict]:
@@ -128,10 +176,11 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every int8 property, not only those the stage left open")
     ap.add_argument("--only", nargs="*", default=[], metavar="VARIANT:SAMPLE:EPS", help="these properties alone")
     ap.add_argument("--decompose", action="store_true", help="the margin's loss to the roundings by index count instead")
+    ap.add_argument("--ties", action="store_true", help="exact ties and counterexamples among corner inputs instead")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/int8-results/bab.json"))
     a = ap.parse_args()
-    if a.decompose:
-        res = decompose(a.runs, a.all)
+    if a.decompose or a.ties:
+        res = decompose(a.runs, a.all) if a.decompose else ties(a.runs, a.all, a.only)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({"properties": res}, indent=1))
         return
