@@ -346,7 +346,7 @@ def _two_disjunct_case():
         b.crown()
         search = _Search(b, spec, [0, 1], Settings(dtype=torch.float64), lambda: False)
         R = search.R
-        zero = [torch.zeros(1, n, dtype=torch.int8) for n in search.sizes]
+        zero = torch.zeros(1, search.U + 2 * search.V, dtype=torch.int8)  # every split of one domain (no grid: V = 0)
         alpha = [b.relaxation(site)[0].expand(R, -1)[None].float() for site in search.relu_sites]
         beta = [torch.zeros(1, R, n) for n in search.sizes]
         root = search.bound(zero, alpha, beta, 0, True)

@@ -11,7 +11,8 @@
 - relaxations: the smooth gates' linear relaxations and the closed-form swap gap per unit;
 - bounds: IBP, CROWN, α-CROWN over the DAG, the swap gap |smooth − ReLU| over a box;
 - attack: PGD on a property's margin;
-- bab: branch and bound on unstable ReLUs (β-CROWN-style bounds), its open domains batched tensors on the device;
+- bab: branch and bound on unstable ReLUs and an int8 graph's few-valued grid indices (β-CROWN-style bounds), its open
+  domains batched tensors on the device;
 - refine: MILP refinement of a deep net's early sites beside branch and bound (α,β-CROWN's bab-refine);
 - milp: the big-M MILP (scipy/HiGHS) on the tight bounds;
 - marabou: Marabou 2.0 in a child process;

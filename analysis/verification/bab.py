@@ -1,7 +1,9 @@
 """Branch and bound on unstable ReLUs with β-CROWN bounds, batched: the complete method that decides what the
 bounds alone leave open.
 
-A domain is the box plus sign constraints on some ReLU inputs (z ≥ 0 or z ≤ 0). Its bound: the root's
+A domain is the box plus sign constraints on some ReLU inputs (z ≥ 0 or z ≤ 0) and, on an int8 graph, index ranges
+of some grid units (a rounding's or the input quantization's grid index k in [k_lo, k_hi]: `Settings.grid_values`,
+issue 41; their lines narrow to the range, and a rounding's implied input constraint gets a β). Its bound: the root's
 pre-activation intervals (`Bounder.pre`, CROWN/α-CROWN, fixed during the search as α,β-CROWN does by default)
 clamped by the splits (a split unit is stable, so its relaxation is exact), and each split constraint −t·z ≤ 0
 (t = ±1) added to the back-substitution with a multiplier β ≥ 0 (β-CROWN, Wang et al. 2021). α (lower ReLU slopes,
@@ -12,14 +14,14 @@ One search covers every open disjunct of the property: a domain is closed when e
 disjunct of a robustness property) has a lower bound > 0.
 
 A round takes the `batch` domains with the lowest bounds (best first) and:
-1. chooses a split for each: the best unit by the BaBSR intercept score (the default), or with `candidates` > 1 by
-   filtered smart branching (kFSB, De Palma et al. 2021 / α,β-CROWN): that many best units by the score, each
-   evaluated by one CROWN pass over both children with the parent's α and β (no optimization), the unit whose worse
-   child is best wins; when the queue holds fewer domains than the batch wants, a domain is split on several units at
-   once (2^depth children), so early rounds are full;
+1. chooses a split for each: the best unit by the BaBSR intercept score (the default; a grid unit by its own,
+   `_grid_scores`), or with `candidates` > 1 by filtered smart branching (kFSB, De Palma et al. 2021 / α,β-CROWN):
+   that many best units by the score, each evaluated by one CROWN pass over both children with the parent's α and β
+   (no optimization), the unit whose worse child is best wins; when the queue holds fewer domains than the batch
+   wants, a domain is split on several units at once (2^depth children), so early rounds are full;
 2. bounds all children in one batched pass, α and β warm-started from the parent (a new split's β starts at 0); a
    child bounds only the rows of the disjuncts its parent's bounds leave open (the others keep the parent's bound,
-   which holds on the child's smaller region);
+   which holds on the child's smaller region), and every row keeps the better of its own bound and its parent's;
 3. runs each child's bound minimizer (a corner of the box per row) through the network, and every few rounds a short
    attack from the most violated ones: an unsafe point that survives `confirm` is a counterexample;
 4. closes children whose disjuncts are all excluded (after a float64 re-check of every row); a child with no
@@ -50,8 +52,8 @@ import numpy as np
 import torch
 
 from . import attack, milp
-from .bounds import CHUNK_ELEMENTS, Adam, Bounder, ReluLines
-from .ops import DTYPE, ReLU
+from .bounds import CHUNK_ELEMENTS, Adam, Bounder, FixedLines, ReluLines
+from .ops import DTYPE, QuantizedInput, ReLU, Rounding
 from .vnnlib import VnnlibSpec
 
 # α and β between rounds, per device: warm starts only (any value is sound, and a closing decision's float64 re-check
@@ -64,6 +66,15 @@ GPU_STORE_SHARE = 0.4
 # misses by ~1e-12 relative, so no input of the domain can lie there
 EMPTY_TOL = 1e-8
 
+
+# what a resumed search takes over from the one that left its domains: the grid units its splits count from
+GRID_STATE = ("round_sites", "grid", "V", "W", "k0", "step", "bidx", "bE")
+
+# a leaf (no unstable ReLU) whose grid units could still be split: seconds its MILP may take, and how many such leaves
+# per search try it, before the grid splits go on instead (the bit-exact reference's tiny nets: their leaf MILPs decide
+# at once; the cnn [4,8]'s open int8 properties: every ReLU stable at the root, and its MILP does not finish in 15 s)
+LEAF_MILP_S = 2.0
+LEAF_MILP_TRIES = 3
 
 # parent domains per round on a CPU (256 gave the best global lower bound on 3 of 4 hard mnist_fc stand-ins at 30 s, against 64)
 CPU_BATCH = 256
@@ -114,6 +125,14 @@ class Settings:
     # (benchmarks/VERIFICATION.md): every later site costs 6-40x the domains per second and gave a worse global lower
     # bound on 5 of 6 hard mnist_fc stand-ins at 30 s
     rebound: int = 0
+    # grid splits (issue 41): a grid unit (a rounding's, an input pixel's) whose root interval allows 2..grid_values
+    # grid indices may be split on its index, k ≤ j | k ≥ j + 1, after the ReLUs (`relu_first`), where a leaf's MILP
+    # does not finish (`LEAF_MILP_S`); 0: ReLU splits only
+    grid_values: int = 4
+    # grid units per domain evaluated by their children's bounds beside the ReLUs (`choose`); 0: the scores alone decide.
+    # Measured on preact_resnet [4,8] int8 (benchmarks/int8-results/bab-preact48.json): with 2 no grid split won (a
+    # ReLU's worse child was always better), and the extra passes cost rounds
+    grid_candidates: int = 0
 
 
 @contextlib.contextmanager
@@ -141,9 +160,10 @@ class Bounded(NamedTuple):
     closed: torch.Tensor  # [D]
     points: torch.Tensor  # [M, n_in]: each bounded row's bound minimizer (a corner of the box)
     rows: torch.Tensor  # [M]: each bounded row's flat index d·R + r into `lower`
-    scores: list[torch.Tensor] | None  # per ReLU site [D, n_s] BaBSR scores (−1: not unstable)
+    scores: list[torch.Tensor] | None  # per ReLU site [D, n_s] BaBSR scores (−1: not unstable), then the grid units' [D, V]
     alpha: list[torch.Tensor]  # per ReLU site [D, R, n_s]: the best α (the warm start of the children)
     beta: list[torch.Tensor]
+    rbeta: torch.Tensor | None = None  # [D, R, 2W]: the grid splits' β (`_Search.bidx`)
 
 
 class _Search:
@@ -162,6 +182,37 @@ class _Search:
         self.relu_sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), ReLU)]
         self.sizes = [b.pre[i][0].numel() for i in self.relu_sites]
         self.ends = torch.as_tensor(self.sizes, device=dev).cumsum(0)  # unit u is on ReLU site bucketize(u, ends, right)
+        self.U = sum(self.sizes)
+        # grid units (issue 41): the units of the input's first quantization and of every grid rounding whose root
+        # interval allows 2..`grid_values` grid indices, V of them; a domain's splits hold for unit v, in columns U + v
+        # and U + V + v, how far its k_lo rose and its k_hi fell from the root's (int8: < grid_values)
+        self.round_sites, self.V, self.W = [], 0, 0
+        # per grid site: (its units, their positions v, the root's index ranges of the site, steps, E (None: the input's
+        # quantization, whose split implies no constraint on anything the graph reads: it reads the input only there))
+        self.grid: dict[int, tuple] = {}
+        sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), (Rounding, QuantizedInput))
+                 and b.op(i).step is not None] if s.grid_values >= 2 else []
+        for i in sites:
+            op = b.op(i)
+            k_lo, k_hi = op.k_range(*(t.to(DTYPE) for t in b.pre[i]))
+            unit = torch.nonzero((k_hi > k_lo) & (k_hi - k_lo < s.grid_values)).flatten()
+            if not unit.numel():
+                continue
+            E = op.E.to(DTYPE)[unit] if isinstance(op, Rounding) else None
+            self.round_sites.append(i)
+            self.grid[i] = (unit, torch.arange(self.V, self.V + unit.numel(), device=dev), (k_lo, k_hi),
+                            op.step.to(DTYPE)[unit], E)
+            self.V += unit.numel()
+        if self.V:
+            g = [self.grid[i] for i in self.round_sites]
+            self.k0 = (torch.cat([k[0][u] for u, _, k, _, _ in g]), torch.cat([k[1][u] for u, _, k, _, _ in g]))  # [V]
+            self.step = torch.cat([st for _, _, _, st, _ in g])
+            # the roundings' units carry β on the input constraint a split implies, x ≥ s·k_lo − E or x ≤ s·k_hi + E:
+            # W of them, β [R, 2W] per domain (β_lo, β_hi)
+            self.bidx = torch.cat([v for _, v, _, _, E in g if E is not None] or [torch.zeros(0, dtype=torch.long, device=dev)])
+            self.W = self.bidx.numel()
+            if self.W:
+                self.bE = torch.cat([E for _, _, _, _, E in g if E is not None])
 
     def excluded(self, lower: torch.Tensor) -> torch.Tensor:
         """Per domain and row ([D, R] lower bounds): is the row's disjunct excluded, i.e. some row of it > 0?"""
@@ -172,6 +223,56 @@ class _Search:
     def closed(self, lower: torch.Tensor) -> torch.Tensor:
         """Per domain ([D, R] lower bounds): is every disjunct excluded?"""
         return self.excluded(lower).all(1)
+
+    def k_of(self, splits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per domain the index range of every grid unit ([D, V] each, float64) its splits allow."""
+        U, V = self.U, self.V
+        return self.k0[0] + splits[:, U:U + V].to(DTYPE), self.k0[1] - splits[:, U + V:].to(DTYPE)
+
+    def _grid(self, splits: torch.Tensor, dom: torch.Tensor, dtype: torch.dtype):
+        """For D domains' splits ([D, U + 2V]) and the bounded rows' domains `dom`: per grid site where some domain of
+        the batch has split (one read per round) the rows' lines on their domains' index ranges (`FixedLines`), and
+        for β (None where no β unit moved): per row and β unit, which ends moved ([rows, 2, W] mask) and the input
+        constraints' thresholds s·k_lo − E and s·k_hi + E."""
+        if not self.V:
+            return {}, None
+        klo, khi = self.k_of(splits)
+        moved = (splits[:, self.U:] != 0).view(splits.shape[0], 2, self.V)
+        any_v = moved.any(0).any(0)
+        lines = {}
+        for site in self.round_sites:
+            unit, v, (k_lo, k_hi), _, _ = self.grid[site]
+            if not bool(any_v[v].any()):
+                continue
+            l, u = self.b.pre[site]
+            rows = dom.numel()
+            kl, kh = k_lo.expand(rows, -1).clone(), k_hi.expand(rows, -1).clone()
+            kl[:, unit], kh[:, unit] = klo[:, v][dom], khi[:, v][dom]
+            lines[site] = FixedLines(*self.b.op(site).lines(l.to(DTYPE), u.to(DTYPE), (kl, kh))).to(dtype)
+        if not self.W or not bool(any_v[self.bidx].any()):
+            return lines, None
+        st, E = self.step[self.bidx], self.bE
+        c = torch.stack([klo[:, self.bidx][dom] * st - E, khi[:, self.bidx][dom] * st + E], 1)
+        return lines, (moved[:, :, self.bidx][dom].to(dtype), c.to(dtype))
+
+    def _grid_terms(self, rb: torch.Tensor | None, cons) -> tuple[dict[int, torch.Tensor], torch.Tensor | int]:
+        """β·(c_lo − x) and β·(x − c_hi) (each ≤ 0 on the domain) as coefficients on the grid sites' inputs and a
+        constant per row; rb [rows, 2, W] (β_lo, β_hi)."""
+        if rb is None:
+            return {}, 0
+        mask, c = cons
+        w = rb * mask
+        const = (w[:, 0] * c[:, 0]).sum(1) - (w[:, 1] * c[:, 1]).sum(1)
+        coef = w[:, 1] - w[:, 0]  # [rows, W]
+        extra, at = {}, 0
+        for site in self.round_sites:
+            unit, _, _, _, E = self.grid[site]
+            if E is None:
+                continue
+            n = unit.numel()
+            extra[site] = coef.new_zeros(coef.shape[0], self.b.pre[site][0].numel()).index_add(1, unit, coef[:, at:at + n])
+            at += n
+        return extra, const
 
     # -- one batched bound pass --------------------------------------------------------------------
     def _setup(self, splits: list[torch.Tensor], dtype: torch.dtype, dom: torch.Tensor,
@@ -191,31 +292,41 @@ class _Search:
             cross[s] = (l < 0) & (u > 0)
         return bounds, signs, cross
 
-    def _exact(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor],
-               pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
-        """[D, R] lower bounds in float64 for the given α, β ([D, R, n_s] each), every row: what a decision rests on."""
-        D, R = splits[0].shape[0], self.R
+    def _exact(self, splits: torch.Tensor, alpha: list[torch.Tensor], beta: list[torch.Tensor],
+               pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None, rbeta: torch.Tensor | None = None) -> torch.Tensor:
+        """[D, R] lower bounds in float64 for the given α, β ([D, R, n_s] each; grid β [D, R, 2W]) of the domains
+        `splits` ([D, U + 2V]), every row: what a decision rests on."""
+        D, R = splits.shape[0], self.R
         dom = torch.arange(D, device=self.device).repeat_interleave(R)
-        bounds, signs, _ = self._setup(splits, DTYPE, dom, pre)
+        bounds, signs, _ = self._setup(self.per_site(splits[:, :self.U]), DTYPE, dom, pre)
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # α counts only where a unit crosses 0
         a = {s: alpha[j].reshape(D * R, -1).to(DTYPE).clamp(0, 1) for j, s in enumerate(self.relu_sites)}
         extra = {s: beta[j].reshape(D * R, -1).to(DTYPE).clamp(min=0) * signs[s] for j, s in enumerate(self.relu_sites)}
+        glines, cons = self._grid(splits, dom, DTYPE)
+        lines |= glines
+        rb = None if cons is None else rbeta.reshape(D * R, 2, -1).to(DTYPE).clamp(min=0)
+        gextra, gconst = self._grid_terms(rb, cons)
         with torch.no_grad():
-            return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, lines, extra) + self.d.repeat(D)).view(D, -1)
+            return (self.b.backward(self.C.repeat(D, 1), self.b.net.output, a, True, lines, extra | gextra)
+                    + self.d.repeat(D) + gconst).view(D, -1)
 
-    def bound(self, splits: list[torch.Tensor], alpha: list[torch.Tensor], beta: list[torch.Tensor], steps: int,
+    def bound(self, all_splits: torch.Tensor, alpha: list[torch.Tensor], beta: list[torch.Tensor], steps: int,
               need_scores: bool, prior: torch.Tensor | None = None,
-              pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Bounded:
-        """Bounds of D domains (splits [D, n_s], α and β [D, R, n_s] as warm starts), `steps` Adam steps in the search's
-        dtype. `prior` [D, R]: lower bounds known to hold on each domain (its parent's); the rows of disjuncts they
-        already exclude keep them and are not bounded again, so a round's work goes to the disjuncts still open
-        (α,β-CROWN gets the same by running its search per open label). `pre`: each domain's own intervals (`rebound`;
-        default the root's for all)."""
-        D, R, dt = splits[0].shape[0], self.R, self.s.dtype
+              pre: list[tuple[torch.Tensor, torch.Tensor]] | None = None, rbeta: torch.Tensor | None = None) -> Bounded:
+        """Bounds of D domains (splits [D, U + 2V], α and β [D, R, n_s] per ReLU site, grid β [D, R, 2W], as warm
+        starts), `steps` Adam steps in the search's dtype. `prior` [D, R]: lower bounds known to hold on each domain
+        (its parent's); the rows of disjuncts they already exclude keep them and are not bounded again, so a round's
+        work goes to the disjuncts still open (α,β-CROWN gets the same by running its search per open label), and the
+        others keep the better of the two. `pre`: each domain's own intervals (`rebound`; default the root's for all)."""
+        splits = self.per_site(all_splits[:, :self.U])
+        D, R, dt = all_splits.shape[0], self.R, self.s.dtype
         active = torch.ones(D, R, dtype=torch.bool, device=self.device) if prior is None else ~self.excluded(prior)
         flat = torch.nonzero(active.flatten()).flatten()
         dom, row = flat // R, flat % R
         bounds, _, cross = self._setup(splits, dt, dom, pre, with_signs=False)
+        # grid splits: their sites' lines per row, and β ≥ 0 per row on each split unit's implied input constraints
+        glines, cons = self._grid(all_splits, dom, dt)
+        rb = None if cons is None else rbeta.reshape(D * R, 2, -1)[flat].to(dt).clamp(min=0).requires_grad_(steps > 0)
         a = {s: torch.where(cross[s][dom], alpha[j].reshape(D * R, -1)[flat].to(dt).clamp(0, 1),
                             torch.zeros(1, dtype=dt, device=self.device)).requires_grad_(steps > 0)
              for j, s in enumerate(self.relu_sites)}
@@ -235,17 +346,20 @@ class _Search:
         dd = self.d.to(dt)[row]
         full = torch.full((D, R), -math.inf, dtype=DTYPE, device=self.device) if prior is None else prior.to(DTYPE).clone()
         lines = {s: ReluLines.of(*bounds[s]) for s in self.relu_sites}  # fixed over the steps: only α changes
+        lines |= glines
 
-        def whole(part: torch.Tensor) -> torch.Tensor:  # the bounded rows' values in place, the prior elsewhere
+        def whole(part: torch.Tensor) -> torch.Tensor:  # the better of the bounded rows' values and the prior's
             out = full.clone()
-            out.view(-1)[flat] = part.to(DTYPE)
+            out.view(-1)[flat] = torch.maximum(part.to(DTYPE), out.view(-1)[flat])
             return out
 
         opt = Adam(list(a.values()), lr=self.s.lr_alpha) if steps > 0 else None
-        opt_b = Adam(list(bt.values()), lr=self.s.lr_beta) if steps > 0 and bt else None
+        betas = list(bt.values()) + ([] if rb is None else [rb])
+        opt_b = Adam(betas, lr=self.s.lr_beta) if steps > 0 and betas else None
         best = None
         best_a = {s: v.detach().clone() for s, v in a.items()}
         best_b = {s: v.detach().clone() for s, v in bt.items()}
+        best_rb = None if rb is None else rb.detach().clone()
         for i in range(steps + 1):
             if i > 0 and self.expired():
                 raise _Expired  # a batch cut short is dropped whole: its parents stay open for the timeout's report
@@ -254,8 +368,9 @@ class _Search:
             inputs: list[torch.Tensor] = []
             extra = {s: torch.zeros_like(a[s]).scatter(1, where_split[s], bt[s] * sign_at[s]) for s in bt}
             with torch.set_grad_enabled(not last):
-                lower = self.b.backward(A0, self.b.net.output, a, True, lines, extra,
-                                        record if last else None, inputs if last else None) + dd
+                gextra, gconst = self._grid_terms(rb, cons)
+                lower = self.b.backward(A0, self.b.net.output, a, True, lines, extra | gextra,
+                                        record if last else None, inputs if last else None) + dd + gconst
             if best is None:
                 best = lower.detach()
             else:
@@ -265,6 +380,8 @@ class _Search:
                     best_a[s] = torch.where(better[:, None], a[s].detach(), best_a[s])
                 for s in bt:
                     best_b[s] = torch.where(better[:, None], bt[s].detach(), best_b[s])
+                if rb is not None:
+                    best_rb = torch.where(better[:, None, None], rb.detach(), best_rb)
             if last:
                 break
             if bool(torch.all(self.closed(whole(best)))):
@@ -280,7 +397,7 @@ class _Search:
             with torch.no_grad():
                 for v in a.values():
                     v.clamp_(0.0, 1.0)
-                for v in bt.values():
+                for v in betas:
                     v.clamp_(min=0.0)
         new_alpha, new_beta = [], []
         for j, s in enumerate(self.relu_sites):  # the bounded rows' best α and β, the warm starts elsewhere
@@ -291,17 +408,26 @@ class _Search:
             if s in best_b:
                 nb[flat] = nb[flat].scatter(1, where_split[s], best_b[s].to(self.store))
             new_beta.append(nb.view(D, R, -1))
+        new_rbeta = None
+        if rbeta is not None:
+            new_rbeta = rbeta.to(self.store).clone()
+            if best_rb is not None:
+                new_rbeta.view(D * R, 2, -1)[flat] = best_rb.to(self.store)
         lower = whole(best)
         closed = self.closed(lower)
         if dt != DTYPE and bool(closed.any()):  # the decision, in float64, every row (the prior's too) with its α and β
             idx = torch.nonzero(closed).flatten()
-            exact = self._exact([t[idx] for t in splits], [v[idx] for v in new_alpha], [v[idx] for v in new_beta],
-                                None if pre is None else [(l[idx], u[idx]) for l, u in pre])
+            exact = self._exact(all_splits[idx], [v[idx] for v in new_alpha], [v[idx] for v in new_beta],
+                                None if pre is None else [(l[idx], u[idx]) for l, u in pre],
+                                None if new_rbeta is None else new_rbeta[idx])
             lower[idx] = exact
             closed[idx] = self.closed(exact)
         points = torch.where(inputs[0] >= 0, self.b.lb, self.b.ub)
-        scores = self._scores(bounds, cross, record, lower.view(-1)[flat], dom, D) if need_scores else None
-        return Bounded(lower, closed, points, flat, scores, new_alpha, new_beta)
+        scores = None
+        if need_scores:
+            scores = self._scores(bounds, cross, record, lower.view(-1)[flat], dom, D)
+            scores += self._grid_scores(all_splits, record, lower.view(-1)[flat], dom, D)
+        return Bounded(lower, closed, points, flat, scores, new_alpha, new_beta, new_rbeta)
 
     def _scores(self, bounds, cross, record, lower: torch.Tensor, dom: torch.Tensor, D: int) -> list[torch.Tensor]:
         """BaBSR's intercept score per unstable unit and domain: how much the upper relaxation's intercept −l·u/(u−l)
@@ -318,41 +444,90 @@ class _Search:
             out.append(torch.where(cross[s], sc, torch.full_like(sc, -1.0)))
         return out
 
+    def _grid_scores(self, splits: torch.Tensor, record, lower: torch.Tensor, dom: torch.Tensor, D: int) -> list[torch.Tensor]:
+        """[D, V]: what splitting a grid unit's index range in two is worth to the rows still open, on the ReLU score's
+        scale. A line of the staircase over two or more indices leaves a gap of about a step s to the values
+        reachable at some x, on both sides, and the split's worse child removes it only once its range is one index:
+        so Σ_rows |A|·s/(n − 1) for n ≥ 2 indices, −1 at one."""
+        if not self.V:
+            return []
+        klo, khi = self.k_of(splits)
+        n = khi - klo + 1
+        open_rows = (lower <= 0).to(DTYPE)[:, None]
+        weight = torch.cat([record[s][:, self.grid[s][0]].to(DTYPE).abs() * open_rows for s in self.round_sites], 1)
+        weight = weight.new_zeros(D, self.V).index_add_(0, dom, weight)
+        sc = weight * self.step / (n - 1).clamp(min=1)
+        return [torch.where(n >= 2, sc, torch.full_like(sc, -1.0)).to(torch.float32)]
+
     # -- branching (every domain of a batch at once, on the device) --------------------------------------
     def choose(self, scores: torch.Tensor, splits: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-               lower: torch.Tensor, pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Per parent ([P, U] BaBSR scores over the units of every ReLU site, concatenated), the unit to split; −1 where
-        no unit is unstable. With `candidates` > 1 (kFSB) the best few by score are each evaluated by one CROWN pass
-        over both children with the parent's α and β (no optimization): the unit whose worse child is best wins."""
+               lower: torch.Tensor, pre: tuple[torch.Tensor, torch.Tensor] | None = None,
+               rbeta: torch.Tensor | None = None) -> torch.Tensor:
+        """Per parent ([P, U + V] scores over the units of every ReLU site, then every grid site, concatenated), the unit
+        to split; −1 where none can be. The candidates: the best `candidates` ReLUs by score (at least one) and, on an
+        int8 graph, the best `grid_candidates` grid units by theirs (the two scores only estimate, on scales of their
+        own). Where there are several, each is evaluated by one CROWN pass over both children with the parent's α and β
+        (no optimization; kFSB, De Palma et al. 2021 / α,β-CROWN): the unit whose worse child is best wins, ReLU or grid
+        split alike; else the best by score, the ReLUs first (`relu_first`)."""
         P = scores.shape[0]
-        k = max(1, min(self.s.candidates, scores.shape[1]))
-        top = torch.topk(scores, k, dim=1)
-        pick = torch.where(top.values[:, 0] >= 0, top.indices[:, 0], -1)
+        top = torch.topk(scores[:, :self.U], max(1, min(self.s.candidates, self.U)), dim=1)
+        vals, idx = top.values, top.indices
+        g = min(self.s.grid_candidates, self.V)
+        if g:
+            gt = torch.topk(scores[:, self.U:], g, dim=1)
+            if bool((gt.values >= 0).any()):  # one read per round; none splittable: the ReLUs' choice alone
+                vals, idx = torch.cat([vals, gt.values], 1), torch.cat([idx, gt.indices + self.U], 1)
+        best = torch.topk(self.relu_first(scores), 1, dim=1)  # by score alone
+        pick = torch.where(best.values[:, 0] >= 0, best.indices[:, 0], -1)
+        k = vals.shape[1]
         if k <= 1 or self.expired():
             return pick
-        units = top.indices.reshape(-1)  # [P·k]: parent i's candidates at rows i·k … i·k + k − 1
-        valid = top.values.reshape(-1) >= 0
+        units = idx.reshape(-1)  # [P·k]: parent i's candidates at rows i·k … i·k + k − 1
+        valid = vals.reshape(-1) >= 0
         parent = torch.arange(P, device=self.device).repeat_interleave(k)
         sp, rows = self.children(splits[parent], units[:, None])  # [P·k·2, U], row j's candidate j // 2
         with torch.no_grad():
-            low = self.bound(self.per_site(sp), self.per_site(alpha[parent][rows]), self.per_site(beta[parent][rows]), 0,
+            low = self.bound(sp, self.per_site(alpha[parent][rows]), self.per_site(beta[parent][rows]), 0,
                              False, lower[parent][rows],
-                             None if pre is None else self.per_site_pair(pre[0][parent][rows], pre[1][parent][rows])).lower
+                             None if pre is None else self.per_site_pair(pre[0][parent][rows], pre[1][parent][rows]),
+                             None if rbeta is None else rbeta[parent][rows]).lower
         value = low.clamp(max=0).sum(1).view(-1, 2).min(1).values  # the worse child's total violation
         value = torch.where(valid, value, torch.full_like(value, -math.inf)).view(P, k)
-        best = top.indices.gather(1, value.argmax(1, keepdim=True))[:, 0]
-        return torch.where(pick >= 0, best, pick)
+        won = idx.gather(1, value.argmax(1, keepdim=True))[:, 0]
+        return torch.where((pick >= 0) & (value.max(1).values > -math.inf), won, pick)  # no valid candidate: by score
+
+    def relu_first(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores ([P, U + V]) with the grid units' set to −1 where a domain has an unstable ReLU: by score, grid
+        splits come after the ReLUs (measured: the bit-exact reference's tiny nets are decided by the leaf MILPs that
+        ReLU splits reach at once, and a grid split ahead of them left 5 of 47 instances open)."""
+        if not self.V:
+            return scores
+        relu = scores[:, :self.U].max(1, keepdim=True).values >= 0
+        return torch.cat([scores[:, :self.U], torch.where(relu, torch.full_like(scores[:, self.U:], -1.0), scores[:, self.U:])], 1)
 
     def children(self, splits: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each parent's splits ([P, U] in {−1, 0, +1}) with the units `units` ([P, d]) split both ways: [P·2^d, U]
-        (parent i's children at rows i·2^d …, unit b of child c active where bit b of c is set), and each child's parent."""
+        """Each parent's splits ([P, U + 2V]: ReLU signs in {−1, 0, +1}, then each grid unit's raise of k_lo and cut of
+        k_hi) with the units `units` ([P, d], < U a ReLU, U + v grid unit v) split both ways: [P·2^d, U + 2V] (parent i's
+        children at rows i·2^d …; unit b of child c active (z ≥ 0, or k ≥ j + 1 at the middle j of its index range)
+        where bit b of c is set), and each child's parent."""
         P, d = units.shape
         n = 2 ** d
         bits = torch.arange(n, device=self.device)[:, None] >> torch.arange(d, device=self.device)[None]
-        signs = ((bits & 1) * 2 - 1).to(splits.dtype)  # [2^d, d]
+        up = (bits & 1).repeat(P, 1)  # [P·2^d, d]
         rows = torch.arange(P, device=self.device).repeat_interleave(n)
         out = splits[rows]
-        out.scatter_(1, units[rows], signs.repeat(P, 1))
+        u = units[rows]
+        col, val = u, up * 2 - 1
+        if self.V:
+            U, V = self.U, self.V
+            grid = u >= U
+            v = (u - U).clamp(min=0)
+            klo = self.k0[0][v] + out.gather(1, U + v).to(DTYPE)
+            khi = self.k0[1][v] - out.gather(1, U + V + v).to(DTYPE)
+            j = torch.floor((klo + khi) / 2)
+            col = torch.where(grid, torch.where(up > 0, U + v, U + V + v), u)
+            val = torch.where(grid, torch.where(up > 0, j + 1 - self.k0[0][v], self.k0[1][v] - j).to(val.dtype), val)
+        out.scatter_(1, col, val.to(splits.dtype))
         return out, rows
 
     def initial_alpha(self) -> list[torch.Tensor]:
@@ -385,7 +560,7 @@ class _Search:
         what its leaf LP encodes."""
         out = list(self.b.pre)
         own = None if pre is None else self.per_site_pair(*pre)
-        for j, (site, t) in enumerate(zip(self.relu_sites, self.per_site(splits))):
+        for j, (site, t) in enumerate(zip(self.relu_sites, self.per_site(splits[:self.U]))):
             l, u = self.b.pre[site] if own is None else own[j]
             out[site] = (torch.where(t > 0, l.clamp(min=0), l), torch.where(t < 0, u.clamp(max=0), u))
         return out
@@ -527,7 +702,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             x = confirm(x)
             status = "sat" if x is not None else "unknown"
         return status, x, f"no ReLU to split: {msg}", {**stats, "domains": 1, "leaf_lps": 1}
-    R, U, dev = search.R, sum(search.sizes), b.device
+    R, U, V, dev = search.R, search.U, search.V, b.device
     batch = s.batch or default_batch(b, R, U, s.sharers)
     stats["batch"] = batch
     store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
@@ -536,18 +711,24 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
 
     t0 = time.perf_counter()
-    zero = torch.zeros(1, U, dtype=torch.int8, device=dev)
+    zero = torch.zeros(1, U + 2 * V, dtype=torch.int8, device=dev)
     init_alpha = torch.cat(search.initial_alpha(), -1).to(store_dt)[None]
     init_beta = torch.zeros(1, R, U, dtype=store_dt, device=dev)
-    fields = {"splits": ((U,), torch.int8), "alpha": ((R, U), store_dt), "beta": ((R, U), store_dt), "lower": ((R,), DTYPE),
-              "scores": ((U,), torch.float32), "depth": ((), torch.int32)}
+    W = search.W
+    init_rbeta = torch.zeros(1, R, 2 * W, dtype=store_dt, device=dev) if W else None
+    fields = {"splits": ((U + 2 * V,), torch.int8), "alpha": ((R, U), store_dt), "beta": ((R, U), store_dt),
+              "lower": ((R,), DTYPE), "scores": ((U + V,), torch.float32), "depth": ((), torch.int32)}
+    if W:
+        fields["rbeta"] = ((R, 2 * W), store_dt)
     if s.rebound:  # each domain's own intervals (float64: a closing decision's re-check rests on them)
         fields |= {"pre_l": ((U,), DTYPE), "pre_u": ((U,), DTYPE)}
     root_pre = [b.pre[site] for site in search.relu_sites]
-    key = (tuple(disjuncts), R, U, s.rebound, dev)
+    key = (tuple(disjuncts), R, U, V, search.W, s.rebound, dev)
     resumed = resume.get("key") == key and resume.get("store") is not None
     if resumed:  # the open domains a timed-out call left (every one of them still holds on the same box)
         store, stats = resume["store"], {**resume["stats"], "resumed": resume["stats"].get("resumed", 0) + 1}
+        if V:  # their grid splits count from that call's root's units and ranges (intervals may have tightened since)
+            search.__dict__.update(resume["grid"])
     else:
         store = _Store(fields, dev)
     resume.clear()
@@ -555,7 +736,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
     def timeout(in_flight: dict[str, torch.Tensor] | None = None):
         if in_flight is not None:
             store.append(in_flight)  # a batch cut short goes back: its parents are open
-        resume.update(key=key, store=store, stats=stats)
+        resume.update(key=key, store=store, stats=stats, grid={k: getattr(search, k) for k in GRID_STATE if hasattr(search, k)})
         low = store.min_lower()
         stats["global_lower"] = low
         return "timeout", None, (f"branch and bound: {len(store)} domains open after {stats['domains']} "
@@ -563,7 +744,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
 
     if not resumed:
         try:
-            r = search.bound(search.per_site(zero), search.per_site(init_alpha), search.per_site(init_beta), s.steps, True)
+            r = search.bound(zero, search.per_site(init_alpha), search.per_site(init_beta), s.steps, True, rbeta=init_rbeta)
         except _Expired:
             return "timeout", None, "branch and bound: the budget ran out inside the root's bound", stats
         stats["domains"] += 1
@@ -571,6 +752,8 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
         root = {"splits": zero[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
                 "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep],
                 "depth": torch.zeros(1, dtype=torch.int32, device=dev)[keep]}
+        if W:
+            root["rbeta"] = r.rbeta[keep]
         if s.rebound:
             root |= {"pre_l": torch.cat([l for l, _ in root_pre])[None][keep],
                      "pre_u": torch.cat([u for _, u in root_pre])[None][keep]}
@@ -585,22 +768,35 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             depth = max(1, min(s.max_split_depth, int(math.log2(max(1.0, batch / len(store))))))
         p = store.take(batch)
         if depth > 1:
-            top = torch.topk(p["scores"], min(depth, U), dim=1)
+            top = torch.topk(search.relu_first(p["scores"]), min(depth, U), dim=1)
             depth = max(1, min(depth, int((top.values >= 0).sum(1).min())))  # one read per round
             units = top.indices[:, :depth]
-            leaf = top.values[:, 0] < 0
         else:
             try:
                 pick = search.choose(p["scores"], p["splits"], p["alpha"], p["beta"], p["lower"],
-                                     (p["pre_l"], p["pre_u"]) if s.rebound else None)
+                                     (p["pre_l"], p["pre_u"]) if s.rebound else None, p.get("rbeta"))
             except _Expired:
                 return timeout(p)
-            units, leaf = pick.clamp(min=0)[:, None], pick < 0
-        if bool(leaf.any()):  # no unstable unit left: the LP over this activation pattern decides (on the host)
-            for i in torch.nonzero(leaf).flatten().tolist():
+            units = pick.clamp(min=0)[:, None]
+        # a leaf: no unstable ReLU left, so the LP over its activation pattern decides (the MILP of an int8 graph's grid,
+        # on the host). Where grid units are left to split, its MILP gets `LEAF_MILP_S` and, for the first
+        # `LEAF_MILP_TRIES` such leaves only, the grid splits go on where it does not finish
+        no_relu = p["scores"][:, :U].max(1).values < 0
+        leaf = torch.zeros_like(no_relu)
+        if bool(no_relu.any()):
+            gridded = p["scores"][:, U:].max(1).values >= 0 if V else torch.zeros_like(no_relu)
+            for i in torch.nonzero(no_relu).flatten().tolist():
+                capped = bool(gridded[i])
+                if capped and stats.get("leaf_timeouts", 0) >= LEAF_MILP_TRIES:
+                    continue
                 stats["leaf_lps"] += 1
                 own = (p["pre_l"][i], p["pre_u"][i]) if s.rebound else None
-                status, x, why = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts, left)
+                status, x, why = milp.solve(b.net, spec, search.site_intervals(p["splits"][i], own), disjuncts,
+                                            (lambda: min(left(), LEAF_MILP_S)) if capped else left)
+                if status == "timeout" and capped:
+                    stats["leaf_timeouts"] = stats.get("leaf_timeouts", 0) + 1
+                    continue
+                leaf[i] = True
                 if status == "sat":
                     x = confirm(x)
                     if x is not None:
@@ -617,16 +813,18 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
             units = units[~leaf]
             if not p["lower"].shape[0]:
                 continue
+        if V:
+            stats["grid_splits"] = stats.get("grid_splits", 0) + int((units >= U).sum())  # one read per round
         splits, parent = search.children(p["splits"], units)
         pre, empty = None, None
         if s.rebound:
             first = search.site_of(units).min(1).values[parent]
         try:
             if s.rebound:
-                pre, empty = search.rebound(search.per_site(splits),
+                pre, empty = search.rebound(search.per_site(splits[:, :U]),
                                             search.per_site_pair(p["pre_l"][parent], p["pre_u"][parent]), first)
-            r = search.bound(search.per_site(splits), search.per_site(p["alpha"][parent]),
-                             search.per_site(p["beta"][parent]), s.steps, True, p["lower"][parent], pre)
+            r = search.bound(splits, search.per_site(p["alpha"][parent]), search.per_site(p["beta"][parent]), s.steps,
+                             True, p["lower"][parent], pre, p["rbeta"][parent] if W else None)
         except _Expired:
             return timeout(p)
         stats["domains"] += splits.shape[0]
@@ -641,6 +839,8 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
         keep = ~r.closed if empty is None else ~(r.closed | empty)
         kids = {"splits": splits[keep], "alpha": torch.cat(r.alpha, -1)[keep], "beta": torch.cat(r.beta, -1)[keep],
                 "lower": r.lower[keep], "scores": torch.cat(r.scores, -1).float()[keep], "depth": (p["depth"][parent] + 1)[keep]}
+        if W:
+            kids["rbeta"] = r.rbeta[keep]
         if s.rebound:
             kids |= {"pre_l": torch.cat([l for l, _ in pre], -1)[keep], "pre_u": torch.cat([u for _, u in pre], -1)[keep]}
         store.append(kids)

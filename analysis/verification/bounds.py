@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -106,6 +106,22 @@ class ReluLines:
     def lines(self, slopes: torch.Tensor | None = None):
         """(al, bl, au, bu): bl is None, the lower line passing through 0."""
         return (self.al0 if slopes is None else torch.where(self.cross, slopes, self.active)), None, self.au, self.bu
+
+
+class FixedLines(NamedTuple):
+    """A site's relaxation given whole, (al, bl, au, bu) per row ([rows, n]): branch and bound's lines of a grid rounding
+    on a domain's index range (`ops.Rounding.lines`), fixed over its passes."""
+
+    al: torch.Tensor
+    bl: torch.Tensor
+    au: torch.Tensor
+    bu: torch.Tensor
+
+    def lines(self, slopes: Any = None):
+        return tuple(self)
+
+    def to(self, dtype: torch.dtype) -> "FixedLines":
+        return FixedLines(*(t.to(dtype) for t in self))
 
 
 @dataclass
@@ -355,8 +371,9 @@ class Bounder:
         `float32`: the Convs that pay run in float32 with their rounding error added (`_float32_back`): sound, and
         looser than float64's by that error (CROWN's screen of a ReLU site's units, `_relu_rows`).
 
-        For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]), or for a ReLU site gives
-        its relaxation on such intervals (`ReluLines`, computed once for many passes); `extra[s]` is added to
+        For branch and bound: `bounds[s]` replaces site s's interval (per row: [rows, n]), or gives its relaxation (a ReLU
+        site's `ReluLines`, a grid rounding's `FixedLines` on a domain's index range: computed once for many
+        passes); `extra[s]` is added to
         the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
         coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in).
 
@@ -392,7 +409,7 @@ class Bounder:
             if record is not None:
                 record[s] = A.detach()
             sl = None if slopes is None else slopes.get(s)
-            if bounds is not None and isinstance(bounds.get(s), ReluLines):
+            if bounds is not None and isinstance(bounds.get(s), (ReluLines, FixedLines)):
                 al, bl, au, bu = bounds[s].lines(sl)
             elif bounds is not None and s in bounds:
                 al, bl, au, bu = self._relaxation(s, sl, exact, bounds[s])

@@ -814,11 +814,16 @@ class Rounding(Activation):
         s = self.step.to(h.dtype)
         return h + (torch.round(h / s) * s - h).detach()
 
-    def _snapped(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def k_range(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The grid indices k the output may take over the input interval [l, u] (floats holding integers)."""
         s, E = self.step.to(l.dtype), self.E.to(l.dtype)
         inner = E - s / 2
-        klo = torch.ceil((l - inner) / s - 0.5 - self.SNAP_SLACK)
-        khi = torch.floor((u + inner) / s + 0.5 + self.SNAP_SLACK)
+        return (torch.ceil((l - inner) / s - 0.5 - self.SNAP_SLACK),
+                torch.floor((u + inner) / s + 0.5 + self.SNAP_SLACK))
+
+    def _snapped(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, E = self.step.to(l.dtype), self.E.to(l.dtype)
+        klo, khi = self.k_range(l, u)
         return torch.maximum(klo * s, l - E), torch.minimum(khi * s, u + E)
 
     def settled(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -839,13 +844,24 @@ class Rounding(Activation):
             return l - E, u + E
         return self._snapped(l, u)
 
-    def lines(self, l: torch.Tensor, u: torch.Tensor):
+    def lines(self, l: torch.Tensor, u: torch.Tensor, k: tuple[torch.Tensor, torch.Tensor] | None = None):
         """CROWN's lines: per side x ± E or the snapped end, whichever is tighter at the interval's middle (`hull_lines`
-        has every other line the staircase allows, for α-CROWN to choose from)."""
+        has every other line the staircase allows, for α-CROWN to choose from).
+
+        `k` = (k_lo, k_hi): a branch and bound domain's grid split (`bab`) allows only these indices. Then y lies in
+        [s·k_lo, s·k_hi] and, as |y − x| ≤ E, x in [s·k_lo − E, s·k_hi + E]: the lines are those of that narrower
+        interval (they need hold only where the domain's points lie), a single index a constant."""
         one, E = torch.ones_like(l), self.E.to(l.dtype).expand_as(l)
         if self.step is None:
             return one, -E, one, E
+        if k is not None:
+            s = self.step.to(l.dtype)
+            l = torch.maximum(l, k[0] * s - E)
+            u = torch.maximum(torch.minimum(u, k[1] * s + E), l)  # an empty domain: any line is sound there
         lo, hi = self._snapped(l, u)
+        if k is not None:
+            lo, hi = torch.maximum(lo, k[0] * s), torch.minimum(hi, k[1] * s)
+            hi = torch.maximum(hi, lo)
         mid = (l + u) / 2
         flat_lo, flat_hi = lo >= mid - E, hi <= mid + E  # the constant line is the tighter one at the middle
         zero = torch.zeros_like(l)
@@ -988,8 +1004,31 @@ class QuantizedInput(Activation):
         hi = torch.maximum(self.value(l[None], "high")[0], self.value(u[None], "high")[0])
         return lo, hi
 
-    def lines(self, l: torch.Tensor, u: torch.Tensor):
+    def k_range(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The grid indices k = q − z the input takes over [l, u] (floats holding integers; a < 0 reverses the ends)."""
+        from .quantized import grid_index
+
+        def q(x: torch.Tensor, side: str) -> torch.Tensor:
+            return grid_index(self._pre(x[None], side)[0], self.scale, self.zero, self.qmin, self.qmax, side).to(l.dtype)
+
+        return (torch.minimum(q(l, "low"), q(u, "low")) - self.zero.to(l.dtype),
+                torch.maximum(q(l, "high"), q(u, "high")) - self.zero.to(l.dtype))
+
+    def at(self, k: torch.Tensor) -> torch.Tensor:
+        """The dequantized value of grid index k, as the runtime's float32 DequantizeLinear computes it."""
+        return (k.to(torch.float32) * self.scale.to(torch.float32)).to(k.dtype)
+
+    @property
+    def step(self) -> torch.Tensor:
+        return self.scale
+
+    def lines(self, l: torch.Tensor, u: torch.Tensor, k: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Constant lines at the interval's ends; `k` = (k_lo, k_hi): a branch and bound domain's split of the input
+        grid (`bab`), which narrows them to those indices' values."""
         lo, hi = self.interval(l, u)
+        if k is not None:
+            lo, hi = torch.maximum(lo, self.at(k[0])), torch.minimum(hi, self.at(k[1]))
+            hi = torch.maximum(hi, lo)  # an empty domain: any line is sound there
         zero = torch.zeros_like(l)
         return zero, lo, zero, hi
 

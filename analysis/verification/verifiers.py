@@ -393,7 +393,7 @@ class BabVerifier(Verifier):
 
     def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
                  intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None, refine: bool | None = None,
-                 sharers: int = 1) -> None:
+                 sharers: int = 1, grid_values: int | None = None) -> None:
         from .bab import Settings
 
         self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
@@ -407,6 +407,8 @@ class BabVerifier(Verifier):
         self.sharers = int(sharers)
         if candidates is not None:  # else the search's own default (bab.Settings)
             self.settings.candidates = int(candidates)
+        if grid_values is not None:  # else the search's own default (bab.Settings)
+            self.settings.grid_values = int(grid_values)
         self.steps = int(steps)
         if not 0 < float(intermediate_share) <= 1:
             raise ValueError(f"intermediate_share must be in (0, 1], got {intermediate_share}")
@@ -441,6 +443,8 @@ class BabVerifier(Verifier):
             if refiner is not None:
                 refiner.stop()
         problem.info["bab_domains"] = stats["domains"]
+        if "grid_splits" in stats:
+            problem.info["bab_grid_splits"] = stats["grid_splits"]
         if refiner is not None:
             problem.info["refine"] = dict(refiner.stats)
             r = refiner.stats
