@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 SHAPES = [(24, 16), (32, 16), (16, 16), (24, 12)]
 MAX_POINTS = 600_000  # grid points per box at most (onnxruntime runs each)
@@ -45,27 +44,14 @@ BACK_OFF = (0.8, 0.9, 0.95, 1.0)  # where on the segment to the class change a n
 
 def build(workdir: Path, seed: int, hidden: tuple[int, int], epochs: int = 6) -> Path:
     """The int8 ONNX file of a trained digits MLP, made as the export and int8 stages make it."""
-    from pipeline.config import Config, GateConfig, ModelConfig
-    from pipeline.data import batches
-    from pipeline.models import build_model, make_spec
+    from pipeline.config import Config
     from pipeline.onnx_io import to_onnx
     from quantize import export as export_mod
     from quantize.int8 import quantize_file
-    from tests._digits import digits
+    from tests._digits import digits, trained
 
-    torch.manual_seed(seed)
     ds = digits()
-    spec = make_spec(ModelConfig(name="mlp", hidden=list(hidden)), "relu", GateConfig(), ds.info)
-    net = build_model(spec)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(seed)
-    net.train()
-    for _ in range(epochs):
-        for x, y in batches(ds.train, 64, gen):
-            opt.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            opt.step()
-    net.eval()
+    net, spec = trained("relu", epochs=epochs, lam=None, seed=seed, hidden=hidden)
     folded = export_mod.fold_normalization(net, tuple(spec["input_shape"]))
     assert folded is not None
     proto, _ = to_onnx(folded, ds.val.x[:2], 20, True)

@@ -28,11 +28,11 @@ def digits() -> Dataset:
 
 
 def trained(activation: str, model: str = "mlp", epochs: int = 15, lam: float | None = 20.0,
-            seed: int = 0) -> tuple[nn.Sequential, dict]:
-    """(model in eval mode, spec). MLP 64-32 or CNN [8, 16] + 32, Adam; λ-gates frozen at `lam`."""
+            seed: int = 0, hidden: tuple[int, ...] = (64, 32)) -> tuple[nn.Sequential, dict]:
+    """(model in eval mode, spec). MLP `hidden` (64-32) or CNN [8, 16] + 32, Adam; λ-gates frozen at `lam`."""
     torch.manual_seed(seed)
     ds = digits()
-    mcfg = ModelConfig(name=model, hidden=[64, 32], channels=[8, 16], cnn_hidden=32)
+    mcfg = ModelConfig(name=model, hidden=list(hidden), channels=[8, 16], cnn_hidden=32)
     spec = make_spec(mcfg, activation, GateConfig(), ds.info)
     net = build_model(spec)
     for g in hardenable_gates(net):
