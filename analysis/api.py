@@ -221,7 +221,8 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     `from_torch` reads it), strictly violate the property.
 
     Returns {"verifier", "rows": one per (eps, sample) with result sat/unsat/timeout/unknown/error, "reason" for an open
-    one ("budget": no bound pass finished in its time, "timeout": the search after it ran out, "unknown", "error"),
+    one ("budget": no bound pass finished in its time, "timeout": the search after it ran out, "tie": the model ties at a
+    point of the box, so no certificate exists, "unknown", "error"),
     its "margin_lb" (the best found; > 0 proves it) and, for a sat, "counterexample" (the input, float32, shaped like
     one example) and "output" (onnxruntime's outputs there, float32; None otherwise), "certified": {eps: fraction
     unsat}, "first_pass": the measured seconds of one CROWN pass of the model, and "note": the line said when

@@ -148,3 +148,18 @@ def forward_flat(sess: ort.InferenceSession | Path | str, x: np.ndarray) -> np.n
     dtype = np.float64 if meta.type == "tensor(double)" else np.float32
     feed = np.asarray(x, dtype=np.float64).reshape(shape).astype(dtype)
     return np.asarray(sess.run([io_names(sess)[1]], {meta.name: feed})[0], dtype=np.float64).reshape(-1)
+
+
+def forward_many(sess: ort.InferenceSession | Path | str, xs: np.ndarray) -> np.ndarray:
+    """`forward_flat` for each row of xs ([B, inputs]): [B, outputs] float64. One call when the graph's first
+    dimension is free (ours), one call per row when it is fixed (a verifier's batch-1 graph)."""
+    if not isinstance(sess, ort.InferenceSession):
+        sess = session(sess)
+    meta = sess.get_inputs()[0]
+    xs = np.asarray(xs, dtype=np.float64)
+    if not meta.shape or (isinstance(meta.shape[0], int) and meta.shape[0] > 0):
+        return np.stack([forward_flat(sess, x) for x in xs])
+    dtype = np.float64 if meta.type == "tensor(double)" else np.float32
+    rest = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape[1:]]
+    y = sess.run([io_names(sess)[1]], {meta.name: xs.reshape(len(xs), *rest).astype(dtype)})[0]
+    return np.asarray(y, dtype=np.float64).reshape(len(xs), -1)

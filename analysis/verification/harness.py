@@ -177,6 +177,13 @@ class ModuleRecheck:
             x = torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(1, *self.input_shape)
             return self.model.eval()(x).double().numpy().reshape(-1)
 
+    def many(self, xs: np.ndarray) -> np.ndarray:
+        if self.model is None:
+            self.model = self.load()
+        with torch.no_grad():
+            x = torch.as_tensor(np.asarray(xs), dtype=torch.float32).reshape(-1, *self.input_shape)
+            return self.model.eval()(x).double().numpy().reshape(len(x), -1)
+
 
 class OnnxRecheck:
     """Re-checks a candidate in onnxruntime on an ONNX file (picklable; the session starts on first use)."""
@@ -193,6 +200,13 @@ class OnnxRecheck:
         if self._session is None:
             self._session = onnx_io.session(self.path)
         return onnx_io.forward_flat(self._session, x)
+
+    def many(self, xs: np.ndarray) -> np.ndarray:
+        from pipeline import onnx_io
+
+        if self._session is None:
+            self._session = onnx_io.session(self.path)
+        return onnx_io.forward_many(self._session, xs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,10 +137,13 @@ def hard_limit(seconds: float, clock: str = "wall") -> Iterator[None]:
 def open_reason(result: "Result") -> str:
     """Why a property is open ("" when decided): "budget" when no bound pass finished in the time it was given (its
     margin bound is interval arithmetic's, or there is none), "timeout" when the search after the bounds ran out,
-    "unknown" when an incomplete method ended undecided, "error". A verifier that computes bounds records the best
+    "unknown" when an incomplete method ended undecided, "tie" when the model gives a tie at a point of the box (no
+    certificate exists, and no strict counterexample was found), "error". A verifier that computes bounds records the best
     pass that finished in ``info["bound"]`` ("ibp", "crown", "alpha-crown"); a property never begun says "not run"."""
     if result.status in DECISIVE:
         return ""
+    if result.info.get("tie"):
+        return "tie"
     if result.status != "timeout":
         return result.status
     bound = result.info.get("bound")
@@ -196,6 +199,22 @@ class Problem:
                 self.cache["session"] = onnx_io.session(self.onnx)
             return onnx_io.forward_flat(self.cache["session"], x)
         return self.network.forward(x).cpu().numpy()
+
+    def recheck_many(self, xs: np.ndarray) -> np.ndarray:
+        """`recheck` of each row of xs ([B, inputs]) as [B, outputs], batched where the model allows."""
+        xs = np.asarray(xs, dtype=np.float64)
+        if self._recheck is not None:
+            many = getattr(self._recheck, "many", None)
+            if many is not None:
+                return np.asarray(many(xs), dtype=np.float64).reshape(len(xs), -1)
+            return np.stack([self.recheck(x) for x in xs])
+        if isinstance(self.onnx, (str, Path)):
+            from pipeline import onnx_io
+
+            if "session" not in self.cache:
+                self.cache["session"] = onnx_io.session(self.onnx)
+            return onnx_io.forward_many(self.cache["session"], xs)
+        return np.stack([self.recheck(x) for x in xs])
 
     def check_shapes(self, k: int) -> None:
         """UnsupportedModel (one line naming both files) unless spec k has the network's input and output counts."""

@@ -46,6 +46,8 @@ class Verifier:
     requires: ClassVar[tuple[str, ...]] = ()  # importable modules this verifier needs
     # inside a chain of several links, the share of the chain's limit this link may use (None: all that is left)
     probe_share: ClassVar[float | None] = None
+    # a link that searches for counterexamples (rather than bounds them): after a tie it has the chain's time to itself
+    searches: ClassVar[bool] = False
 
     @classmethod
     def available(cls) -> bool:
@@ -187,25 +189,34 @@ class Chain(Verifier):
         return next((a for a in (link.alpha_pass() for link in self.links) if a is not None), None)
 
     def check(self, problem: Problem, budget: Budget) -> Answer:
+        """The links in order, until one answers sat or unsat. Once a search finds a tie (`PgdVerifier`: the box
+        reaches the unsafe set, so no certificate exists) the bounding links are skipped and the searching links get
+        the time that is left."""
         messages: list[str] = []
         answer = Answer("timeout", stage=self.name)
-        for link in self.links:
+        n = len(self.links)
+        for i, link in enumerate(self.links + [x for x in self.links if x.searches]):
+            tied = problem.cache.get("tie") is not None
+            if tied and not link.searches or i >= n and not tied:
+                continue
             if budget.expired():
                 messages.append(f"{link.name}: not run, no time left")
                 answer = Answer("timeout", stage=self.name)
                 break
             t0 = Budget.read("wall")
-            mine = budget.part(link.probe_share) if link.probe_share is not None and len(self.links) > 1 else budget
+            probe = link.probe_share is not None and len(self.links) > 1 and not tied
+            mine = budget.part(link.probe_share) if probe else budget
             try:
                 answer = link.check(problem, mine)
             except OutOfDomain as e:  # the box is too wide for a relaxation (an exp that may overflow): not decided
                 answer = Answer("unknown", message=one_line(e), stage=link.name)
             except UnsupportedModel as e:
                 answer = Answer("error", message=one_line(e), stage=link.name)
-            problem.info.setdefault("stage_seconds", {})[link.name] = round(Budget.read("wall") - t0, 4)
+            spent = problem.info.setdefault("stage_seconds", {})
+            spent[link.name] = round(spent.get(link.name, 0.0) + Budget.read("wall") - t0, 4)
             messages.append(f"{link.name}: {answer.status}" + (f" ({answer.message})" if answer.message else ""))
             answer.stage = link.name
-            if answer.status in DECISIVE or answer.status == "error":
+            if answer.status in DECISIVE or answer.status == "error" or (tied and budget.expired()):
                 break
         if answer.status not in DECISIVE and budget.expired():
             answer.status = "timeout"

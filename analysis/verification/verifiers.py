@@ -30,8 +30,9 @@ import torch
 
 from . import attack, bounds, marabou, milp
 from .graph import Graph
+from .ops import Rounding
+from .problem import BOX_TOL, Budget, Problem, float32_in_box
 from .refine import Refiner
-from .problem import BOX_TOL, Budget, Problem
 from .registry import Answer, Verifier, confirmed, register_verifier
 
 
@@ -42,28 +43,93 @@ ATTACK_SHARE = 0.1
 
 @register_verifier("pgd")
 class PgdVerifier(Verifier):
-    """Attack only (`attack.pgd`): sat with a counterexample, else unknown (never unsat). Inside a chain it is a probe
-    (`probe_share`); a run that did all its steps is not repeated in a later turn on the same problem (its unknown is
-    remembered), one cut short by its share is, with the longer turn's share."""
+    """Attack only (`attack.pgd`): sat with a counterexample, else unknown (never unsat). On a network with grid
+    roundings (int8) the gradient is a surrogate, so the box is first searched on the model itself
+    (`attack.vertex_search`, half of the time). A point where the model gives a tie (the property's margin exactly 0)
+    means the box reaches the unsafe set: no certificate exists, yet the point is not a counterexample (it must be
+    strict, `Problem.confirm`). Then the bounds are not run and a chain gives the searches the rest of the property's
+    time (`searches`, `Chain.check`): PGD once, the search on the model until the time is up, with fresh random
+    points per try; without a strict point the property stays open with reason ``tie``. Inside a chain it is a probe (`probe_share`); a run that did all its steps is not
+    repeated in a later turn on the same problem (its unknown is remembered), one cut short by its share is, with the
+    longer turn's share."""
 
     probe_share = ATTACK_SHARE
+    searches = True
 
-    def __init__(self, steps: int = 40, restarts: int = 2, margin: float = 1e-4, seed: int = 0) -> None:
+    def __init__(self, steps: int = 40, restarts: int = 2, margin: float = 1e-4, seed: int = 0,
+                 vertex_batch: int = 256, vertex_rounds: int = 400) -> None:
         self.steps, self.restarts, self.margin, self.seed = int(steps), int(restarts), float(margin), seed
+        self.vertex_batch, self.vertex_rounds = int(vertex_batch), int(vertex_rounds)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        spec = problem.specs[k]
+        grid = _on_grid(problem.network)
+        said: dict[str, str] = {}
+        if grid and problem.cache.get("tie") is None:
+            status, x, said["search"] = self._vertices(problem, k, budget.part(0.5))
+            if status == "sat":
+                return status, x, said["search"]
+        status, x, said["pgd"] = self._pgd(problem, k, budget)
+        if status == "sat":
+            return status, x, said["pgd"]
+        if grid and problem.cache.get("tie") is not None and not budget.expired():  # PGD first: a different search
+            status, x, said["search"] = self._vertices(problem, k, budget)
+            if status == "sat":
+                return status, x, said["search"]
+        return "unknown", None, "; ".join(said.values())
+
+    def _pgd(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         key = ("pgd", k, self.steps, self.restarts, self.seed)
         if key in problem.cache:
             return "unknown", None, problem.cache[key]
-        x, v = attack.pgd(problem.network, spec, self.steps, self.restarts, self.margin, self.seed, budget.expired)
-        if x is not None:
-            return "sat", x, "PGD counterexample"
+        x, v = attack.pgd(problem.network, problem.specs[k], self.steps, self.restarts, self.margin, self.seed,
+                          budget.expired)
+        if x is not None:  # confirmed here, so that a candidate the model does not confirm leaves the search going
+            x32, _, why = problem.confirm(k, x, budget.expired)
+            if x32 is not None:
+                return "sat", x32, "PGD counterexample"
+            return "unknown", None, f"PGD counterexample: candidate {why}"
         msg = f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
         if budget.expired():
             return "unknown", None, msg + " (cut short by its share of the time)"
         problem.cache[key] = msg + " (an earlier turn)"
         return "unknown", None, msg
+
+    def _vertices(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
+        """The search scored on the model: once per turn until a tie is known; after a tie, tries with fresh random
+        points until a strict point or the end of `budget`."""
+        spec = problem.specs[k]
+        key = ("vertices", k, self.vertex_batch, self.vertex_rounds, self.seed)
+        if key in problem.cache and problem.cache.get("tie") is None:
+            return "unknown", None, problem.cache[key]
+        lo, hi = float32_in_box(spec.lb, spec.lb, spec.ub), float32_in_box(spec.ub, spec.lb, spec.ub)
+        seen = problem.cache.get(("vertex points", k), 0)
+        while True:
+            # a turn cut short by its share is taken again later with fresh random points (the next seed)
+            tries = problem.cache[("vertex turns", k)] = problem.cache.get(("vertex turns", k), -1) + 1
+            r = attack.vertex_search(problem.recheck_many, spec, lo, hi, self.vertex_batch, self.vertex_rounds,
+                                     self.seed + tries, expired=budget.expired, left=budget.left)
+            seen = problem.cache[("vertex points", k)] = seen + r.evaluated
+            if r.x is not None:
+                return "sat", r.x, f"search on the model ({seen} points scored)"
+            if r.tie is not None and problem.cache.get("tie") is None:
+                problem.cache["tie"] = True
+                problem.info["tie"] = True
+            if problem.cache.get("tie") is None or budget.expired():
+                break
+        if problem.cache.get("tie") is not None:
+            return "unknown", None, (f"no certificate exists: the model gives a tie (margin exactly 0) at a point of "
+                                     f"the box, so the box reaches the unsafe set; no point strictly in it found "
+                                     f"({seen} points scored on the model)")
+        msg = f"search on the model ({seen} points scored): best margin {r.violation:.4g}"
+        if budget.expired():
+            return "unknown", None, msg + " (cut short by its share of the time)"
+        problem.cache[key] = msg + " (an earlier turn)"
+        return "unknown", None, msg
+
+
+def _on_grid(net: Graph) -> bool:
+    """Whether the network rounds to a grid (an int8 graph): there the attack's gradient is only a surrogate."""
+    return any(isinstance(n.op, Rounding) and n.op.step is not None for n in net.nodes[1:])
 
 
 class _BoundsState:

@@ -91,7 +91,9 @@ def _open_section(rows: Sequence[dict[str, Any]]) -> str:
         body.append([model, network, f"{eps:g}", len(sel), ", ".join(f"{k} {n}" for k, n in reasons.items()), margins])
     return ("Open properties, why, and the best margin bound found per sample (> 0 would prove it; in brackets the "
             "last bound pass that finished): `budget` = no bound pass finished in the time the property had, "
-            "`timeout` = the search after its bounds ran out, `unknown` = an incomplete method ended undecided. "
+            "`timeout` = the search after its bounds ran out, `unknown` = an incomplete method ended undecided, "
+            "`tie` = the model gives two top logits exactly equal at a point of the box (no certificate exists; a "
+            "counterexample must be strict, and the search for one had the property's time). "
             "Per property in `verify/details.csv` (`reason`, `bound`, `margin_lb`) and `verify/smooth.csv`.\n\n"
             + table(["model", "network", "ε", "open", "why", "margin bound per sample"], body))
 
