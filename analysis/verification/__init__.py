@@ -10,7 +10,8 @@
   values as the reader follows them op by op;
 - relaxations: the smooth gates' linear relaxations and the closed-form swap gap per unit;
 - bounds: IBP, CROWN, α-CROWN over the DAG, the swap gap |smooth − ReLU| over a box;
-- attack: PGD on a property's margin;
+- attack: PGD on a property's margin, and a gradient-free search of the box's corners scored on the model itself (an
+  int8 model in onnxruntime);
 - bab: branch and bound on unstable ReLUs and an int8 graph's few-valued grid indices (β-CROWN-style bounds), its open
   domains batched tensors on the device;
 - refine: MILP refinement of a deep net's early sites beside branch and bound (α,β-CROWN's bab-refine);
