@@ -182,3 +182,12 @@ def test_a_tie_does_not_end_the_search_for_a_strict_counterexample(monkeypatch):
     assert res.status == "sat", res.message
     assert res.message.count("pgd:") == 2 and "no certificate exists" in res.message  # it met the tie first
     assert (res.counterexample > 0.55).sum() >= 26 and open_reason(res) == ""
+
+
+def test_a_tie_that_pgd_ends_on_counts_as_a_tie(monkeypatch):
+    """With the search on the model finding nothing, PGD's candidate at which the model ties (margin exactly 0 there,
+    not strict) marks the tie too: no bound runs after it and the property is open with reason ``tie``."""
+    monkeypatch.setattr(attack, "vertex_search", lambda *a, **k: attack.VertexResult(None, 1.0, None, 1))
+    res = get_verifier("auto").run(_grid_problem(2, lambda x: np.zeros(2)), Budget(2.0))
+    assert open_reason(res) == "tie" and "PGD counterexample: candidate" in res.message, res.message
+    assert "alpha-crown" not in res.message and "bab" not in res.message

@@ -87,6 +87,9 @@ class PgdVerifier(Verifier):
             x32, _, why = problem.confirm(k, x, budget.expired)
             if x32 is not None:
                 return "sat", x32, "PGD counterexample"
+            spec = problem.specs[k]
+            if _on_grid(problem.network) and spec.violation(problem.recheck(float32_in_box(x, spec.lb, spec.ub))) == 0:
+                _tie(problem)  # the model ties there: the box reaches the unsafe set
             return "unknown", None, f"PGD counterexample: candidate {why}"
         msg = f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
         if budget.expired():
@@ -111,9 +114,8 @@ class PgdVerifier(Verifier):
             seen = problem.cache[("vertex points", k)] = seen + r.evaluated
             if r.x is not None:
                 return "sat", r.x, f"search on the model ({seen} points scored)"
-            if r.tie is not None and problem.cache.get("tie") is None:
-                problem.cache["tie"] = True
-                problem.info["tie"] = True
+            if r.tie is not None:
+                _tie(problem)
             if problem.cache.get("tie") is None or budget.expired():
                 break
         if problem.cache.get("tie") is not None:
@@ -125,6 +127,13 @@ class PgdVerifier(Verifier):
             return "unknown", None, msg + " (cut short by its share of the time)"
         problem.cache[key] = msg + " (an earlier turn)"
         return "unknown", None, msg
+
+
+def _tie(problem: Problem) -> None:
+    """Note that the model gives a tie at a point of the box: no certificate exists (`Chain.check` then runs only the
+    searches; `problem.open_reason` says ``tie``)."""
+    problem.cache["tie"] = True
+    problem.info["tie"] = True
 
 
 def _on_grid(net: Graph) -> bool:
