@@ -191,3 +191,9 @@ def test_a_tie_that_pgd_ends_on_counts_as_a_tie(monkeypatch):
     res = get_verifier("auto").run(_grid_problem(2, lambda x: np.zeros(2)), Budget(2.0))
     assert open_reason(res) == "tie" and "PGD counterexample: candidate" in res.message, res.message
     assert "alpha-crown" not in res.message and "bab" not in res.message
+
+
+def test_a_model_that_gives_nan_is_no_counterexample_and_no_crash():
+    spec = _spec()
+    r = attack.vertex_search(lambda xs: np.full((len(xs), 2), np.nan), spec, spec.lb, spec.ub, batch=16, rounds=5)
+    assert r.x is None and r.tie is None and r.evaluated == 5 * 16

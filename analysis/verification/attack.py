@@ -131,6 +131,7 @@ def vertex_search(evaluate: Callable[[np.ndarray], np.ndarray], spec: VnnlibSpec
     for r in range(rounds):
         t0 = time.perf_counter()
         v = np.asarray(spec.violations(evaluate(pts)), dtype=np.float64)
+        v = np.where(np.isnan(v), np.inf, v)  # a model that gives NaN somewhere has not shown a counterexample there
         spent += time.perf_counter() - t0
         seen += len(pts)
         i = int(np.argmin(v))
@@ -140,6 +141,9 @@ def vertex_search(evaluate: Callable[[np.ndarray], np.ndarray], spec: VnnlibSpec
             tie = pts[int(np.flatnonzero(v == 0)[0])].copy()
         if best_v < 0 or r == rounds - 1 or expired():
             break
+        if best_x is None:  # nothing finite scored yet: fresh corners again
+            pts = corners(size)
+            continue
         p = max(0.1 * 0.5 ** ((r % CYCLE) // 2), 1.0 / n)  # wide moves, then narrow, again every CYCLE rounds
         if left is not None:
             size = int(min(batch, max(4, left() / 4 / (spent / seen))))
