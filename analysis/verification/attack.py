@@ -141,9 +141,6 @@ def vertex_search(evaluate: Callable[[np.ndarray], np.ndarray], spec: VnnlibSpec
             tie = pts[int(np.flatnonzero(v == 0)[0])].copy()
         if best_v < 0 or r == rounds - 1 or expired():
             break
-        if best_x is None:  # nothing finite scored yet: fresh corners again
-            pts = corners(size)
-            continue
         p = max(0.1 * 0.5 ** ((r % CYCLE) // 2), 1.0 / n)  # wide moves, then narrow, again every CYCLE rounds
         if left is not None:
             size = int(min(batch, max(4, left() / 4 / (spent / seen))))
