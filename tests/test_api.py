@@ -72,3 +72,29 @@ def test_verify_a_module_it_cannot_represent_says_which_op_and_where():
         api.verify(model, (ds.val.x, ds.val.y), [SMALL_EPS], samples=1)
     msg = str(e.value)
     assert msg.startswith("_Wrapper: unsupported op Tanh in module 'act'") and "\n" not in msg
+
+
+def test_verify_an_int8_onnx_file_and_its_witnesses_are_onnxruntimes(relu_mlp, tmp_path):
+    """The int8 file `api.quantize` writes, through `api.verify`: every sat's witness (found on the model itself in
+    onnxruntime or by PGD) is strictly misclassified when onnxruntime runs it, and the small radius is decided."""
+    import numpy as np
+
+    from quantize import ort as ort_util
+
+    _, relu = relu_mlp
+    ds = digits()
+    path = tmp_path / "mlp.int8.onnx"
+    api.quantize(relu, ds.train.x[:256], path)
+    out = api.verify(path, (ds.val.x, ds.val.y), [SMALL_EPS, LARGE_EPS], low=0.0, high=1.0, samples=SAMPLES,
+                     timeout_s=5.0, progress=False)
+    sess = ort_util.session(path)
+    sats = [r for r in out["rows"] if r["result"] == "sat"]
+    assert {r["result"] for r in out["rows"] if r["eps"] == LARGE_EPS} == {"sat"}
+    for r in sats:
+        x = np.asarray(r["counterexample"], dtype=np.float32)
+        y = ort_util.infer(sess, x[None])[0]
+        label = int(ds.val.y[r["sample"]])
+        assert np.max(np.delete(y, label)) > y[label], r
+        assert np.allclose(y, np.asarray(r["output"]), rtol=0, atol=0)  # the output it reports is onnxruntime's
+    assert all(r["result"] in ("sat", "unsat") for r in out["rows"] if r["eps"] == SMALL_EPS), out["rows"]
+    assert any("search on the model" in r["message"] for r in sats)  # the int8 search ran, through OnnxRecheck
