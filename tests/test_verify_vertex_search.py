@@ -197,3 +197,20 @@ def test_a_model_that_gives_nan_is_no_counterexample_and_no_crash():
     spec = _spec()
     r = attack.vertex_search(lambda xs: np.full((len(xs), 2), np.nan), spec, spec.lb, spec.ub, batch=16, rounds=5)
     assert r.x is None and r.tie is None and r.evaluated == 5 * 16
+
+
+def test_after_a_tie_every_input_box_gets_its_part_of_the_search():
+    """Two input boxes, the model tying everywhere: the search after the tie does not spend the whole limit on the
+    first box; the second box is searched too (its points scored)."""
+    n = 2
+    net = Graph.sequential((n,), [Rounding(np.full(n, 0.05), step=np.full(n, 0.1)), Linear(np.ones((2, n)) / n, np.zeros(2))])
+    specs = [robustness_spec(np.full(n, c), 0.1, 0.0, 1.0, 0, 2) for c in (0.3, 0.7)]
+    seen = []
+
+    def recheck(x):
+        seen.append(float(np.asarray(x)[0]))
+        return np.zeros(2)
+
+    res = get_verifier("auto").run(Problem(specs, network=net, recheck=recheck), Budget(2.0))
+    assert open_reason(res) == "tie"
+    assert any(v < 0.5 for v in seen) and any(v > 0.5 for v in seen)  # both boxes were searched

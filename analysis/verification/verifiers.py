@@ -72,7 +72,9 @@ class PgdVerifier(Verifier):
         if status == "sat":
             return status, x, said["pgd"]
         if grid and problem.cache.get("tie") is not None and not budget.expired():  # PGD first: a different search
-            status, x, said["search"] = self._vertices(problem, k, budget)
+            # the input boxes after this one get their part of what is left (`Verifier.check` takes them in order)
+            mine = Budget(budget.left() / (len(problem.specs) - k), budget.clock)
+            status, x, said["search"] = self._vertices(problem, k, mine)
             if status == "sat":
                 return status, x, said["search"]
         return "unknown", None, "; ".join(said.values())
