@@ -148,7 +148,7 @@ def vertex_search(evaluate: Callable[[np.ndarray], np.ndarray], spec: VnnlibSpec
         moved = rng.random((m, n)) < p
         moved[np.arange(m), rng.integers(0, n, m)] = True  # at least one coordinate each
         end = np.where(best_x == lo, hi, np.where(best_x == hi, lo, np.where(rng.random((m, n)) < 0.5, lo, hi)))
-        # a quarter of the moves go inside: where the box spans several input grid steps, not every grid point is a corner
+        # some moves go inside: where the box spans several input grid steps, not every grid point is a corner
         inside = f32(lo + (hi - lo) * rng.random((m, n)))
         other = np.where(rng.random((m, n)) < INSIDE, inside, end)
         pts = np.concatenate([np.where(moved, other, best_x), corners(size - m)])

@@ -138,8 +138,9 @@ def open_reason(result: "Result") -> str:
     """Why a property is open ("" when decided): "budget" when no bound pass finished in the time it was given (its
     margin bound is interval arithmetic's, or there is none), "timeout" when the search after the bounds ran out,
     "unknown" when an incomplete method ended undecided, "tie" when the model gives a tie at a point of the box (no
-    certificate exists, and no strict counterexample was found), "error". A verifier that computes bounds records the best
-    pass that finished in ``info["bound"]`` ("ibp", "crown", "alpha-crown"); a property never begun says "not run"."""
+    certificate exists, and no strict counterexample was found), "error". A verifier that computes bounds records the
+    best pass that finished in ``info["bound"]`` ("ibp", "crown", "alpha-crown"); a property never begun says "not
+    run"."""
     if result.status in DECISIVE:
         return ""
     if result.info.get("tie"):

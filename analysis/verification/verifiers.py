@@ -49,9 +49,9 @@ class PgdVerifier(Verifier):
     means the box reaches the unsafe set: no certificate exists, yet the point is not a counterexample (it must be
     strict, `Problem.confirm`). Then the bounds are not run and a chain gives the searches the rest of the property's
     time (`searches`, `Chain.check`): PGD once, the search on the model until the time is up, with fresh random
-    points per try; without a strict point the property stays open with reason ``tie``. Inside a chain it is a probe (`probe_share`); a run that did all its steps is not
-    repeated in a later turn on the same problem (its unknown is remembered), one cut short by its share is, with the
-    longer turn's share."""
+    points per try; without a strict point the property stays open with reason ``tie``. Inside a chain it is a probe
+    (`probe_share`); a run that did all its steps is not repeated in a later turn on the same problem (its unknown is
+    remembered), one cut short by its share is, with the longer turn's share."""
 
     probe_share = ATTACK_SHARE
     searches = True
