@@ -635,3 +635,28 @@ def test_softmax_kernel_error_stays_within_its_measured_constant(tmp_path):
             ok = p > 1e-30
             worst = max(worst, float((np.abs(y - p) / (p * U * (T + W + 4)))[ok].max()))
     assert worst * 8 <= SOFTMAX_K, worst
+
+
+def test_an_overflow_behind_an_int8_layer_norm_without_an_error_bound_says_so(tmp_path):
+    """An int8 ViT (the coverage table's tiny deit) on a box so wide that its first LayerNorm's rows may be constant:
+    that LayerNorm's float32 error has no bound there, the softmax after it overflows, and the open answer names the
+    LayerNorm and its rows; on a narrow box the pass is finite. The bounds stay sound either way (only the message
+    changes)."""
+    from analysis.robustness import coverage
+    from analysis.verification.problem import Budget, Problem, open_reason
+    from pipeline.onnx_io import to_onnx
+    from quantize import export as export_mod
+
+    relu, shape, x = coverage._build("deit_tiny", "relu")
+    proto, _ = to_onnx(export_mod.fold_normalization(relu, shape) or relu, x[:2], 20, True, None)
+    export_mod.save(proto, tmp_path / "fp32.onnx")
+    quantize_file(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", x.numpy(), Config(), tmp_path)
+    net = from_onnx(tmp_path / "int8.onnx")
+    x0 = x[0].numpy().reshape(-1).astype(np.float64)
+    Bounder(net, np.clip(x0 - 0.002, 0, 1), np.clip(x0 + 0.002, 0, 1)).crown()  # finite: no refusal
+    label = int(np.argmax(ort_util.forward_flat(ort_util.session(tmp_path / "int8.onnx"), x0.astype(np.float32))))
+    spec = robustness_spec(x0, 0.2, 0.0, 1.0, label, 10)
+    res = get_verifier("crown").run(Problem([spec], network=net), Budget(20.0))
+    assert res.status == "unknown" and open_reason(res) == "unknown", res.message
+    assert "OutOfDomain" in res.message and "ln1/LayerNormalization has no float32 error bound on" in res.message
+    assert "ln2" not in res.message  # only the LayerNorms the refusing softmax reads

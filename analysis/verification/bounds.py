@@ -30,7 +30,7 @@ import torch
 from pipeline.numerics import UNDERFLOW, U, dot_error
 
 from .graph import Graph
-from .nonlinear import BatchMatMul, ExpSums
+from .nonlinear import BatchMatMul, ExpSums, LayerNormRounding, OutOfDomain
 from .ops import DTYPE, Affine, Concat, Conv, Gate, Linear, ReLU, Rounding, Scale, Select, UnsupportedModel, as_tensor
 from .relaxations import (BISECT_STEPS, OPT_BISECT_STEPS, SMOOTH_GATES, default_slopes, gate_range, intercepts, slope_range,
                           swap_gap_unit)
@@ -689,11 +689,33 @@ class Bounder:
         copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
         `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
         self.crown_failed = None
+        self._crown_site: int | None = None
         try:
             self._crown()
         except Exception as e:
+            note = self._unbounded_layer_norms() if isinstance(e, OutOfDomain) else ""
+            if note:  # the cause upstream of an overflow: say it in the answer's one line
+                e = OutOfDomain(f"{str(e).splitlines()[0]}; upstream, {note}")
             self.crown_failed = e  # what stopped this box's pass (`first_pass` does not run it again to learn it)
-            raise
+            raise e from None
+
+    def _unbounded_layer_norms(self) -> str:
+        """An int8 LayerNorm whose float32 error has no bound on rows the output reads (`LayerNormRounding`: the box as
+        bounded leaves those rows too little spread, or none: they may be constant), as one clause; "" if none."""
+        needed = self.needed()
+        at = self._crown_site
+        before = self.net.ancestors(self.sites[at]) if at is not None else set()
+        parts = []
+        for s, k in enumerate(self.sites):
+            op = self.op(s)
+            if not isinstance(op, LayerNormRounding) or k not in before:  # only what the refusing site reads
+                continue
+            l, u = self.pre[s]
+            rows = (torch.isinf(op.bound(l, u)) & needed[k]).reshape(op.R, op.N).any(1)
+            if bool(rows.any()):
+                parts.append(f"{op.source or 'a LayerNorm'} has no float32 error bound on {int(rows.sum())} of {op.R} "
+                             f"rows (the bounds leave them too little spread: they may be constant over the box)")
+        return "; ".join(parts)
 
     def _crown(self) -> None:
         stopped = False
@@ -705,6 +727,7 @@ class Bounder:
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
+            self._crown_site = s  # where a relaxation that refuses its interval stops the pass (`_unbounded_layer_norms`)
             self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
             stopped = stopped or self.expired()
             if stopped or self._exact_by_ibp(s) or s in via:
