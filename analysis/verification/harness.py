@@ -171,11 +171,7 @@ class ModuleRecheck:
         return {**self.__dict__, "model": None} if self.load is not None else self.__dict__
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.model is None:
-            self.model = self.load()
-        with torch.no_grad():
-            x = torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(1, *self.input_shape)
-            return self.model.eval()(x).double().numpy().reshape(-1)
+        return self.many(np.asarray(x).reshape(1, -1))[0]
 
     def many(self, xs: np.ndarray) -> np.ndarray:
         if self.model is None:
@@ -194,19 +190,22 @@ class OnnxRecheck:
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "_session": None}
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def session(self):
         from pipeline import onnx_io  # onnxruntime, imported on first use
 
         if self._session is None:
             self._session = onnx_io.session(self.path)
-        return onnx_io.forward_flat(self._session, x)
+        return self._session
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        from pipeline import onnx_io
+
+        return onnx_io.forward_flat(self.session(), x)
 
     def many(self, xs: np.ndarray) -> np.ndarray:
         from pipeline import onnx_io
 
-        if self._session is None:
-            self._session = onnx_io.session(self.path)
-        return onnx_io.forward_many(self._session, xs)
+        return onnx_io.forward_many(self.session(), xs)
 
 
 # ---------------------------------------------------------------------------------------------

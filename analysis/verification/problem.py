@@ -190,31 +190,33 @@ class Problem:
         self.info.setdefault("relus", self._network.num_relus)
         return self._network if self.device is None else self._network.to(self.device)
 
+    def _session(self):
+        """The onnxruntime session of the ONNX file, started on first use."""
+        from pipeline import onnx_io  # onnxruntime, imported on first use
+
+        if "session" not in self.cache:
+            self.cache["session"] = onnx_io.session(self.onnx)
+        return self.cache["session"]
+
     def recheck(self, x: np.ndarray) -> np.ndarray:
         if self._recheck is not None:
             return np.asarray(self._recheck(x), dtype=np.float64).reshape(-1)
         if isinstance(self.onnx, (str, Path)):
-            from pipeline import onnx_io  # onnxruntime, imported on first use
+            from pipeline import onnx_io
 
-            if "session" not in self.cache:
-                self.cache["session"] = onnx_io.session(self.onnx)
-            return onnx_io.forward_flat(self.cache["session"], x)
+            return onnx_io.forward_flat(self._session(), x)
         return self.network.forward(x).cpu().numpy()
 
     def recheck_many(self, xs: np.ndarray) -> np.ndarray:
         """`recheck` of each row of xs ([B, inputs]) as [B, outputs], batched where the model allows."""
         xs = np.asarray(xs, dtype=np.float64)
-        if self._recheck is not None:
-            many = getattr(self._recheck, "many", None)
-            if many is not None:
-                return np.asarray(many(xs), dtype=np.float64).reshape(len(xs), -1)
-            return np.stack([self.recheck(x) for x in xs])
-        if isinstance(self.onnx, (str, Path)):
+        many = getattr(self._recheck, "many", None)
+        if many is not None:
+            return np.asarray(many(xs), dtype=np.float64).reshape(len(xs), -1)
+        if self._recheck is None and isinstance(self.onnx, (str, Path)):
             from pipeline import onnx_io
 
-            if "session" not in self.cache:
-                self.cache["session"] = onnx_io.session(self.onnx)
-            return onnx_io.forward_many(self.cache["session"], xs)
+            return onnx_io.forward_many(self._session(), xs)
         return np.stack([self.recheck(x) for x in xs])
 
     def check_shapes(self, k: int) -> None:

@@ -68,7 +68,7 @@ class PgdVerifier(Verifier):
             status, x, said["search"] = self._vertices(problem, k, budget.part(0.5))
             if status == "sat":
                 return status, x, said["search"]
-        status, x, said["pgd"] = self._pgd(problem, k, budget)
+        status, x, said["pgd"] = self._pgd(problem, k, budget, grid)
         if status == "sat":
             return status, x, said["pgd"]
         if grid and problem.cache.get("tie") is not None and not budget.expired():  # PGD first: a different search
@@ -79,7 +79,7 @@ class PgdVerifier(Verifier):
                 return status, x, said["search"]
         return "unknown", None, "; ".join(said.values())
 
-    def _pgd(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
+    def _pgd(self, problem: Problem, k: int, budget: Budget, grid: bool) -> tuple[str, np.ndarray | None, str]:
         key = ("pgd", k, self.steps, self.restarts, self.seed)
         if key in problem.cache:
             return "unknown", None, problem.cache[key]
@@ -90,7 +90,7 @@ class PgdVerifier(Verifier):
             if x32 is not None:
                 return "sat", x32, "PGD counterexample"
             spec = problem.specs[k]
-            if _on_grid(problem.network) and spec.violation(problem.recheck(float32_in_box(x, spec.lb, spec.ub))) == 0:
+            if grid and spec.violation(problem.recheck(float32_in_box(x, spec.lb, spec.ub))) == 0:
                 _tie(problem)  # the model ties there: the box reaches the unsafe set
             return "unknown", None, f"PGD counterexample: candidate {why}"
         msg = f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
