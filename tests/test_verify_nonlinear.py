@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from analysis.verification import nonlinear
 from analysis.verification.nonlinear import REL_SLACK, BatchMatMul, Exp, ExpSums, OutOfDomain, Product, Reciprocal, Rsqrt, Sqrt, Square
 
 DT = torch.float64
@@ -96,8 +97,10 @@ def _box_samples(l, u, n, gen):
     return torch.cat([l + r * (u - l), corners, l[None], u[None]])
 
 
+@pytest.mark.parametrize("planes", ["edge", "middle"])
 @pytest.mark.parametrize("seed", range(4))
-def test_product_planes_hold_each_side_by_dense_sampling(seed):
+def test_product_planes_hold_each_side_by_dense_sampling(seed, planes, monkeypatch):
+    monkeypatch.setattr(nonlinear, "PLANES", planes)
     gen = torch.Generator().manual_seed(seed)
     n = 6
     c = torch.randn(2 * n, generator=gen, dtype=DT) * 3
@@ -111,15 +114,26 @@ def test_product_planes_hold_each_side_by_dense_sampling(seed):
     lo, hi = op.interval(l, u)
     z = op.forward(s)
     assert bool(torch.all((lo <= z) & (z <= hi)))
-    # tight: at most half a single McCormick plane's worst gap (x_u − x_l)(y_u − y_l) per side
-    A_in, cst = op.back(eye, op.relax(l, u))
-    worst = (op.forward(s) - (s @ A_in.T + cst)).max(0).values
+    # tight: McCormick's worst gap per side, (x_u − x_l)(y_u − y_l) for one plane, half that for the averaged two
     wx, wy = (u - l)[:n], (u - l)[n:]
-    assert bool(torch.all(worst <= 0.5 * wx * wy + 1e-9))
+    for rows in (eye, -eye):
+        A_in, cst = op.back(rows, op.relax(l, u))
+        worst = (rows @ z.T).T - (s @ A_in.T + cst)
+        assert bool(torch.all(worst.max(0).values <= (0.5 if planes == "middle" else 1.0) * wx * wy + 1e-9))
+        if planes == "edge":  # exact on the edge x = x_l, both sides (to the intercepts' slack)
+            on_edge = torch.cat([l[:n].expand(len(s), n), s[:, n:]], 1)
+            gap = (rows @ op.forward(on_edge).T).T - (on_edge @ A_in.T + cst)
+            assert float(gap.abs().max()) < 1e-9
+    (Ml, lo_l, up_l), (Mu, lo_u, up_u) = op.milp_rows(l, u)
+    zn, sn = z.numpy(), s.numpy()
+    assert np.all(zn - sn @ Ml.toarray().T >= lo_l - 1e-9) and np.all(up_l == np.inf)
+    assert np.all(zn - sn @ Mu.toarray().T <= up_u + 1e-9) and np.all(lo_u == -np.inf)
 
 
+@pytest.mark.parametrize("planes", ["edge", "middle"])
 @pytest.mark.parametrize("seed", range(3))
-def test_batch_matmul_relaxation_holds_for_mixed_sign_rows_by_dense_sampling(seed):
+def test_batch_matmul_relaxation_holds_for_mixed_sign_rows_by_dense_sampling(seed, planes, monkeypatch):
+    monkeypatch.setattr(nonlinear, "PLANES", planes)
     gen = torch.Generator().manual_seed(seed)
     b, m, k, n = 2, 3, 4, 2
     op = BatchMatMul(b, m, k, n)
@@ -201,19 +215,26 @@ def test_exp_sums_refuses_an_overflowing_difference_only_where_a_row_reads_its_u
     assert bool(torch.all(A_in == 0)) and np.allclose(cst.numpy(), 1.0, rtol=1e-9)
 
 
-def test_batch_matmul_milp_rows_are_the_planes_of_relax():
+@pytest.mark.parametrize("planes", ["edge", "middle"])
+def test_batch_matmul_milp_rows_are_the_planes_of_relax(planes, monkeypatch):
+    monkeypatch.setattr(nonlinear, "PLANES", planes)
     gen = torch.Generator().manual_seed(5)
     op = BatchMatMul(1, 2, 3, 2)
     size = op.in_sizes()[0]
     c, w = torch.randn(size, generator=gen, dtype=DT), torch.rand(size, generator=gen, dtype=DT)
     l, u = c - w, c + w
-    (M, glo, ghi), = op.milp_rows(l, u)
-    A_in, cst = op.back(torch.eye(op.out_size, dtype=DT), op.relax(l, u))
-    np.testing.assert_allclose(M.toarray(), A_in.numpy(), atol=1e-15)
-    np.testing.assert_allclose(glo, cst.numpy(), atol=1e-15)
+    (Ml, glo, inf_l), (Mu, inf_u, ghi) = op.milp_rows(l, u)
+    assert np.all(inf_l == np.inf) and np.all(inf_u == -np.inf)
+    eye = torch.eye(op.out_size, dtype=DT)
+    A_lo, c_lo = op.back(eye, op.relax(l, u))  # lower side: z ≥ A_lo·x + c_lo
+    A_up, c_up = op.back(-eye, op.relax(l, u))  # upper side: −z ≥ A_up·x + c_up
+    np.testing.assert_allclose(Ml.toarray(), A_lo.numpy(), atol=1e-15)
+    np.testing.assert_allclose(glo, c_lo.numpy(), atol=1e-15)
+    np.testing.assert_allclose(Mu.toarray(), -A_up.numpy(), atol=1e-15)
+    np.testing.assert_allclose(ghi, -c_up.numpy(), atol=1e-15)
     s = _box_samples(l, u, 2000, gen)
-    gap = op.forward(s).numpy() - s.numpy() @ M.toarray().T
-    assert np.all(gap >= glo - 1e-12) and np.all(gap <= ghi + 1e-12)
+    z = op.forward(s).numpy()
+    assert np.all(z - s.numpy() @ Ml.toarray().T >= glo - 1e-12) and np.all(z - s.numpy() @ Mu.toarray().T <= ghi + 1e-12)
 
 
 def test_swap_gap_rules_bound_the_change_of_each_op():
@@ -268,3 +289,10 @@ def test_variance_range_and_planes_hold_by_dense_sampling(seed):
     assert bool(torch.all(lo_c <= v)) and float(lo_c[0]) > 1e-5 * 10
     eye = torch.eye(R, dtype=DT)
     assert _lower_holds(op, l, u, eye, h) <= 0 and _lower_holds(op, l, u, -eye, h) <= 0
+    # the tangent planes at each unit's end nearest 0 hold too, and are never below the separable bound of c's box
+    near = op.relax(l, u, tangent="near")
+    A_in, cst = op.back(eye, near)
+    assert float((h @ A_in.T + cst - v).max()) <= 0
+    sep = torch.where((cl <= 0) & (cu >= 0), torch.zeros_like(cl), torch.minimum(cl * cl, cu * cu)).reshape(R, N).mean(-1)
+    plane_min = (torch.minimum(A_in[:, R * N:] * cl, A_in[:, R * N:] * cu)).sum(-1) + cst  # the planes' least on c's box
+    assert bool(torch.all(plane_min >= sep + 1e-5 - 1e-9))

@@ -202,6 +202,43 @@ def test_a_site_read_through_copies_queries_its_sources_once():
         assert type(op).__name__ not in ("Concat", "Select", "Permute", "Scale")
 
 
+@pytest.mark.parametrize("eps", [0.01, 0.03, 0.05])
+def test_a_layer_norm_variance_takes_the_better_of_both_tangents_and_holds_at_sampled_points(eps, monkeypatch):
+    """A LayerNorm variance's lower bound is the larger of CROWN's with the tangent planes at c's centre and at each
+    unit's end nearest 0 (`Bounder._variance_lower`), and lies below every sampled variance of the box."""
+    from analysis.verification import nonlinear
+    from analysis.verification.nonlinear import Variance
+
+    model = _vit(depth=2, seed=2)
+    net = from_torch(model, (1, 8, 8))
+    x0 = _x(1, seed=3).reshape(-1).double()
+    lb, ub = (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1)
+
+    def variance_lowers(b):
+        return {s: b.pre[s + 1][0] for s in range(len(b.sites)) if isinstance(b.op(s), Variance)}
+
+    both = Bounder(net, lb, ub)
+    both.crown()
+    got = variance_lowers(both)
+    assert got
+    with monkeypatch.context() as m:
+        m.setattr(Bounder, "_variance_lower", lambda self, s, idx, n, f32, cuts: torch.full((idx.numel(),), -torch.inf,
+                                                                                       dtype=torch.float64))
+        centre = Bounder(net, lb, ub)
+        centre.crown()
+        only_centre = variance_lowers(centre)
+    # each variance's rows sampled: x uniform and at corners of the box, the variance node's value from the graph
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.cat([lb + torch.rand(3000, 64, generator=gen, dtype=torch.float64) * (ub - lb),
+                    torch.where(torch.rand(3000, 64, generator=gen) < 0.5, lb, ub)])
+    values = both.net.values(xs)
+    for s, lo in got.items():
+        assert bool(torch.all(lo >= only_centre[s] - 1e-12))  # never below the centre's alone
+        assert bool(torch.all(values[both.sites[s]].min(0).values >= lo - 1e-12))
+    # somewhere the near ends raised it (the last LayerNorms' rows, where c's intervals hold 0 on most units)
+    assert any(bool(torch.any(got[s] > only_centre[s] + 1e-9)) for s in got)
+
+
 def test_a_vit_property_is_decided_and_a_witness_replays_in_onnxruntime(tmp_path):
     from analysis.verification.harness import OnnxRecheck
     from analysis.verification.problem import Budget, Problem

@@ -56,7 +56,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "mlp": ("verify-results/issue40/mlp",),
     "cnn": ("verify-results/issue40/cnn1632-merged",),
     "preact_resnet": ("verify-results/issue40/preact816-merged", "verify-results/issue40/preact1632-merged"),
-    "deit_tiny": ("verify-results/issue40/deit32x2-merged",),
+    "deit_tiny": ("verify-results/issue40/deit32x2-planes/after",),
 }
 UNMEASURED = "not measured"
 RERUN = "not measured on this form (rerun benchmarks/peers/readers.py)"

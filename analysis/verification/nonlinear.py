@@ -7,15 +7,19 @@
   `BoundSqrt` choose the same lines; the middle is the tangent point of least area between line and curve, since the
   area's derivative in m is f''(m)·((l + u)/2 − m));
 - products of two variables: `Product` (x ⊙ y elementwise) and `BatchMatMul` (A @ B over a batch of matrices). Each
-  product term x·y over the box [x_l, x_u] × [y_l, y_u] gets McCormick's two planes averaged per side (auto_LiRPA's
-  `MulHelper.interpolated_relaxation` at r = ½, its `middle` option):
+  product term x·y over the box [x_l, x_u] × [y_l, y_u] gets one McCormick plane per side, both through the edge
+  x = x_l (auto_LiRPA's `MulHelper.interpolated_relaxation`, its default):
 
-      x·y ≥ y_m·x + x_m·y − (x_u·y_u + x_l·y_l)/2,      x·y ≤ y_m·x + x_m·y − (x_l·y_u + x_u·y_l)/2,
+      x·y ≥ y_l·x + x_l·y − x_l·y_l,      x·y ≤ y_u·x + x_l·y − x_l·y_u,
 
-  (x_m, y_m the middles): the gaps are ½[(x − x_l)(y − y_l) + (x_u − x)(y_u − y)] ≥ 0 and
-  ½[(x_u − x)(y − y_l) + (x − x_l)(y_u − y)] ≥ 0, at most half a single plane's worst gap, and both sides share their
-  coefficients, so a MatMul's relaxation is two matrix products (coefficients Λ·B_mᵀ and A_mᵀ·Λ) and two constant
-  matrices −½(A_u·B_u + A_l·B_l), −½(A_u·B_l + A_l·B_u), never a tensor per product term.
+  with gaps (x − x_l)(y − y_l) ≥ 0 and (x − x_l)(y_u − y) ≥ 0, exact on that edge. The coefficient on y is x_l on
+  both sides, so a MatMul's relaxation is three matrix products (coefficients Λ₊·B_lᵀ + Λ₋·B_uᵀ and A_lᵀ·Λ) and two
+  constant matrices −A_l·B_l, −A_l·B_u, never a tensor per product term. `PLANES = "middle"` gives the two planes of
+  each side averaged instead (auto_LiRPA's `middle` option: both sides share coefficients, half the worst gap per
+  term), which measured far looser through attention: on a 17-token, two-block timm ViT the margin's CROWN bound at
+  ε 0.002 was −140.9 against −17.0 with the edge planes, and −4584 with the planes through x = x_u
+  (benchmarks/peers/crown-vit/README.md). The anchor matters because the first operand of attention's products is
+  the query or the softmax's probabilities, whose lower ends lie nearest the values the box reaches.
 
 A softmax is read as exp and reciprocal (`readers`: softmax_i = 1/Σ_j exp(x_j − x_i), Wei et al. 2023's
 exp-reciprocal form: no division of two variables, and exp(x_i − x_i) = 1 exactly, so the sum is ≥ 1), a LayerNorm
@@ -273,9 +277,15 @@ def _read(A: torch.Tensor, c: torch.Tensor, unknown: bool = True) -> torch.Tenso
     return torch.where(A == 0, torch.zeros((), dtype=A.dtype, device=A.device), A * c)
 
 
-def _middle(xl, xu, yl, yu):
-    """The averaged McCormick planes' pieces per product term: x_m, y_m, γ_l, γ_u (module docstring)."""
-    return (xl + xu) / 2, (yl + yu) / 2, -(xu * yu + xl * yl) / 2, -(xl * yu + xu * yl) / 2
+PLANES = "edge"  # "edge": McCormick's planes through x = x_l (module docstring); "middle": each side's two averaged
+
+
+def _planes(xl, xu, yl, yu):
+    """Per product term x·y: (x's coefficient below, x's above, y's on both sides, the constant below, above)."""
+    if PLANES == "middle":
+        ym = (yl + yu) / 2
+        return ym, ym, (xl + xu) / 2, -(xu * yu + xl * yl) / 2, -(xl * yu + xu * yl) / 2
+    return yl, yu, xl, -xl * yl, -xl * yu
 
 
 @dataclass(eq=False)
@@ -308,22 +318,24 @@ class Product(_Bilinear):
 
     def relax(self, l, u):
         (xl, yl), (xu, yu) = self.split(l), self.split(u)
-        xm, ym, gl, gu = _middle(xl, xu, yl, yu)
+        cx_lo, cx_up, cy, gl, gu = _planes(xl, xu, yl, yu)
         slack = REL_SLACK * 4 * torch.maximum(xl.abs(), xu.abs()) * torch.maximum(yl.abs(), yu.abs()) + TINY
-        return ym, xm, gl - slack, gu + slack
+        return cx_lo, cx_up, cy, gl - slack, gu + slack
 
     def back(self, A, relax, unknown: bool = True):
-        ym, xm, gl, gu = relax
-        const = _read(A.clamp(min=0), gl, unknown).sum(-1) + _read(A.clamp(max=0), gu, unknown).sum(-1)
-        return torch.cat([A * ym, A * xm], dim=-1), const
+        cx_lo, cx_up, cy, gl, gu = relax
+        Ap, An = A.clamp(min=0), A.clamp(max=0)
+        const = _read(Ap, gl, unknown).sum(-1) + _read(An, gu, unknown).sum(-1)
+        return torch.cat([Ap * cx_lo + An * cx_up, A * cy], dim=-1), const
 
     def milp_rows(self, l, u):
         from scipy import sparse
 
-        ym, xm, gl, gu = (t.numpy() for t in self.relax(l, u))
-        n = self.size
-        M = sparse.hstack([sparse.diags(ym), sparse.diags(xm)], format="csr")
-        return [(M, gl, gu)]
+        cx_lo, cx_up, cy, gl, gu = (t.numpy() for t in self.relax(l, u))
+        inf = np.full(self.size, np.inf)
+        below = sparse.hstack([sparse.diags(cx_lo), sparse.diags(cy)], format="csr")
+        above = sparse.hstack([sparse.diags(cx_up), sparse.diags(cy)], format="csr")
+        return [(below, gl, inf), (above, -inf, gu)]
 
     def gap(self, l, u, d):
         (xl, yl), (xu, yu) = self.split(l), self.split(u)
@@ -370,37 +382,44 @@ class BatchMatMul(_Bilinear):
         return (lo - slack).reshape(-1), (hi + slack).reshape(-1)
 
     def relax(self, l, u):
+        """(B's coefficients below, above: [b, k, n]; A's on both sides: [b, m, k]; the constants below, above:
+        [b, m, n]), each term's planes `_planes`'s, summed over k."""
         (al, bl), (au, bu) = self.split(l), self.split(u)
-        am, bm = (al + au) / 2, (bl + bu) / 2
-        gl = -(au @ bu + al @ bl) / 2
-        gu = -(au @ bl + al @ bu) / 2
         ma, mb = torch.maximum(al.abs(), au.abs()), torch.maximum(bl.abs(), bu.abs())
         slack = REL_SLACK * 4 * (self.k + 2) * (ma @ mb) + TINY
-        return am, bm, gl - slack, gu + slack
+        if PLANES == "middle":
+            am, bm = (al + au) / 2, (bl + bu) / 2
+            return bm, bm, am, -(au @ bu + al @ bl) / 2 - slack, -(au @ bl + al @ bu) / 2 + slack
+        return bl, bu, al, -(al @ bl) - slack, -(al @ bu) + slack
 
     def back(self, A, relax, unknown: bool = True):
-        am, bm, gl, gu = relax
+        b_lo, b_up, a_both, gl, gu = relax
         R = A.shape[0]
         Lam = A.reshape(R, self.b, self.m, self.n)
-        coef_a = Lam @ bm.transpose(-1, -2)  # [R, b, m, k]
-        coef_b = am.transpose(-1, -2) @ Lam  # [R, b, k, n]
-        const = _read(Lam.clamp(min=0), gl, unknown).sum((1, 2, 3)) + _read(Lam.clamp(max=0), gu, unknown).sum((1, 2, 3))
+        Lp, Ln = Lam.clamp(min=0), Lam.clamp(max=0)
+        coef_a = Lp @ b_lo.transpose(-1, -2) + Ln @ b_up.transpose(-1, -2)  # [R, b, m, k]
+        coef_b = a_both.transpose(-1, -2) @ Lam  # [R, b, k, n]
+        const = _read(Lp, gl, unknown).sum((1, 2, 3)) + _read(Ln, gu, unknown).sum((1, 2, 3))
         return torch.cat([coef_a.reshape(R, -1), coef_b.reshape(R, -1)], dim=-1), const
 
     def milp_rows(self, l, u):
         from scipy import sparse
 
-        am, bm, gl, gu = (t.numpy() for t in self.relax(l, u))
+        b_lo, b_up, a_both, gl, gu = (t.numpy() for t in self.relax(l, u))
         b, m, k, n = self.b, self.m, self.k, self.n
-        # row (β, i, j): Σ_k bm[β, k, j]·A[β, i, k] + am[β, i, k]·B[β, k, j]
+        # row (β, i, j): Σ_k B's coefficient[β, k, j]·A[β, i, k] + a_both[β, i, k]·B[β, k, j]
         B_, I, J, K = np.meshgrid(np.arange(b), np.arange(m), np.arange(n), np.arange(k), indexing="ij")
         row = ((B_ * m + I) * n + J).ravel()
         col_a = ((B_ * m + I) * k + K).ravel()
         col_b = b * m * k + ((B_ * k + K) * n + J).ravel()
-        vals = np.concatenate([bm[B_, K, J].ravel(), am[B_, I, K].ravel()])
-        M = sparse.csr_matrix((vals, (np.concatenate([row, row]), np.concatenate([col_a, col_b]))),
-                              shape=(self.out_size, self.in_sizes()[0]))
-        return [(M, gl.reshape(-1), gu.reshape(-1))]
+        rows, cols = np.concatenate([row, row]), np.concatenate([col_a, col_b])
+
+        def plane(bc):
+            vals = np.concatenate([bc[B_, K, J].ravel(), a_both[B_, I, K].ravel()])
+            return sparse.csr_matrix((vals, (rows, cols)), shape=(self.out_size, self.in_sizes()[0]))
+
+        inf = np.full(self.out_size, np.inf)
+        return [(plane(b_lo), gl.reshape(-1), inf), (plane(b_up), -inf, gu.reshape(-1))]
 
     def gap(self, l, u, d):
         (al, bl), (au, bu) = self.split(l), self.split(u)
@@ -425,7 +444,10 @@ class Variance(_Bilinear):
     v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, the same from c's own box (‖c‖ ≥ ‖c_m‖ − ‖ρ‖₂, c_m and ρ its centre and half-widths),
     besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
     arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
-    at c's centre c₀ (‖c‖² ≥ 2c₀ᵀc − ‖c₀‖²); above, the chords c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
+    at a point t (‖c‖² ≥ 2tᵀc − ‖t‖²): c's centre by default, or with `tangent="near"` each unit's end nearest 0 (0
+    where its interval holds 0: auto_LiRPA's `BoundSqr`), which is never below the separable bound and is what
+    `Bounder` also queries a variance's lower bound with (`Bounder._rows`); above, the chords
+    c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
 
     R: int
     N: int
@@ -461,9 +483,9 @@ class Variance(_Bilinear):
         hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
         return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
 
-    def relax(self, l, u):
+    def relax(self, l, u, tangent: str = "centre"):
         (_, cl), (_, cu) = self.split(l), self.split(u)
-        c0 = (cl + cu) / 2
+        c0 = (cl + cu) / 2 if tangent == "centre" else cl.clamp(min=0) - (-cu).clamp(min=0)
         lo_coef = 2 * c0 / self.N
         lo_const = -(c0 * c0).sum(-1) / self.N + self.eps
         up_coef = (cl + cu) / self.N
