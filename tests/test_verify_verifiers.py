@@ -703,3 +703,24 @@ def test_a_search_cut_short_goes_on_from_its_open_domains_in_the_next_call():
         assert resume["store"] is not None and len(resume["store"]) > 0, msg
     assert status == whole and calls["n"] >= 2
     assert stats.get("resumed", 0) == calls["n"] - 1 and resume == {}
+
+
+def test_a_chain_skips_branch_and_bound_on_smooth_gates_and_says_why():
+    """Branch and bound splits ReLUs: on a network with smooth gates a chain's bab link is not run (said in the
+    message, the chain's answer is the links' before it), and bab alone answers an error naming the ReLU version."""
+    from pipeline import to_gates
+
+    torch.manual_seed(0)
+    model, _ = to_gates(nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, NUM_CLASSES)).eval())
+    net = from_torch(model.eval(), (4,))
+    assert net.smooth
+    x0 = np.full(4, 0.5)
+    label = int(net.forward(x0).argmax())
+    spec = robustness_spec(x0, 1.0, -np.inf, np.inf, label, NUM_CLASSES)  # too wide for CROWN to prove
+    chained = get_verifier("crown+bab").run(Problem([spec], net), Budget(10.0))
+    assert chained.status == "unknown", chained
+    assert "bab: not run (branch and bound splits ReLUs" in chained.message and "to_relu" in chained.message
+    alone = get_verifier("bab").run(Problem([spec], net), Budget(10.0))
+    assert alone.status == "error" and "to_relu" in alone.message
+    relu_net = from_torch(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, NUM_CLASSES)).eval(), (4,))
+    assert get_verifier("bab").refuses(Problem([spec], relu_net)) is None

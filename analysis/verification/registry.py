@@ -53,6 +53,11 @@ class Verifier:
     def available(cls) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in cls.requires)
 
+    def refuses(self, problem: Problem) -> str | None:
+        """Why this verifier cannot work on the problem's network (one line naming what would), or None. A chain
+        skips such a link and says so; run alone, it is the answer's error."""
+        return None
+
     def verify(self, onnx_path: Any, vnnlib_path: str | Path, timeout_s: float, clock: str = "wall") -> Result:
         """One property from files (onnx: a path, bytes or a ModelProto)."""
         wall0, cpu0 = Budget.read("wall"), Budget.read("cpu")
@@ -64,8 +69,9 @@ class Verifier:
 
     def run(self, problem: Problem, budget: Budget) -> Result:
         wall0, cpu0 = Budget.read("wall"), Budget.read("cpu")
+        why = self.refuses(problem)
         try:
-            a = self.check(problem, budget)
+            a = Answer("error", message=why, stage=self.name) if why else self.check(problem, budget)
         except OutOfDomain as e:  # the box is too wide for a relaxation (an exp that may overflow): not decided
             a = Answer("unknown", message=one_line(e), stage=self.name)
         except Exception as e:  # a verifier failing on one instance must not stop a benchmark
@@ -198,6 +204,10 @@ class Chain(Verifier):
         for i, link in enumerate(self.links + [x for x in self.links if x.searches]):
             tied = problem.cache.get("tie") is not None
             if tied and not link.searches or i >= n and not tied:
+                continue
+            why = link.refuses(problem)
+            if why:
+                messages.append(f"{link.name}: not run ({why})")
                 continue
             if budget.expired():
                 messages.append(f"{link.name}: not run, no time left")

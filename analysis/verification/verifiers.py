@@ -494,6 +494,12 @@ class BabVerifier(Verifier):
     def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
         return _state(problem, k)
 
+    def refuses(self, problem: Problem) -> str | None:
+        if problem.network is not None and problem.network.smooth:
+            return ("branch and bound splits ReLUs and this network has smooth gates, which keep their relaxations; "
+                    "to search further, verify its ReLU version (pipeline.to_relu)")
+        return None
+
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
         from . import bab
 
