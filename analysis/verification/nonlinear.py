@@ -17,7 +17,7 @@
   constant matrices −A_l·B_l, −A_l·B_u, never a tensor per product term. `PLANES = "middle"` gives the two planes of
   each side averaged instead (auto_LiRPA's `middle` option: both sides share coefficients, half the worst gap per
   term), which measured far looser through attention: on a 17-token, two-block timm ViT the margin's CROWN bound at
-  ε 0.002 was −140.9 against −17.0 with the edge planes, and −4584 with the planes through x = x_u
+  ε 0.002 was −140.9 against −17.0 with the edge planes, and −4584 with attention's planes through x = x_u
   (benchmarks/peers/crown-vit/README.md). The anchor matters because the first operand of attention's products is
   the query or the softmax's probabilities, whose lower ends lie nearest the values the box reaches.
 
