@@ -114,3 +114,46 @@ def test_the_conv_folder_gathers_only_the_float_relu_instances_of_each_run(tmp_p
                                                          ("onnx/b-v.onnx", "vnnlib/b-v_0.vnnlib", 30.0)]
     assert (out / "onnx" / "b-v.onnx").read_text() == "b:onnx/v.onnx"
     assert sorted(p.name for p in (out / "onnx").iterdir()) == ["a-v.onnx", "b-v.onnx"]
+
+
+# timm's forward (float32) against the plain copy's, same weights: a few float32 ulps of the logits
+PLAIN_VIT_TOL = 1e-5
+
+
+@pytest.mark.parametrize("heads, img", [(2, 16), (4, 8)])
+def test_the_plain_vit_is_timms_vit_with_its_weights(heads, img):
+    """What `crown_vit.py` compares rests on this: the peer bounds `PlainViT` loaded with the timm model's state_dict
+    (strict), and it computes timm's function (unfused attention, class token, final norm, head)."""
+    from benchmarks.peers.crown_vit import timm_vit
+    from benchmarks.peers.plain_vit import PlainViT
+
+    from pipeline.extras import import_timm
+
+    try:
+        import_timm()  # with its torchvision repair, where the CUDA torchvision meets the CPU torch
+    except ImportError as exc:  # the models extra is not installed
+        pytest.skip(str(exc))
+    arch = dict(img=img, patch=4, chans=3, dim=16, depth=2, heads=heads, classes=10)
+    model = timm_vit(arch)
+    with torch.no_grad():  # trained-sized positions and class token, not the init's zeros
+        model.pos_embed.normal_(0, 0.5)
+        model.cls_token.normal_(0, 0.5)
+    plain = PlainViT(**arch).eval()
+    plain.load_state_dict(model.state_dict())
+    x = torch.rand(4, 3, img, img, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), model(x), atol=PLAIN_VIT_TOL, rtol=0)
+
+
+def test_a_pass_past_its_limit_is_killed_and_said(tmp_path):
+    import sys
+
+    from benchmarks.peers.crown_vit import run_limited
+
+    out = run_limited([sys.executable, "-c", "import time; time.sleep(30)"], {}, 0.5, tmp_path / "log.txt")
+    assert out["ended"].startswith("killed at the"), out
+    assert out["wall_s"] < 10
+    done = run_limited([sys.executable, "-c", "print('x')"], {}, 30, tmp_path / "log2.txt")
+    assert done["ended"] == "ok" and done["peak_rss_mib"] > 0
+    failed = run_limited([sys.executable, "-c", "raise SystemExit('error: no model')"], {}, 30, tmp_path / "log3.txt")
+    assert failed["ended"] == "exit 1: error: no model"
