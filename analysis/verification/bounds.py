@@ -656,25 +656,77 @@ class Bounder:
         lo, up = torch.cat(los), torch.cat(ups)
         s = self.site_of.get(j)
         if s is not None and isinstance(self.op(s), Variance):
-            near = self._variance_lower(s, idx, n, float32, cuts)
-            lo = torch.maximum(lo, torch.where(torch.isnan(near), lo, near))  # a NaN (∞ − ∞ on unknown units) is no bound
+            lo = self._variance_lower(s, idx, n, lo, up, float32, cuts)
         return lo, up
 
-    def _variance_lower(self, s: int, idx: torch.Tensor, n: int, float32: bool, cuts: dict | None) -> torch.Tensor:
-        """A LayerNorm variance's lower bound again, with the tangent planes at each centred unit's end nearest 0
-        (`Variance.relax(tangent="near")`) instead of at its centre: neither choice dominates (the centre keeps more of
-        the row's correlation, the near end never falls below the separable bound), and a variance's lower bound is
-        what keeps 1/√(var + ε) finite, so both are taken, at the cost of one query per row of the LayerNorm. On a
-        17-token timm ViT the final LayerNorm's class-token variance was bounded below by −0.004 with the centre and
-        0.010 with the near ends (benchmarks/peers/crown-vit/README.md)."""
-        keep, fin = self._relax_cache.get(s), self._finite.get(s)
+    # a LayerNorm variance's lower bound: Adam steps on each queried row's tangent points (0: the two fixed choices only).
+    # Off by default, by measurement (benchmarks/peers/crown-vit/README.md): at 20 steps it raised the margin bounds of
+    # a 17-token timm ViT a lot (−1973 → −19 on one property) but decided nothing more on deit_tiny 32×2's verify
+    # stage, whose float pass took 3× as long (260 s against 87 s) and whose int8 properties used their whole budget
+    VARIANCE_STEPS: ClassVar[int] = 0
+    VARIANCE_LR: ClassVar[float] = 0.1  # in units of each centred unit's interval width
+
+    def _variance_lower(self, s: int, idx: torch.Tensor, n: int, lo: torch.Tensor, up: torch.Tensor, float32: bool,
+                        cuts: dict | None) -> torch.Tensor:
+        """A LayerNorm variance's lower bound (CROWN's `lo`, with the tangent planes of c² at c's centre) raised by other
+        tangent points: each unit's end nearest 0 (`Variance.relax(tangent="near")`, auto_LiRPA's `BoundSqr`), then
+        points optimized by Adam for each row's bound (`VARIANCE_STEPS`, from the better of the two, kept inside c's
+        intervals; on the 17-token ViT, optimizing only the rows below half their upper bound left a margin bound at
+        −3421 where every row's gave −73.9). Every tangent plane is a sound lower
+        bound, so the best seen is. Neither fixed choice dominates (the centre keeps more of the row's correlation, the
+        near ends never fall below the separable bound), and a variance's lower bound is what keeps 1/√(var + ε)
+        finite. On a 17-token timm ViT, the final LayerNorm's class-token variance was bounded below by −0.004 at the
+        centres and 0.010 at the near ends; the optimized points raised the margin bounds of 10 properties further, at
+        a cost measured too high for the verify stage (`VARIANCE_STEPS`; benchmarks/peers/crown-vit/README.md)."""
+        op = self.op(s)
         l, u = self.pre[s]
-        near = self.op(s).relax(l, u, tangent="near")
-        self._relax_cache[s], self._finite[s] = near, all(bool(torch.isfinite(t).all()) for t in near)
+        (_, cl), (_, cu) = op.split(l), op.split(u)
+        R, N = op.R, op.N
+        cl, cu = cl.reshape(R, N), cu.reshape(R, N)
+        keep, fin = self._relax_cache.get(s), self._finite.get(s)
+        rows = torch.zeros(idx.numel(), n, dtype=DTYPE, device=idx.device)
+        rows[torch.arange(idx.numel(), device=idx.device), idx] = 1.0  # e_i: lower bounds only
+
+        def query(tangent) -> torch.Tensor:
+            relax = op.relax(l, u, tangent=tangent)
+            self._relax_cache[s], self._finite[s] = relax, all(bool(torch.isfinite(t).all()) for t in relax)
+            out = self.backward(rows, self.sites[s], float32=float32, cuts=cuts, depth=self.cut_depth or 1)
+            return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)  # NaN (∞ − ∞): no bound
+
         try:
-            rows = torch.zeros(idx.numel(), n, dtype=DTYPE, device=idx.device)
-            rows[torch.arange(idx.numel(), device=idx.device), idx] = 1.0  # e_i: lower bounds only
-            return self.backward(rows, self.sites[s], float32=float32, cuts=cuts, depth=self.cut_depth or 1)
+            with torch.no_grad():
+                near = query("near")
+            best = torch.maximum(lo, near)
+            todo = torch.nonzero(best < up).flatten()  # a row whose interval is a point has nothing to gain
+            if not self.VARIANCE_STEPS or todo.numel() == 0 or self.expired() or not bool(torch.isfinite(cl).all() & torch.isfinite(cu).all()):
+                return best
+            centre, width = (cl + cu) / 2, cu - cl
+            near_pt = cl.clamp(min=0) - (-cu).clamp(min=0)
+            rows_t = idx[todo]  # the variance rows (LayerNorm rows) to optimize
+            # each point as centre + θ·width, θ in [−½, ½] (inside c's interval: a point outside gives a plane the
+            # nearest end's dominates), so that Adam's steps are in units of each interval's width
+            w = width[rows_t].clamp(min=1e-30)
+            start = torch.where((near[todo] > lo[todo])[:, None], (near_pt[rows_t] - centre[rows_t]) / w, 0.0)
+            theta = start.clamp(-0.5, 0.5).requires_grad_(True)
+            opt = torch.optim.Adam([theta], lr=self.VARIANCE_LR)
+
+            def points(th: torch.Tensor) -> torch.Tensor:
+                return centre.index_put((rows_t,), centre[rows_t] + th * width[rows_t])
+
+            for _ in range(self.VARIANCE_STEPS):
+                if self.expired():
+                    break
+                bound = query(points(theta))
+                with torch.no_grad():
+                    best[todo] = torch.maximum(best[todo], bound[todo])
+                opt.zero_grad()
+                (-bound[todo].sum()).backward()
+                opt.step()
+                with torch.no_grad():
+                    theta.clamp_(-0.5, 0.5)
+            with torch.no_grad():
+                best[todo] = torch.maximum(best[todo], query(points(theta.detach()))[todo])
+            return best
         finally:
             if keep is None:
                 self._relax_cache.pop(s, None)

@@ -444,9 +444,9 @@ class Variance(_Bilinear):
     v ≥ (‖Px₀‖ − ‖r‖₂)₊²/N + ε, the same from c's own box (‖c‖ ≥ ‖c_m‖ − ‖ρ‖₂, c_m and ρ its centre and half-widths),
     besides the separable bound Σ dist(0, [c_l, c_u])²/N + ε of c's intervals (what interval
     arithmetic through Square gives, 0 as soon as every unit's interval holds 0). Lines on c: below, the tangent plane
-    at a point t (‖c‖² ≥ 2tᵀc − ‖t‖²): c's centre by default, or with `tangent="near"` each unit's end nearest 0 (0
-    where its interval holds 0: auto_LiRPA's `BoundSqr`), which is never below the separable bound and is what
-    `Bounder` also queries a variance's lower bound with (`Bounder._rows`); above, the chords
+    at a point t (‖c‖² ≥ 2tᵀc − ‖t‖², for every t): c's centre by default, or with `tangent="near"` each unit's end
+    nearest 0 (0 where its interval holds 0: auto_LiRPA's `BoundSqr`), which is never below the separable bound, or
+    points given (`Bounder._variance_lower` optimizes them per row of a variance's query); above, the chords
     c_i² ≤ (c_l + c_u)c_i − c_l·c_u."""
 
     R: int
@@ -483,9 +483,14 @@ class Variance(_Bilinear):
         hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
         return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
 
-    def relax(self, l, u, tangent: str = "centre"):
+    def relax(self, l, u, tangent: str | torch.Tensor = "centre"):
+        """`tangent`: "centre", "near", or the tangent points themselves ([R, N], inside c's intervals: a point outside
+        gives a plane that the nearest end's dominates over the box)."""
         (_, cl), (_, cu) = self.split(l), self.split(u)
-        c0 = (cl + cu) / 2 if tangent == "centre" else cl.clamp(min=0) - (-cu).clamp(min=0)
+        if isinstance(tangent, torch.Tensor):
+            c0 = tangent
+        else:
+            c0 = (cl + cu) / 2 if tangent == "centre" else cl.clamp(min=0) - (-cu).clamp(min=0)
         lo_coef = 2 * c0 / self.N
         lo_const = -(c0 * c0).sum(-1) / self.N + self.eps
         up_coef = (cl + cu) / self.N
