@@ -672,10 +672,9 @@ class Bounder:
         tangent points: each unit's end nearest 0 (`Variance.relax(tangent="near")`, auto_LiRPA's `BoundSqr`), then
         points optimized by Adam for each row's bound (`VARIANCE_STEPS`, from the better of the two, kept inside c's
         intervals; on the 17-token ViT, optimizing only the rows below half their upper bound left a margin bound at
-        −3421 where every row's gave −73.9). Every tangent plane is a sound lower
-        bound, so the best seen is. Neither fixed choice dominates (the centre keeps more of the row's correlation, the
-        near ends never fall below the separable bound), and a variance's lower bound is what keeps 1/√(var + ε)
-        finite. On a 17-token timm ViT, the final LayerNorm's class-token variance was bounded below by −0.004 at the
+        −3421 where every row's gave −73.9). Every tangent plane is a sound lower bound, so the best seen is. Neither
+        fixed choice dominates (the centre keeps more of the row's correlation, the near ends never fall below the
+        separable bound), and a variance's lower bound is what keeps 1/√(var + ε) finite. On a 17-token timm ViT, the final LayerNorm's class-token variance was bounded below by −0.004 at the
         centres and 0.010 at the near ends; the optimized points raised the margin bounds of 10 properties further, at
         a cost measured too high for the verify stage (`VARIANCE_STEPS`; benchmarks/peers/crown-vit/README.md)."""
         op = self.op(s)
@@ -698,7 +697,8 @@ class Bounder:
                 near = query("near")
             best = torch.maximum(lo, near)
             todo = torch.nonzero(best < up).flatten()  # a row whose interval is a point has nothing to gain
-            if not self.VARIANCE_STEPS or todo.numel() == 0 or self.expired() or not bool(torch.isfinite(cl).all() & torch.isfinite(cu).all()):
+            finite = bool(torch.isfinite(cl).all() & torch.isfinite(cu).all())
+            if not self.VARIANCE_STEPS or todo.numel() == 0 or self.expired() or not finite:
                 return best
             centre, width = (cl + cu) / 2, cu - cl
             near_pt = cl.clamp(min=0) - (-cu).clamp(min=0)
