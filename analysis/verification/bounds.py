@@ -674,9 +674,10 @@ class Bounder:
         intervals; on the 17-token ViT, optimizing only the rows below half their upper bound left a margin bound at
         −3421 where every row's gave −73.9). Every tangent plane is a sound lower bound, so the best seen is. Neither
         fixed choice dominates (the centre keeps more of the row's correlation, the near ends never fall below the
-        separable bound), and a variance's lower bound is what keeps 1/√(var + ε) finite. On a 17-token timm ViT, the final LayerNorm's class-token variance was bounded below by −0.004 at the
-        centres and 0.010 at the near ends; the optimized points raised the margin bounds of 10 properties further, at
-        a cost measured too high for the verify stage (`VARIANCE_STEPS`; benchmarks/peers/crown-vit/README.md)."""
+        separable bound), and a variance's lower bound is what keeps 1/√(var + ε) finite. On a 17-token timm ViT, the
+        final LayerNorm's class-token variance was bounded below by −0.004 at the centres and 0.010 at the near ends;
+        the optimized points raised the margin bounds of 10 properties further, at a cost measured too high for the
+        verify stage (`VARIANCE_STEPS`; benchmarks/peers/crown-vit/README.md)."""
         op = self.op(s)
         l, u = self.pre[s]
         (_, cl), (_, cu) = op.split(l), op.split(u)
