@@ -141,13 +141,7 @@ def forward_flat(sess: ort.InferenceSession | Path | str, x: np.ndarray) -> np.n
     The input is reshaped to the graph's declared input shape (a free dimension counts as 1) and cast to
     its element type, so fixed-batch verifier graphs and our dynamic-batch ones both work.
     """
-    if not isinstance(sess, ort.InferenceSession):
-        sess = session(sess)
-    meta = sess.get_inputs()[0]
-    shape = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape]
-    dtype = np.float64 if meta.type == "tensor(double)" else np.float32
-    feed = np.asarray(x, dtype=np.float64).reshape(shape).astype(dtype)
-    return np.asarray(sess.run([io_names(sess)[1]], {meta.name: feed})[0], dtype=np.float64).reshape(-1)
+    return forward_many(sess, np.asarray(x).reshape(1, -1))[0]
 
 
 def forward_many(sess: ort.InferenceSession | Path | str, xs: np.ndarray) -> np.ndarray:
@@ -155,11 +149,13 @@ def forward_many(sess: ort.InferenceSession | Path | str, xs: np.ndarray) -> np.
     dimension is free (ours), one call per row when it is fixed (a verifier's batch-1 graph)."""
     if not isinstance(sess, ort.InferenceSession):
         sess = session(sess)
-    meta = sess.get_inputs()[0]
-    xs = np.asarray(xs, dtype=np.float64)
-    if not meta.shape or (isinstance(meta.shape[0], int) and meta.shape[0] > 0):
-        return np.stack([forward_flat(sess, x) for x in xs])
+    meta, out = sess.get_inputs()[0], io_names(sess)[1]
     dtype = np.float64 if meta.type == "tensor(double)" else np.float32
-    rest = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape[1:]]
-    y = sess.run([io_names(sess)[1]], {meta.name: xs.reshape(len(xs), *rest).astype(dtype)})[0]
-    return np.asarray(y, dtype=np.float64).reshape(len(xs), -1)
+    xs = np.asarray(xs, dtype=np.float64).reshape(len(xs), -1)
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in meta.shape]
+    if meta.shape and not (isinstance(meta.shape[0], int) and meta.shape[0] > 0):  # a free first dimension: one call
+        y = sess.run([out], {meta.name: xs.reshape(len(xs), *shape[1:]).astype(dtype)})[0]
+        return np.asarray(y, dtype=np.float64).reshape(len(xs), -1)
+    # a fixed shape (a verifier's batch-1 graph, or one without a batch dimension): a row at a time, as declared
+    return np.stack([np.asarray(sess.run([out], {meta.name: x.reshape(shape).astype(dtype)})[0], dtype=np.float64)
+                     .reshape(-1) for x in xs])

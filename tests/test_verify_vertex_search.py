@@ -76,8 +76,8 @@ def test_it_stops_when_its_time_is_up_and_keeps_float32_points_in_the_box():
 
 def test_batched_rechecks_equal_one_at_a_time(tmp_path):
     """`Problem.recheck_many` through each kind of model: an ONNX file with a free batch dimension (one call), one with
-    a fixed batch of 1 (a verifier's form: a call per row), `harness.OnnxRecheck` and `harness.ModuleRecheck`: the
-    same outputs as `recheck` row by row."""
+    a fixed batch of 1 (a verifier's form: a call per row), one with no batch dimension (a VNN-COMP form),
+    `harness.OnnxRecheck` and `harness.ModuleRecheck`: the same outputs as `recheck` row by row, and as torch's."""
     from analysis.verification.harness import ModuleRecheck, OnnxRecheck
 
     torch.manual_seed(0)
@@ -86,14 +86,19 @@ def test_batched_rechecks_equal_one_at_a_time(tmp_path):
     torch.onnx.export(net, torch.zeros(1, 6), str(free), input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, dynamo=False)
     torch.onnx.export(net, torch.zeros(1, 6), str(fixed), input_names=["x"], output_names=["y"], dynamo=False)
+    flat = tmp_path / "flat.onnx"
+    torch.onnx.export(net, torch.zeros(6), str(flat), input_names=["x"], output_names=["y"], dynamo=False)
     xs = np.random.default_rng(0).uniform(-1, 1, (7, 6)).astype(np.float32).astype(np.float64)
+    with torch.no_grad():
+        reference = net(torch.as_tensor(xs, dtype=torch.float32)).double().numpy()
     spec = robustness_spec(np.zeros(6), 1.0, -1.0, 1.0, 0, 3)
-    for problem in (Problem([spec], onnx=free), Problem([spec], onnx=fixed),
+    for problem in (Problem([spec], onnx=free), Problem([spec], onnx=fixed), Problem([spec], onnx=flat),
                     Problem([spec], onnx=free, recheck=OnnxRecheck(fixed)),
                     Problem([spec], onnx=free, recheck=ModuleRecheck(net, (6,)))):
         many = problem.recheck_many(xs)
         assert many.shape == (7, 3)
         np.testing.assert_allclose(many, np.stack([problem.recheck(x) for x in xs]), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(many, reference, rtol=0, atol=1e-5)  # float32 runtimes, the same weights
 
 
 def test_with_the_time_left_its_batches_fit_in_it():
