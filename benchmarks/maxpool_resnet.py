@@ -44,16 +44,17 @@ def resnet(layers: tuple[int, ...], channels: tuple[int, ...]) -> torch.nn.Modul
                              layers=layers, channels=channels)
 
 
-def digits32() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sklearn's digits in [0, 1], upscaled to [N, 1, 32, 32] (bilinear, so still in [0, 1])."""
+def digits_up(img: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sklearn's digits in [0, 1] (benchmarks/vit_digits.py's split), upscaled to [N, 1, img, img] (bilinear, so still
+    in [0, 1])."""
     xtr, ytr, xte, yte = digits()
-    up = lambda x: F.interpolate(x, size=32, mode="bilinear", align_corners=False).clamp(0, 1)  # noqa: E731
+    up = lambda x: F.interpolate(x, size=img, mode="bilinear", align_corners=False).clamp(0, 1)  # noqa: E731
     return up(xtr), ytr, up(xte), yte
 
 
 def train(seed: int, epochs: int, layers, channels) -> dict:
     torch.manual_seed(seed)
-    return harden(resnet(layers, channels), digits32(), epochs, seed)
+    return harden(resnet(layers, channels), digits_up(), epochs, seed)
 
 
 def _verified(api, model, path: Path, xte, yte, a, attack) -> dict:
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     from analysis.verification.readers import from_torch
 
     t = train(a.seed, a.epochs, tuple(a.layers), tuple(a.channels))
-    xtr, ytr, xte, yte = digits32()
+    xtr, ytr, xte, yte = digits_up()
     xte, yte = xte[a.skip:], yte[a.skip:]  # rows' "sample" count from here
     result: dict = {k: v for k, v in t.items() if k not in ("gated", "relu")}
     result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}

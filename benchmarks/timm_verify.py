@@ -31,10 +31,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.maxpool_resnet import _verified
-from benchmarks.vit_digits import _attack_float, digits, harden
+from benchmarks.maxpool_resnet import _verified, digits_up
+from benchmarks.vit_digits import _attack_float, harden
 
 OUT = Path(__file__).resolve().parent / "verify-results" / "timm_verify.json"
 IMG = {"convnext": 32, "vit17": 16}
@@ -51,13 +50,6 @@ def build(name: str) -> torch.nn.Module:
         return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, in_chans=1, img_size=16,
                                  patch_size=4, embed_dim=32, depth=2, num_heads=2)
     raise ValueError(name)
-
-
-def data(img: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sklearn's digits in [0, 1] (benchmarks/vit_digits.py's split), upscaled to [N, 1, img, img] (bilinear)."""
-    xtr, ytr, xte, yte = digits()
-    up = lambda x: F.interpolate(x, size=img, mode="bilinear", align_corners=False).clamp(0, 1)  # noqa: E731
-    return up(xtr), ytr, up(xte), yte
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     from analysis import api
 
     torch.manual_seed(a.seed)
-    xtr, ytr, xte, yte = data(IMG[a.model])
+    xtr, ytr, xte, yte = digits_up(IMG[a.model])
     t = harden(build(a.model), (xtr, ytr, xte, yte), a.epochs, a.seed)
     result: dict = {k: v for k, v in t.items() if k not in ("gated", "relu")}
     result["settings"] = {k: v for k, v in vars(a).items()}

@@ -32,28 +32,26 @@ HEADS = 2
 MODEL_NOTE = "40 epochs of AdamW (one-cycle, max lr 2e-3, batch 64, seed 0) on sklearn digits upscaled to 32×32"
 
 
-def build(heads: int = HEADS) -> torch.nn.Module:
-    from .verify_time import _vit
+def timm_vit(img: int = 32, patch: int = 4, chans: int = 3, dim: int = 64, depth: int = 2, heads: int = HEADS,
+             classes: int = 10) -> torch.nn.Module:
+    """timm's `vit_tiny_patch16_224` at this size with ReLU MLPs, seeded (the defaults: the 64-token ViT)."""
+    from torch import nn
 
+    from pipeline.extras import import_timm
+
+    timm = import_timm()
     torch.manual_seed(0)
-    m = _vit()
-    if heads != 2:
-        import timm
-        from torch import nn
-
-        torch.manual_seed(0)
-        m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, embed_dim=64, depth=2,
-                              num_heads=heads, num_classes=10, act_layer=nn.ReLU).eval()
-    return m
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=img, patch_size=patch, in_chans=chans,
+                             embed_dim=dim, depth=depth, num_heads=heads, num_classes=classes, act_layer=nn.ReLU).eval()
 
 
-def digits32() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sklearn's digits in [0, 1], bilinearly upscaled to 32×32, 3 equal channels: the first 1400 train, 397 test."""
+def digits_rgb(img: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sklearn's digits in [0, 1], bilinearly upscaled to img×img, 3 equal channels: the first 1400 train, 397 test."""
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).clamp(0, 1).repeat(1, 3, 1, 1)
+    x = F.interpolate(x, size=(img, img), mode="bilinear", align_corners=False).clamp(0, 1).repeat(1, 3, 1, 1)
     y = torch.tensor(y)
     return x[:1400], y[:1400], x[1400:], y[1400:]
 
@@ -79,8 +77,8 @@ def fit(model: torch.nn.Module, xtr: torch.Tensor, ytr: torch.Tensor, epochs: in
 
 def section_train(a) -> dict:
     torch.manual_seed(a.seed)
-    model = build(a.heads)
-    xtr, ytr, xte, yte = digits32()
+    model = timm_vit(heads=a.heads)
+    xtr, ytr, xte, yte = digits_rgb()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     steps = a.epochs * math.ceil(len(xtr) / 64)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
@@ -94,7 +92,7 @@ def section_train(a) -> dict:
 
 
 def load(a) -> torch.nn.Module:
-    m = build(a.heads)
+    m = timm_vit(heads=a.heads)
     m.load_state_dict(torch.load(a.model))
     return m.eval()
 
@@ -107,7 +105,7 @@ def section_profile(a) -> dict:
 
     model = load(a)
     net = from_torch(model, (3, 32, 32))
-    _, _, xte, yte = digits32()
+    _, _, xte, yte = digits_rgb()
     x0, label = xte[a.start].reshape(-1).double(), int(yte[a.start])
     b = Bounder(net, (x0 - a.eps).clamp(0, 1), (x0 + a.eps).clamp(0, 1))
     if a.cut_depth != "default":
@@ -208,7 +206,7 @@ def section_verify(a) -> dict:
     from .vit_digits import _attack_float, _attack_onnx
 
     model = load(a)
-    _, _, xte, yte = digits32()
+    _, _, xte, yte = digits_rgb()
     x, y = xte[a.start:a.start + a.samples], yte[a.start:a.start + a.samples]
     t0 = time.perf_counter()
     res = api.verify(model, (x, y), epsilons=[a.eps], low=0.0, high=1.0, samples=len(x), timeout_s=a.timeout,

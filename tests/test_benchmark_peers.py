@@ -124,8 +124,8 @@ PLAIN_VIT_TOL = 1e-5
 def test_the_plain_vit_is_timms_vit_with_its_weights(heads, img):
     """What `crown_vit.py` compares rests on this: the peer bounds `PlainViT` loaded with the timm model's state_dict
     (strict), and it computes timm's function (unfused attention, class token, final norm, head)."""
-    from benchmarks.peers.crown_vit import timm_vit
     from benchmarks.peers.plain_vit import PlainViT
+    from benchmarks.vit64 import timm_vit
 
     from pipeline.extras import import_timm
 
@@ -134,7 +134,7 @@ def test_the_plain_vit_is_timms_vit_with_its_weights(heads, img):
     except ImportError as exc:  # the models extra is not installed
         pytest.skip(str(exc))
     arch = dict(img=img, patch=4, chans=3, dim=16, depth=2, heads=heads, classes=10)
-    model = timm_vit(arch)
+    model = timm_vit(**arch)
     with torch.no_grad():  # trained-sized positions and class token, not the init's zeros
         model.pos_embed.normal_(0, 0.5)
         model.cls_token.normal_(0, 0.5)

@@ -47,6 +47,7 @@ import torch
 from pipeline.atomic_io import atomic_write_text
 
 from .. import common
+from ..vit64 import accuracy, digits_rgb, fit, timm_vit
 
 HERE = Path(__file__).resolve().parent
 STAND_INS = HERE / "stand_ins"
@@ -59,37 +60,10 @@ BATCHED = {"crown_batch_size": 512, "batched_crown_max_vram_ratio": 0.9}
 PEER_OPTS = {"default": {}, "batched": BATCHED, "batched-complex": {**BATCHED, "softmax": "complex"}}
 
 
-def timm_vit(arch: dict[str, int]) -> torch.nn.Module:
-    from torch import nn
-
-    from pipeline.extras import import_timm
-
-    timm = import_timm()
-    torch.manual_seed(0)
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=arch["img"], patch_size=arch["patch"],
-                             in_chans=arch["chans"], embed_dim=arch["dim"], depth=arch["depth"], num_heads=arch["heads"],
-                             num_classes=arch["classes"], act_layer=nn.ReLU).eval()
-
-
-def digits(img: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sklearn's digits in [0, 1], bilinearly upscaled to img×img, 3 equal channels: the first 1400 train, 397 test
-    (`benchmarks/vit64.py`'s split)."""
-    import torch.nn.functional as F
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    x = F.interpolate(x, size=(img, img), mode="bilinear", align_corners=False).clamp(0, 1).repeat(1, 3, 1, 1)
-    y = torch.tensor(y)
-    return x[:1400], y[:1400], x[1400:], y[1400:]
-
-
 def model_for(name: str, weights: Path, epochs: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    from ..vit64 import accuracy, fit
-
     arch = ARCH[name]
-    model = timm_vit(arch)
-    xtr, ytr, xte, yte = digits(arch["img"])
+    model = timm_vit(**arch)
+    xtr, ytr, xte, yte = digits_rgb(arch["img"])
     if weights.exists():
         model.load_state_dict(torch.load(weights))
         how = f"weights {weights}"
@@ -119,7 +93,7 @@ def worker(job_path: Path, dest: Path) -> int:
         Bounder.VARIANCE_STEPS = 20
     torch.set_num_threads(int(job["threads"]))
     data = np.load(job["npz"])
-    model = timm_vit(job["arch"])
+    model = timm_vit(**job["arch"])
     model.load_state_dict(torch.load(job["state"]))
     t0 = time.perf_counter()
     net = from_torch(model, tuple(data["lo"].shape[1:]))
@@ -211,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model, meta_model = model_for(args.model, args.weights or WEIGHTS[args.model], args.epochs)
     arch = ARCH[args.model]
-    _, _, xte, yte = digits(arch["img"])
+    _, _, xte, yte = digits_rgb(arch["img"])
     load0 = common.load()
     rows = []
     with tempfile.TemporaryDirectory(prefix="crown-vit-") as tmp:
