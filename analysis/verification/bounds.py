@@ -784,7 +784,7 @@ class Bounder:
         bounded leaves those rows too little spread, or none: they may be constant), as one clause; "" if none."""
         needed = self.needed()
         at = self._crown_site
-        before = self.net.ancestors(self.sites[at]) if at is not None else set()
+        before = self.ancestors(self.sites[at]) if at is not None else set()
         parts = []
         for s, k in enumerate(self.sites):
             op = self.op(s)
