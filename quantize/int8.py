@@ -98,7 +98,7 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
                           weight_type=q.QuantType.QInt8, activation_type=act_type,
                           calibrate_method=methods[qcfg.calibration_method],
                           extra_options={"QDQKeepRemovableActivations": qcfg.keep_activations,
-                                         "QuantizeBias": qcfg.quantize_bias})
+                                         "QuantizeBias": qcfg.quantize_bias, "CalibPercentile": qcfg.percentile})
     return pre
 
 

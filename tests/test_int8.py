@@ -157,11 +157,24 @@ def minmax_relu(nets, tmp_path_factory):
     return _quantize(*nets[("relu", "mlp")], tmp_path_factory.mktemp("minmax"), "minmax", cfg)[1]
 
 
-def test_percentile_calibration_clips_ranges(nets, quantized, minmax_relu):
+def test_percentile_calibration_clips_ranges(nets, quantized, minmax_relu, tmp_path):
     assert Config().quantize.calibration_method == "percentile"  # the fixture `quantized` is the default's
     minmax, pct = _activation_scales(minmax_relu), _activation_scales(quantized[("relu", "mlp")][1])
     assert set(minmax) == set(pct)
     assert all(pct[k] <= minmax[k] * (1 + 1e-6) for k in minmax) and any(pct[k] < minmax[k] for k in minmax)
+    cfg = Config()
+    cfg.quantize.percentile = 99.0  # clips more: every grid at least as fine as the default's, some finer
+    _, int8, _ = _quantize(*nets[("relu", "mlp")], tmp_path, "p99", cfg)
+    p99 = _activation_scales(int8)
+    assert all(p99[k] <= pct[k] * (1 + 1e-6) for k in pct) and any(p99[k] < pct[k] for k in pct)
+
+
+@pytest.mark.parametrize("bad", [50.0, 100.5, -1.0])
+def test_percentile_outside_its_range_is_refused(bad):
+    from pipeline.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="quantize.percentile"):
+        load(None, [f"quantize.percentile={bad}"])
 
 
 def test_calibration_reader_covers_every_sample_and_rewinds():
@@ -200,6 +213,7 @@ def test_int8_stage(nets, tmp_path):
     result = int8_stage.run_int8(run.cfg, run)
     saved = json.loads(run.file("quantize", "quantize.json").read_text())
     assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "percentile"
+    assert saved["settings"]["percentile"] == Config().quantize.percentile
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     relu = saved["models"]["lambda_gelu"]["relu"]
     assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"

@@ -79,6 +79,45 @@ def test_a_task_that_got_only_its_fair_share_early_gets_what_the_others_leave():
     assert [o.result.status for o in out] == ["unsat"] * 21
 
 
+class Resumable(Verifier):
+    """Answers unsat once it has worked `need` seconds on a property over all its turns (the work done is kept in the
+    Problem, as branch and bound keeps its open domains); its margin bound is minus the work still to do."""
+
+    name = "resumable"
+
+    def __init__(self, need: float):
+        self.need = need
+
+    def solve(self, problem: Problem, k: int, budget: Budget):
+        while problem.cache.get("done", 0.0) < self.need:
+            problem.info["margin_lb"] = problem.cache.get("done", 0.0) - self.need
+            if budget.expired():
+                return "timeout", None, "worked out of time"
+            time.sleep(0.01)
+            problem.cache["done"] = problem.cache.get("done", 0.0) + 0.01
+        return "unsat", None, f"decided after {self.need:g} s"
+
+
+def test_the_last_rounds_time_goes_to_the_task_nearest_a_decision():
+    """Three tasks each get 0.2 s, then 0.8 s; the 1 s left is a fair share of 0.33 s each, shorter than their last
+    turns. The two farthest from a decision give theirs up, and the nearest gets the whole second it needs 0.2 s of
+    (split three ways, or first come first served, it went to no one)."""
+    tasks = [harness.SpecTask(key=k, verifier=Resumable(n), net=NET, specs=[_spec()])
+             for k, n in (("far", 3.0), ("near", 1.2), ("farther", 4.0))]
+    out = harness.run(tasks, harness.StageBudget(4.0, first=0.2))
+    assert [o.result.status for o in out] == ["timeout", "unsat", "timeout"]
+
+
+def test_nearness_reads_branch_and_bounds_lower_bound_first_and_puts_a_tie_last():
+    from analysis.verification.problem import Result
+
+    near = harness._closeness
+    assert near(Result("timeout", 1.0, info={"margin_lb": -2.0, "bab_lower": -0.5})) == 0.5
+    assert near(Result("timeout", 1.0, info={"margin_lb": -2.0})) == 2.0
+    assert near(Result("timeout", 1.0, info={"margin_lb": -0.1, "tie": True})) == float("inf")
+    assert near(Result("timeout", 1.0)) == float("inf")
+
+
 class GivesUp(Verifier):
     """An incomplete method: ends undecided at once ("unknown"), whatever its limit; counts its calls."""
 

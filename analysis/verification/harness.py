@@ -22,12 +22,13 @@ Two ways to spend time:
   each worker takes the next chunk from a shared queue.
 - `StageBudget`: one wall-clock budget for all tasks; the pass for all of them comes first, against the one
   deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
-  is left (time left / tasks still open); a task is final when it is decided or its method ended undecided inside
-  its limit ("unknown"), or when no turn at least `MIN_TURN_GROWTH` times its last is left to give it. Easy
-  properties finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem
-  between rounds in its worker, so the bounds computed once are reused and branch and bound goes on from its open
-  domains. With several jobs the tasks are dealt round-robin to the workers, each running its share against the
-  one deadline.
+  is left (time left / tasks still open), the nearest to a decision (branch and bound's global lower bound, else the
+  margin bound) first; a task is final when it is decided or its method ended undecided inside its limit
+  ("unknown"), or when no turn at least `MIN_TURN_SHARE` times its last is left to give it. When the fair share is
+  too short for every open task, the farthest from a decision give their turns up to the nearest. Easy properties
+  finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem between rounds
+  in its worker, so the bounds computed once are reused and branch and bound goes on from its open domains. With
+  several jobs the tasks are dealt round-robin to the workers, each running its share against the one deadline.
 
 Every limit holds within a second: a turn looks at its `Budget`, and past it by `problem.HARD_GRACE_S` it is
 stopped from outside (`problem.hard_limit`). A task's reported seconds are all it spent (its share of the pass and
@@ -69,7 +70,10 @@ from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
 
 ROUND_GROWTH = 4.0  # each StageBudget round multiplies the per-task limit by this
-MIN_TURN_GROWTH = 1.5  # a task open after a turn gets another only when it can be this much longer
+# a task open after a turn gets another only when it can be at least as long as its last. Its Problem is kept, so
+# branch and bound goes on from the domains its last turn left and the links before it re-run on kept bounds (the
+# attack's probe share is what they cost): any turn adds, and a longer one adds more
+MIN_TURN_SHARE = 1.0
 # a chunk's first pass may use this share of its properties' limits together (PerTask); α-CROWN over the rows still open
 # then this share of what is left (both modes): the rest is each property's own turn
 PASS_SHARE = 0.5
@@ -462,9 +466,12 @@ class _Worker:
 
 
 def _closeness(result: Result | None, problem: Problem | None = None) -> float:
-    """How near a property came to a decision (for the order of later rounds): its margin's lower bound."""
+    """How near a property came to a decision (for the order of later rounds): its margin's lower bound (branch and
+    bound's over its open domains, once it has run); a tie comes last."""
     info = result.info if result is not None else (problem.info if problem is not None else {})
-    v = info.get("margin_lb")
+    if info.get("tie"):  # the box reaches the unsafe set: no bound can decide it, only a strict point found
+        return math.inf
+    v = info.get("bab_lower", info.get("margin_lb"))  # branch and bound's global lower bound, once it has one
     return -float(v) if v is not None and math.isfinite(float(v)) else math.inf
 
 
@@ -532,19 +539,31 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
     last: dict[int, Result] = {}
     ran: dict[int, float] = {}  # each open task's longest turn so far
     limit = limits.first
+
+    def turn(i: int, task: Task, share: float) -> float:  # its next turn at a fair share of what is left
+        return min(limit, share, cap(task) - w.spent.get(i, 0.0))
+
+    def worth(i: int, seconds: float) -> bool:
+        return seconds > 0 and seconds >= ran.get(i, 0.0) * MIN_TURN_SHARE
+
+    def spent(i: int, task: Task) -> None:  # its time is spent: its last answer is final
+        why = "its own limit was spent" if cap(task) <= w.spent.get(i, 0.0) else "the stage budget was spent"
+        emit(Outcome(i, task.key, last.get(i) or w.unrun(i, task, why), w.prepare(i)))
+        w.drop(i)
+
     while open_:
         still = []
-        for n, (i, task) in enumerate(open_):
+        queue = list(open_)  # the nearest to a decision first
+        while queue:
             left = deadline - Budget.read("wall")
-            seconds = min(limit, left / (len(open_) - n), cap(task) - w.spent.get(i, 0.0))
-            if seconds <= ran.get(i, 0.0) * MIN_TURN_GROWTH or left <= 0:
-                # no longer turn than its last one is to be had: its time is spent (a task is re-solved from its kept
-                # Problem each turn: its bounds are kept and branch and bound goes on from the domains its last turn
-                # left, but the links before it run again, so a turn no longer than the last decides little more)
-                why = "its own limit was spent" if cap(task) <= w.spent.get(i, 0.0) else "the stage budget was spent"
-                result = last.get(i) or w.unrun(i, task, why)
-                emit(Outcome(i, task.key, result, w.prepare(i)))
-                w.drop(i)
+            # when what is left cannot give every task in the queue a turn worth having, the farthest from a decision
+            # give theirs up, so that the nearest get one (split evenly, the last round's time went to no one)
+            while len(queue) > 1 and not worth(queue[-1][0], turn(*queue[-1], left / len(queue))):
+                spent(*queue.pop())
+            i, task = queue.pop(0)
+            seconds = turn(i, task, left / (len(queue) + 1))
+            if left <= 0 or not worth(i, seconds):
+                spent(i, task)
                 continue
             result = w.solve(i, task, seconds)
             ran[i] = seconds

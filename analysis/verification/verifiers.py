@@ -526,6 +526,8 @@ class BabVerifier(Verifier):
             if refiner is not None:
                 refiner.stop()
         problem.info["bab_domains"] = stats["domains"]
+        if stats.get("global_lower") is not None:  # how near it came: the order of a stage budget's later rounds
+            problem.info["bab_lower"] = float(stats["global_lower"])
         if "grid_splits" in stats:
             problem.info["bab_grid_splits"] = stats["grid_splits"]
         if refiner is not None:
