@@ -140,12 +140,13 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     onnxruntime optimizes them, the float ops left and whether it runs integer-only (and `accuracy` with labels);
     `argmax_agreement` and `max_logit_change` (int8 against fp32 on `data`), `size_ratio`, and the SQNR in dB of the
     output and the smallest of any activation (`sqnr`: per tensor, as quantize/sqnr.csv)."""
-    from pipeline.config import Config
+    from pipeline.config import Config, validate
     from quantize import int8 as int8_mod
 
     cfg = Config()
     cfg.seed = seed
     cfg.quantize = copy.deepcopy(config) if config is not None else QuantizeConfig()
+    validate(cfg)  # a bad setting is one line naming it, not onnxruntime's error from inside the calibrator
     path = Path(path)
     xs = _inputs(calibration)
     split = as_split(data) if data is not None else None

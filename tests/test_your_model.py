@@ -287,6 +287,12 @@ def test_api_quantize_gives_the_int8_stages_file_and_a_report_onnxruntime_confir
     again = api.quantize(tmp_path / "a.fp32.onnx", ds.train.x.numpy(), tmp_path / "b.int8.onnx")
     assert np.array_equal(ort.InferenceSession(again["path"]).run(None, {"input": xt})[0], got)
     assert "accuracy" not in again["int8"] and again["samples"] == len(ds.train)
+    from pipeline.config import ConfigError, QuantizeConfig
+
+    with pytest.raises(ConfigError, match="quantize.percentile"):  # one line naming the setting, before any work
+        api.quantize(tmp_path / "a.fp32.onnx", ds.train.x.numpy(), tmp_path / "c.int8.onnx",
+                     config=QuantizeConfig(percentile=120.0))
+    assert not (tmp_path / "c.int8.onnx").exists()
 
 
 # ------------------------------------------------------------------------------------------------
