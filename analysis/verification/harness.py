@@ -537,7 +537,7 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
     open_ids.sort(key=lambda i: _closeness(None, w.problems.get(i, (None, 0.0))[0]))
     open_ = [(i, tasks[i]) for i in open_ids]
     last: dict[int, Result] = {}
-    ran: dict[int, float] = {}  # each open task's longest turn so far
+    ran: dict[int, float] = {}  # each open task's last turn
     limit = limits.first
 
     def turn(i: int, task: Task, share: float) -> float:  # its next turn at a fair share of what is left
