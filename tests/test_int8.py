@@ -214,6 +214,7 @@ def test_int8_stage(nets, tmp_path):
     saved = json.loads(run.file("quantize", "quantize.json").read_text())
     assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "percentile"
     assert saved["settings"]["percentile"] == Config().quantize.percentile
+    assert "calibration percentile (99.999%) on 1024 training examples" in int8_stage.report_section(run.cfg, run)
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     relu = saved["models"]["lambda_gelu"]["relu"]
     assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"

@@ -150,7 +150,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
             for v, forms in q["models"].items() for form, m in forms.items()]
     return "\n\n".join([
         "## int8 (onnxruntime static quantization)",
-        f"{st['format']}, weights {st['weights']}, activations {st['activations']}, calibration {st['calibration_method']} on "
+        f"{st['format']}, weights {st['weights']}, activations {st['activations']}, calibration {st['calibration_method']}"
+        + (f" ({st['percentile']:g}%)" if st.get("percentile") is not None else "") + " on "
         f"{st['calibration_samples']} training examples; timed on {st['cpu']} with {st['timing']['intra_op_threads']} thread(s). "
         "The verify section certifies the int8 model of each ReLU form itself (its \"-int8\" rows); a certificate for a "
         "float model says nothing about these graphs.",
