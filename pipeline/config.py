@@ -171,6 +171,11 @@ class QuantizeConfig:
     throughput_batch: int = 256
     sqnr_samples: int = 256  # validation inputs for the per-tensor SQNR
 
+    @property
+    def clip_percentile(self) -> float | None:
+        """The percentile the activation ranges are clipped at (None: not percentile calibration), as recorded."""
+        return self.percentile if self.calibration_method == "percentile" else None
+
 
 @dataclass
 class SparsityConfig:

@@ -701,8 +701,8 @@ class Bounder:
             finite = bool(torch.isfinite(cl).all() & torch.isfinite(cu).all())
             if not self.VARIANCE_STEPS or todo.numel() == 0 or self.expired() or not finite:
                 return best
-            centre, width = (cl + cu) / 2, cu - cl
-            near_pt = cl.clamp(min=0) - (-cu).clamp(min=0)
+            centre, width = op.tangent_points(cl, cu, "centre"), cu - cl
+            near_pt = op.tangent_points(cl, cu, "near")
             rows_t = idx[todo]  # the variance rows (LayerNorm rows) to optimize
             # each point as centre + θ·width, θ in [−½, ½] (inside c's interval: a point outside gives a plane the
             # nearest end's dominates), so that Adam's steps are in units of each interval's width

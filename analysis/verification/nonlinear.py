@@ -483,14 +483,17 @@ class Variance(_Bilinear):
         hi = torch.maximum(cl * cl, cu * cu).sum(-1) / self.N + self.eps
         return lo * (1 - 4 * REL_SLACK) - TINY, hi * (1 + 4 * REL_SLACK) + TINY
 
+    @staticmethod
+    def tangent_points(cl: torch.Tensor, cu: torch.Tensor, tangent: str) -> torch.Tensor:
+        """The lower plane's tangent point of each centred unit over [cl, cu]: "centre", or "near" (its end nearest 0;
+        0 where the interval holds 0)."""
+        return (cl + cu) / 2 if tangent == "centre" else cl.clamp(min=0) - (-cu).clamp(min=0)
+
     def relax(self, l, u, tangent: str | torch.Tensor = "centre"):
         """`tangent`: "centre", "near", or the tangent points themselves ([R, N], inside c's intervals: a point outside
         gives a plane that the nearest end's dominates over the box)."""
         (_, cl), (_, cu) = self.split(l), self.split(u)
-        if isinstance(tangent, torch.Tensor):
-            c0 = tangent
-        else:
-            c0 = (cl + cu) / 2 if tangent == "centre" else cl.clamp(min=0) - (-cu).clamp(min=0)
+        c0 = tangent if isinstance(tangent, torch.Tensor) else self.tangent_points(cl, cu, tangent)
         lo_coef = 2 * c0 / self.N
         lo_const = -(c0 * c0).sum(-1) / self.N + self.eps
         up_coef = (cl + cu) / self.N

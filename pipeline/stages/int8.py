@@ -122,7 +122,7 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
                                                 + (", 7-bit range (reduce_range)" if qcfg.reduce_range else ""),
                      "reduce_range": qcfg.reduce_range,
                      "activations": f"{qcfg.activation_type} per-tensor", "calibration_method": qcfg.calibration_method,
-                     "percentile": qcfg.percentile if qcfg.calibration_method == "percentile" else None,
+                     "percentile": qcfg.clip_percentile,
                      "calibration_samples": len(calib), "quantized_op_types": QUANTIZED_OPS,
                      "keep_removable_activations": qcfg.keep_activations, "quantize_bias": qcfg.quantize_bias,
                      "fold_normalization": qcfg.fold_normalization, "sqnr_samples": min(qcfg.sqnr_samples, len(ds.val)),
