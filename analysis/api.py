@@ -126,17 +126,23 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
              config: QuantizeConfig | None = None, seed: int = 0, example: torch.Tensor | None = None,
              opset: int = 20) -> dict[str, Any]:
     """`model` as the int8 stage quantizes it (`quantize.int8.quantize_file`: onnxruntime static quantization, QDQ,
-    per-channel 7-bit weights, int8 activations calibrated by percentile on `calibration_samples` inputs: the
-    `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns its report.
+    per-channel 7-bit weights, int8 activations calibrated by percentile on `calibration_samples` inputs and clipped as
+    far as `data` allows: the `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns
+    its report.
 
     model: an nn.Module (exported first as `export_onnx` does, checked against PyTorch; an input normalization at the
         head of an nn.Sequential is folded into its first Linear, as the stage does) or an fp32 ONNX file.
     calibration: inputs ([N, ...] tensor or array) or anything `as_split` takes (its inputs are used); up to
         `config.calibration_samples` of them are drawn without replacement with `seed`.
-    data: where the fp32 and int8 models are compared (default: the calibration inputs); with labels, accuracy too.
+    data: where the fp32 and int8 models are compared (default: the calibration inputs): inputs, or with labels
+        (anything `as_split` takes) accuracy too.
+        With percentile calibration the activations' clip is chosen there too (`config.clip_search`: the most
+        clipping percentile whose argmax agreement with fp32 is at most `clip_tolerance_pt` points below
+        `percentile`'s), so pass held-out inputs, not the test set you report on.
     example: the export's trace input for a module (default: the first two calibration inputs).
 
-    The report: `path`, `settings`, per precision (`fp32`, `int8`) the file's bytes, its op counts raw and as
+    The report: `path`, `settings` (with the clip chosen, `percentile`, and every candidate's agreement on `data`,
+    `clip_search`), per precision (`fp32`, `int8`) the file's bytes, its op counts raw and as
     onnxruntime optimizes them, the float ops left and whether it runs integer-only (and `accuracy` with labels);
     `argmax_agreement` and `max_logit_change` (int8 against fp32 on `data`), `size_ratio`, and the SQNR in dB of the
     output and the smallest of any activation (`sqnr`: per tensor, as quantize/sqnr.csv)."""
@@ -149,8 +155,9 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     validate(cfg)  # a bad setting is one line naming it, not onnxruntime's error from inside the calibrator
     path = Path(path)
     xs = _inputs(calibration)
-    split = as_split(data) if data is not None else None
-    xe = split.x if split is not None else xs
+    unlabelled = data is None or isinstance(data, (torch.Tensor, np.ndarray))
+    split = None if unlabelled else as_split(data)
+    xe = split.x if split is not None else (xs if data is None else _inputs(data))
     with tempfile.TemporaryDirectory(prefix="api-int8-") as tmp:
         work = Path(tmp)
         if isinstance(model, nn.Module):
@@ -166,7 +173,8 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
             if not src.is_file():
                 raise FileNotFoundError(f"{src}: no such ONNX file")
         calib = int8_mod.calibration_samples(cfg, xs.cpu())
-        pre = int8_mod.quantize_file(src, path, calib, cfg, work)
+        made = int8_mod.quantize_file(src, path, calib, cfg, work, check=xe.cpu().numpy())
+        pre = made.pre
         threads = cfg.quantize.threads
         logits = {p: ort_util.infer(ort_util.session(f, threads), xe.cpu().numpy()) for p, f in (("fp32", src), ("int8", path))}
         facts = {}
@@ -182,7 +190,8 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     return {"path": str(path), "source": str(model) if not isinstance(model, nn.Module) else type(model).__name__,
             "settings": {"format": "QDQ", "per_channel": q.per_channel, "reduce_range": q.reduce_range,
                          "activation_type": q.activation_type, "calibration_method": q.calibration_method,
-                         "percentile": q.clip_percentile,
+                         "percentile": made.percentile, **({"clip_search": made.search} if made.search else {}),
+                         "clip_tolerance_pt": q.clip_tolerance_pt,
                          "calibration_samples": len(calib), "keep_removable_activations": q.keep_activations,
                          "quantize_bias": q.quantize_bias, "seed": seed},
             **facts, "samples": len(xe),
@@ -238,7 +247,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
 
     | architecture | float ReLU | smooth (λ-GELU) | int8 | float ReLU read by a second tool | decided by the verify stage (float ReLU · smooth · int8) |
     |---|---|---|---|---|---|
-    | `mlp` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 45/45 · 28/30 · 39/45 (hidden [256, 256, 256, 256]; fashion_mnist, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/mlp/summary.json)) |
+    | `mlp` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 45/45 · 28/30 · 43/45 (hidden [256, 256, 256, 256]; fashion_mnist, ε 0.002–0.008; [run](benchmarks/verify-results/clip-search/mlp/summary.json)) |
     | `cnn` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 30/30 · 30/30 · 27/30 (channels [16, 32], cnn_hidden 64; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/cnn1632-merged/summary.json)) |
     | `resnet18_cifar` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | not measured |
     | `deit_tiny` | read | read | read | yes: onnx2pytorch, onnx2torch | 28/30 · 28/30 · 0/30 (dim 32, depth 2, heads 4, patch_size 4; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/deit32x2-planes/after/summary.json)) |

@@ -6,7 +6,10 @@ Each run is a copy of one trained run with the int8 stage (and every stage after
 
     cp -r runs/default /tmp/p99.5
     pipeline run --resume /tmp/p99.5 --redo int8 quantize.percentile=99.5
-    python -m benchmarks.int8_calibration /tmp/p99.999 /tmp/p99.5 ... --out benchmarks/int8-results/calibration.json
+    python -m benchmarks.int8_calibration /tmp/p99.999 /tmp/p99.5 ... --out benchmarks/int8-results/calibration/calibration.json
+
+With `quantize.clip_search` (the default) each model's clip is chosen by the int8 stage; a run at one setting alone
+takes `quantize.clip_search=[]`.
 
 Fidelity is the swapped ReLU form's (the file the verify stage's int8 rows are about).
 """
@@ -39,6 +42,8 @@ def summarize(run: Path) -> dict:
         fl = [x for x in mine if not is_int8(x["variant"])]
         margins = [float(x["margin_lb"]) for x in i8 if x["margin_lb"]]
         out["variants"][v] = {
+            # the clip the int8 stage chose for this model (`quantize.clip_search`), where it recorded one
+            **({"percentile": r["percentile"]} if "percentile" in r else {}),
             "test_argmax_agreement": r["test_argmax_agreement"], "test_drop_pt": round(r["test_drop_pt"], 3),
             "output_sqnr_db": round(r["output_sqnr_db"], 2), "test_max_logit_change": round(r["test_max_logit_change"], 2),
             "int8_decided": sum(x["result"] in ("sat", "unsat") for x in i8), "int8_properties": len(i8),
@@ -55,15 +60,18 @@ def summarize(run: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/int8-results/calibration.json"))
+    ap.add_argument("--out", type=Path, help="write the summaries here as JSON (e.g. "
+                    "benchmarks/int8-results/calibration/calibration.json); default: print only")
     args = ap.parse_args(argv)
     res = [summarize(r) for r in args.runs]
     for r in res:
         agree = " ".join(f"{v}:{e['test_argmax_agreement']:.4f}" for v, e in r["variants"].items())
-        print(f"{r['run']}: percentile {r['percentile']}: int8 {r['int8_decided']}/{r['int8_properties']} decided; "
-              f"agreement {agree}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1) + "\n")
+        chosen = " ".join(f"{v}:{e['percentile']:g}" for v, e in r["variants"].items() if "percentile" in e)
+        print(f"{r['run']}: percentile {r['percentile']}" + (f" (chosen {chosen})" if chosen else "")
+              + f": int8 {r['int8_decided']}/{r['int8_properties']} decided; agreement {agree}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -154,8 +154,15 @@ class QuantizeConfig:
     # percentile's range: the |activation| below which this share of the calibration values lies (onnxruntime's
     # default 99.999). A lower one clips more and gives finer grids, so less rounding noise for the verifier: 99.5
     # decided 43/45 int8 properties of the default MLP against 39 at the same agreement, but cost conv nets agreement
-    # (benchmarks/VERIFICATION.md, "How much percentile clips")
+    # (benchmarks/VERIFICATION.md, "How much percentile clips"). The reference clip of `clip_search`
     percentile: float = 99.999
+    # more clipping percentiles also tried, per model (one histogram pass for all): the int8 stage keeps the most
+    # clipping one whose validation argmax agreement with fp32 is at most `clip_tolerance_pt` points below
+    # `percentile`'s (quantize/int8.py, `choose_clip`); [] quantizes at `percentile` alone
+    clip_search: list[float] = field(default_factory=lambda: [99.99, 99.9, 99.5])
+    # about 1.3 standard errors of an agreement difference on 6000 validation inputs at 99.4% agreement: a smaller
+    # loss is not told apart from noise there, and on a smaller validation set a clip must lose no input at all
+    clip_tolerance_pt: float = 0.2
     per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
     activation_type: Literal["int8", "uint8"] = "int8"
     # 7-bit weights: on x86 CPUs without VNNI, onnxruntime's int8 kernels add products in pairs in int16 with
@@ -173,8 +180,16 @@ class QuantizeConfig:
 
     @property
     def clip_percentile(self) -> float | None:
-        """The percentile the activation ranges are clipped at (None: not percentile calibration), as recorded."""
+        """The reference percentile the activation ranges are clipped at (None: not percentile calibration), as
+        recorded; the clip each model got is its own record's (`quantize.int8.Quantized.percentile`)."""
         return self.percentile if self.calibration_method == "percentile" else None
+
+    @property
+    def clip_candidates(self) -> list[float]:
+        """The percentiles a model may be quantized at, the reference first (none: not percentile calibration)."""
+        if self.calibration_method != "percentile":
+            return []
+        return [self.percentile, *(p for p in dict.fromkeys(self.clip_search) if p != self.percentile)]
 
 
 @dataclass
@@ -503,6 +518,10 @@ def validate(cfg: Config) -> Config:
          "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
     need(cfg.quantize.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
     need(50 < cfg.quantize.percentile <= 100, "quantize.percentile must be in (50, 100], e.g. 99.999")
+    need(all(50 < p <= 100 for p in cfg.quantize.clip_search),
+         f"quantize.clip_search must list percentiles in (50, 100], e.g. [99.99, 99.9, 99.5]; got {cfg.quantize.clip_search}")
+    need(cfg.quantize.clip_tolerance_pt >= 0, f"quantize.clip_tolerance_pt must be >= 0 (points of agreement), got "
+         f"{cfg.quantize.clip_tolerance_pt}")
     need(1 <= cfg.quantize.timing_blocks <= cfg.quantize.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
     return cfg

@@ -5,7 +5,9 @@ Recipe (onnxruntime's, nothing custom in the arithmetic): `quant_pre_process` (s
 basic graph optimization), then `quantize_static` in QDQ format with per-channel int8 weights and
 per-tensor activations calibrated on `quantize.calibration_samples` training examples through a
 `CalibrationDataReader` (MinMax, Entropy or Percentile; Entropy needs a finer histogram than
-quantize_static gives it, see `_entropy_ranges`). Only the linear layers (Gemm, Conv, MatMul),
+quantize_static gives it, see `_entropy_ranges`). With Percentile the clip is chosen per model from
+`quantize.clip_search` on held-out inputs (`choose_clip`): finer activation grids leave the int8 verifier less
+rounding noise, as far as agreement with fp32 allows. Only the linear layers (Gemm, Conv, MatMul),
 ReLU and data movement are quantized: elementwise float ops (λ-GELU's Mul → Gelu → Div, plain Gelu)
 stay float between DequantizeLinear and QuantizeLinear, which is what onnxruntime does with them anyway.
 Biases stay fp32 in the file (`quantize.quantize_bias=false`): onnxruntime quantizes them to int32
@@ -32,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -81,25 +85,106 @@ def calibration_samples(cfg: Config, x: torch.Tensor) -> np.ndarray:
 # Quantization and its checks
 
 
-def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir: Path) -> Path:
-    """quant_pre_process + quantize_static (QDQ, per-channel int8 weights); returns the pre-processed fp32 path."""
+@dataclass
+class Quantized:
+    """What `quantize_file` made: the pre-processed fp32 file (the SQNR's reference), the percentile the activation
+    ranges were clipped at (None: not percentile calibration), and when a clip was chosen every candidate's record
+    (`clip_fidelity`, the reference percentile first)."""
+
+    pre: Path
+    percentile: float | None
+    search: list[dict[str, Any]] = field(default_factory=list)
+
+
+def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir: Path,
+                  check: np.ndarray | None = None) -> Quantized:
+    """quant_pre_process + quantize_static (QDQ, per-channel int8 weights), written to `dst`.
+
+    Percentile calibration with `check` inputs and `quantize.clip_search`: one model per candidate clip, all from one
+    histogram pass over `calib`, each compared with the fp32 model on `check`, and the one `choose_clip` picks is
+    written. Without `check` (or with no search), the model at `quantize.percentile`."""
     qcfg = cfg.quantize
     pre = workdir / f"{dst.stem}.pre.onnx"
     q.quant_pre_process(str(src), str(pre))
+    # The histogram calibrators print progress to stdout; the stage reports its own.
+    with contextlib.redirect_stdout(io.StringIO()):
+        if qcfg.calibration_method != "percentile":
+            cache = _entropy_ranges(pre, calib, workdir) if qcfg.calibration_method == "entropy" else None
+            with atomic_path(dst) as tmp:
+                _quantize_static(pre, tmp, qcfg, ArrayReader(calib), cache)
+            return Quantized(pre, None)
+        clips = qcfg.clip_candidates if check is not None and len(check) else qcfg.clip_candidates[:1]
+        ranges = _percentile_ranges(pre, calib, workdir, clips)
+        if len(clips) == 1:
+            with atomic_path(dst) as tmp:
+                _quantize_static(pre, tmp, qcfg, None, ranges[clips[0]])
+            return Quantized(pre, clips[0])
+        batch = cfg.data.eval_batch_size
+        reference = ort_util.infer(ort_util.session(pre, qcfg.threads), check, batch)
+        files, rows = {}, []
+        for p in clips:
+            files[p] = workdir / f"{dst.stem}.p{p:g}.onnx"
+            _quantize_static(pre, files[p], qcfg, None, ranges[p])
+            rows.append({"percentile": p, **clip_fidelity(reference, ort_util.infer(ort_util.session(files[p], qcfg.threads),
+                                                                                    check, batch))})
+    chosen = choose_clip(rows, qcfg.clip_tolerance_pt)
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(files[chosen], tmp)
+    return Quantized(pre, chosen, rows)
+
+
+def clip_fidelity(reference: np.ndarray, logits: np.ndarray) -> dict[str, Any]:
+    """An int8 model's outputs against the fp32 model's on the same inputs: argmax agreement (the share, and the
+    inputs where it differs) and the outputs' SQNR in dB."""
+    differ = int((reference.argmax(-1) != logits.argmax(-1)).sum())
+    n = reference.size // reference.shape[-1]
+    noise = float(np.square(reference.astype(np.float64) - logits).sum())
+    return {"agreement": 1 - differ / n, "disagreements": differ, "inputs": n,
+            "output_sqnr_db": _db(10 * math.log10(float(np.square(reference.astype(np.float64)).sum()) / noise)
+                                  if noise > 0 else math.inf)}
+
+
+def choose_clip(rows: list[dict[str, Any]], tolerance_pt: float) -> float:
+    """The most clipping percentile whose argmax agreement is at most `tolerance_pt` points below the reference's
+    (`rows[0]`), counted in inputs so that no float rounding decides a tie: finer grids, for the verifier, at an
+    agreement the validation set cannot tell from the reference's."""
+    ref = rows[0]
+    allowed = ref["disagreements"] + tolerance_pt / 100 * ref["inputs"]
+    return min((r for r in rows if r["disagreements"] <= allowed), key=lambda r: r["percentile"])["percentile"]
+
+
+def _quantize_static(pre: Path, dst: Path, qcfg, reader: ArrayReader | None, ranges: Path | None) -> None:
+    """onnxruntime's quantize_static with the stage's settings, from `reader`'s inputs or a ranges cache."""
     methods = {"minmax": q.CalibrationMethod.MinMax, "entropy": q.CalibrationMethod.Entropy,
                "percentile": q.CalibrationMethod.Percentile}
     act_type = {"int8": q.QuantType.QInt8, "uint8": q.QuantType.QUInt8}[qcfg.activation_type]
-    # The histogram calibrators print progress to stdout; the stage reports its own.
-    with atomic_path(dst) as tmp, contextlib.redirect_stdout(io.StringIO()):
-        cache = _entropy_ranges(pre, calib, workdir) if qcfg.calibration_method == "entropy" else None
-        q.quantize_static(str(pre), str(tmp), ArrayReader(calib), quant_format=q.QuantFormat.QDQ,
-                          calibration_cache_path=cache,
-                          op_types_to_quantize=QUANTIZED_OPS, per_channel=qcfg.per_channel, reduce_range=qcfg.reduce_range,
-                          weight_type=q.QuantType.QInt8, activation_type=act_type,
-                          calibrate_method=methods[qcfg.calibration_method],
-                          extra_options={"QDQKeepRemovableActivations": qcfg.keep_activations,
-                                         "QuantizeBias": qcfg.quantize_bias, "CalibPercentile": qcfg.percentile})
-    return pre
+    q.quantize_static(str(pre), str(dst), reader, quant_format=q.QuantFormat.QDQ, calibration_cache_path=ranges,
+                      op_types_to_quantize=QUANTIZED_OPS, per_channel=qcfg.per_channel, reduce_range=qcfg.reduce_range,
+                      weight_type=q.QuantType.QInt8, activation_type=act_type,
+                      calibrate_method=methods[qcfg.calibration_method],
+                      extra_options={"QDQKeepRemovableActivations": qcfg.keep_activations,
+                                     "QuantizeBias": qcfg.quantize_bias, "CalibPercentile": qcfg.percentile})
+
+
+def _percentile_ranges(model: Path, calib: np.ndarray, workdir: Path, clips: list[float]) -> dict[float, Path]:
+    """Percentile calibration's ranges at each of `clips`, saved as calibration caches, from one pass over `calib`.
+
+    The calibrator is the one quantize_static builds for CalibPercentile (`create_calibrator` with only the
+    percentile set: onnxruntime's 2048 bins, symmetric ranges); its histograms do not depend on the percentile,
+    which only `compute_data` reads, so one collection serves every clip.
+    """
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    calibrator = create_calibrator(model, QUANTIZED_OPS, augmented_model_path=str(workdir / "percentile_aug.onnx"),
+                                   calibrate_method=q.CalibrationMethod.Percentile,
+                                   extra_options={"percentile": clips[0]})
+    calibrator.collect_data(ArrayReader(calib))
+    out = {}
+    for p in clips:
+        calibrator.collector.percentile = p
+        out[p] = workdir / f"ranges-p{p:g}.json"
+        save_tensors_data(calibrator.compute_data(), out[p])
+    return out
 
 
 def _entropy_ranges(model: Path, calib: np.ndarray, workdir: Path) -> Path:

@@ -47,7 +47,7 @@ def _quantize(net, spec, d, name, cfg: Config):
     work = d / name
     work.mkdir()
     int8 = d / f"{name}.int8.onnx"
-    pre = q8.quantize_file(fp32, int8, q8.calibration_samples(cfg, ds.train.x), cfg, work)
+    pre = q8.quantize_file(fp32, int8, q8.calibration_samples(cfg, ds.train.x), cfg, work).pre
     return fp32, int8, pre
 
 
@@ -175,6 +175,81 @@ def test_percentile_outside_its_range_is_refused(bad):
 
     with pytest.raises(ConfigError, match="quantize.percentile"):
         load(None, [f"quantize.percentile={bad}"])
+    with pytest.raises(ConfigError, match="quantize.clip_search"):
+        load(None, [f"quantize.clip_search=[99.9, {bad}]"])
+
+
+def test_a_negative_clip_tolerance_is_refused():
+    from pipeline.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="quantize.clip_tolerance_pt"):
+        load(None, ["quantize.clip_tolerance_pt=-0.1"])
+
+
+def _row(p, differ, n=1000):
+    return {"percentile": p, "disagreements": differ, "inputs": n, "agreement": 1 - differ / n}
+
+
+@pytest.mark.parametrize("rows, tol, want", [
+    ([_row(99.999, 10), _row(99.99, 11), _row(99.9, 12), _row(99.5, 13)], 0.2, 99.9),  # 0.2 pt of 1000: 2 inputs
+    ([_row(99.999, 10), _row(99.99, 13), _row(99.9, 12), _row(99.5, 20)], 0.2, 99.9),  # not stopped by a worse one
+    ([_row(99.999, 10), _row(99.99, 11), _row(99.9, 12), _row(99.5, 9)], 0.0, 99.5),  # better counts at any tolerance
+    ([_row(99.999, 10), _row(99.99, 11)], 0.0, 99.999),  # one input lost: the reference
+    ([_row(99.999, 0, 144), _row(99.5, 1, 144)], 0.2, 99.999),  # 0.2 pt of 144 inputs is no whole input
+])
+def test_choose_clip_keeps_the_most_clipping_within_the_tolerance(rows, tol, want):
+    assert q8.choose_clip(rows, tol) == want
+
+
+def test_clip_search_makes_onnxruntimes_own_files_from_one_histogram_pass(nets, tmp_path):
+    """Each candidate from the shared histograms is the file onnxruntime's quantize_static makes at that percentile
+    itself (its own calibrator, fed the same inputs); the file written is the candidate `choose_clip` picks, and every
+    candidate's record is its agreement and SQNR against the fp32 model as onnxruntime runs both."""
+    from onnxruntime import quantization as ortq
+
+    net, spec = nets[("relu", "mlp")]
+    ds = digits()
+    fp32 = tmp_path / "fp32.onnx"
+    ex.save(ex.to_onnx(ex.fold_normalization(net, tuple(spec["input_shape"])), ds.val.x[:2], Config().export.opset)[0], fp32)
+    cfg = Config()
+    calib = q8.calibration_samples(cfg, ds.train.x)
+    x = ds.val.x.numpy()
+    made = q8.quantize_file(fp32, tmp_path / "int8.onnx", calib, cfg, tmp_path, check=x)
+    assert [r["percentile"] for r in made.search] == [99.999, 99.99, 99.9, 99.5]
+    assert made.percentile == q8.choose_clip(made.search, cfg.quantize.clip_tolerance_pt)
+    reference = ort_util.infer(ort_util.session(made.pre), x)
+    for r in made.search:
+        ours = tmp_path / f"int8.p{r['percentile']:g}.onnx"
+        theirs = tmp_path / f"ort{r['percentile']:g}.onnx"
+        ortq.quantize_static(str(made.pre), str(theirs), q8.ArrayReader(calib), quant_format=ortq.QuantFormat.QDQ,
+                             op_types_to_quantize=q8.QUANTIZED_OPS, per_channel=True, reduce_range=True,
+                             weight_type=ortq.QuantType.QInt8, activation_type=ortq.QuantType.QInt8,
+                             calibrate_method=ortq.CalibrationMethod.Percentile,
+                             extra_options={"QDQKeepRemovableActivations": False, "QuantizeBias": False,
+                                            "CalibPercentile": r["percentile"]})
+        a, b = _initializers(ours), _initializers(theirs)
+        assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+        logits = ort_util.infer(ort_util.session(theirs), x)
+        assert r["disagreements"] == int((logits.argmax(1) != reference.argmax(1)).sum()) and r["inputs"] == len(x)
+        snr = 10 * np.log10(np.square(reference.astype(np.float64)).sum() / np.square(reference.astype(np.float64) - logits).sum())
+        assert r["output_sqnr_db"] == pytest.approx(snr, rel=1e-9)
+    chosen = _initializers(tmp_path / f"int8.p{made.percentile:g}.onnx")
+    written = _initializers(tmp_path / "int8.onnx")
+    assert all(np.array_equal(chosen[k], written[k]) for k in chosen)
+    scales = [_activation_scales(tmp_path / f"int8.p{p:g}.onnx") for p in (99.999, 99.99, 99.9, 99.5)]
+    for finer, coarser in zip(scales[1:], scales):  # more clipping: every grid at least as fine
+        assert all(finer[k] <= coarser[k] * (1 + 1e-6) for k in coarser)
+
+
+def test_no_check_inputs_or_no_search_quantize_at_the_reference_percentile(nets, quantized, tmp_path):
+    _, int8, pre = quantized[("relu", "mlp")]  # made without check inputs
+    cfg = Config()
+    cfg.quantize.clip_search = []
+    made = q8.quantize_file(pre, tmp_path / "plain.int8.onnx", q8.calibration_samples(cfg, digits().train.x), cfg, tmp_path,
+                            check=digits().val.x.numpy())
+    assert made.percentile == 99.999 and made.search == []
+    a, b = _initializers(int8), _initializers(tmp_path / "plain.int8.onnx")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_calibration_reader_covers_every_sample_and_rewinds():
@@ -214,7 +289,21 @@ def test_int8_stage(nets, tmp_path):
     saved = json.loads(run.file("quantize", "quantize.json").read_text())
     assert saved["settings"]["calibration_samples"] == 1024 and saved["settings"]["calibration_method"] == "percentile"
     assert saved["settings"]["percentile"] == Config().quantize.percentile
-    assert "calibration percentile (99.999%) on 1024 training examples" in int8_stage.report_section(run.cfg, run)
+    section = int8_stage.report_section(run.cfg, run)
+    assert ("calibrated on 1024 training examples by percentile, per model the most clipping of 99.999, 99.99, 99.9, "
+            "99.5% whose validation argmax agreement with fp32 is at most 0.2 points below 99.999%'s") in section
+    assert saved["settings"]["clip_search"] == [99.99, 99.9, 99.5] and saved["settings"]["clip_tolerance_pt"] == 0.2
+    x_val = digits().val.x.numpy()
+    for forms in saved["models"].values():
+        for e in forms.values():  # each model's clip, chosen on the validation split, is the file's own
+            rows = e["clip_search"]
+            assert [r["percentile"] for r in rows] == [99.999, 99.99, 99.9, 99.5] and e["percentile"] in (99.999, 99.99, 99.9, 99.5)
+            chosen = next(r for r in rows if r["percentile"] == e["percentile"])
+            f32 = ort_util.infer(ort_util.session(run.path / e["quantized_from"]), x_val).argmax(-1)
+            i8 = ort_util.infer(ort_util.session(run.path / e["int8_path"]), x_val).argmax(-1)
+            assert chosen["disagreements"] == int((f32 != i8).sum()) and chosen["inputs"] == len(x_val)
+            assert chosen["disagreements"] <= rows[0]["disagreements"] + 0.2 / 100 * len(x_val)
+            assert f"| {e['percentile']:g} |" in section
     assert {v: sorted(f) for v, f in saved["models"].items()} == {"lambda_gelu": ["relu", "smooth"], "relu": ["relu"]}
     relu = saved["models"]["lambda_gelu"]["relu"]
     assert relu["int8"]["integer_only"] and relu["normalization"] == "folded into fc0"
@@ -271,3 +360,7 @@ def test_the_issues_healthy_run_is_not_stopped_by_the_fold_check(tmp_path):
     for forms in saved["models"].values():
         for e in forms.values():
             assert e["fold_check"]["ort_bound_ratio"] <= 1 and e["fold_check"]["torch_bound_ratio"] <= 1
+
+
+def _initializers(path) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}

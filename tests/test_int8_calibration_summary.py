@@ -15,7 +15,7 @@ def test_counts_and_fidelity_of_a_hand_made_run(tmp_path):
     run = tmp_path / "p99.5"
     for d in ("quantize", "verify"):
         (run / d).mkdir(parents=True)
-    fid = {"test_argmax_agreement": 0.99, "test_drop_pt": 0.1, "output_sqnr_db": 16.0, "test_max_logit_change": 20.0}
+    fid = {"percentile": 99.9, "test_argmax_agreement": 0.99, "test_drop_pt": 0.1, "output_sqnr_db": 16.0, "test_max_logit_change": 20.0}
     (run / "quantize" / "quantize.json").write_text(json.dumps(
         {"settings": {"calibration_method": "percentile"}, "models": {"relu": {"relu": fid}}}))
     (run / "config.json").write_text(json.dumps({"quantize": {"percentile": 99.5}}))
@@ -34,3 +34,4 @@ def test_counts_and_fidelity_of_a_hand_made_run(tmp_path):
     assert v["int8_open"] == {"1@0.002": {"reason": "timeout", "margin_lb": "-2.0"},
                               "2@0.002": {"reason": "tie", "margin_lb": "-0.5"}}
     assert v["int8_median_margin_lb"] == -1.0 and v["output_sqnr_db"] == 16.0
+    assert v["percentile"] == 99.9  # the clip the stage chose for this model

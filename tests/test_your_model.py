@@ -273,20 +273,23 @@ def test_api_quantize_gives_the_int8_stages_file_and_a_report_onnxruntime_confir
     assert report["fp32"]["accuracy"] == pytest.approx(float((fp32.argmax(1) == ds.test.y.numpy()).mean()), abs=1 / len(xt))
     assert report["argmax_agreement"] == pytest.approx(float((fp32.argmax(1) == got.argmax(1)).mean()), abs=1 / len(xt))
     assert report["settings"]["calibration_samples"] == min(1024, len(ds.train)) and report["int8"]["integer_only"]
-    # the stage's own defaults: the same file as quantize_file with Config()'s quantize section and seed
+    # the stage's own defaults: the same file as quantize_file with Config()'s quantize section and seed, its clip
+    # chosen on the same inputs
     api.export_onnx(relu, ds.train.x[:2], tmp_path / "a.fp32.onnx")
     cfg = Config()
     calib = int8_mod.calibration_samples(cfg, ds.train.x)
-    int8_mod.quantize_file(tmp_path / "a.fp32.onnx", tmp_path / "stage.int8.onnx", calib, cfg, tmp_path)
+    made = int8_mod.quantize_file(tmp_path / "a.fp32.onnx", tmp_path / "stage.int8.onnx", calib, cfg, tmp_path, check=xt)
+    assert report["settings"]["percentile"] == made.percentile
+    assert [r["percentile"] for r in report["settings"]["clip_search"]] == [99.999, 99.99, 99.9, 99.5]
     stage = ort.InferenceSession(str(tmp_path / "stage.int8.onnx")).run(None, {"input": xt})[0]
     assert np.array_equal(stage, got)
     weights = [onnx.numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "a.int8.onnx")).graph.initializer
                if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
     assert weights and all(np.abs(w.astype(int)).max() <= 64 for w in weights)  # 7-bit weights (reduce_range)
     # an ONNX file in: the same int8 model
-    again = api.quantize(tmp_path / "a.fp32.onnx", ds.train.x.numpy(), tmp_path / "b.int8.onnx")
+    again = api.quantize(tmp_path / "a.fp32.onnx", ds.train.x.numpy(), tmp_path / "b.int8.onnx", data=xt)
     assert np.array_equal(ort.InferenceSession(again["path"]).run(None, {"input": xt})[0], got)
-    assert "accuracy" not in again["int8"] and again["samples"] == len(ds.train)
+    assert "accuracy" not in again["int8"] and again["samples"] == len(xt)
     from pipeline.config import ConfigError, QuantizeConfig
 
     with pytest.raises(ConfigError, match="quantize.percentile"):  # one line naming the setting, before any work

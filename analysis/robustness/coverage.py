@@ -53,7 +53,7 @@ PEER_RECORD = BENCHMARKS / "peers" / "readers" / "record.json"
 # Per architecture, the measured runs whose verify stage the decided column quotes (folders under BENCHMARKS holding a
 # run's verify/summary.json and config.json, committed by benchmarks/verify_time.py); the README links each.
 MEASURED: dict[str, tuple[str, ...]] = {
-    "mlp": ("verify-results/issue40/mlp",),
+    "mlp": ("verify-results/clip-search/mlp",),
     "cnn": ("verify-results/issue40/cnn1632-merged",),
     "preact_resnet": ("verify-results/issue40/preact816-merged", "verify-results/issue40/preact1632-merged"),
     "deit_tiny": ("verify-results/issue40/deit32x2-planes/after",),
