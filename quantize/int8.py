@@ -88,12 +88,13 @@ def calibration_samples(cfg: Config, x: torch.Tensor) -> np.ndarray:
 @dataclass
 class Quantized:
     """What `quantize_file` made: the pre-processed fp32 file (the SQNR's reference), the percentile the activation
-    ranges were clipped at (None: not percentile calibration), and when a clip was chosen every candidate's record
-    (`clip_fidelity`, the reference percentile first)."""
+    ranges were clipped at (None: not percentile calibration), when a clip was chosen every candidate's record
+    (`clip_fidelity`, the reference percentile first), and when a search was asked for but not run, why."""
 
     pre: Path
     percentile: float | None
     search: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
 
 
 def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir: Path,
@@ -102,7 +103,9 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
 
     Percentile calibration with `check` inputs and `quantize.clip_search`: one model per candidate clip, all from one
     histogram pass over `calib`, each compared with the fp32 model on `check`, and the one `choose_clip` picks is
-    written. Without `check` (or with no search), the model at `quantize.percentile`."""
+    written. Without `check`, with no search, or with too few `check` outputs for `quantize.clip_tolerance_pt` to
+    amount to one of them (then a clip's cost cannot be told from noise; `note` says so): the model at
+    `quantize.percentile`."""
     qcfg = cfg.quantize
     pre = workdir / f"{dst.stem}.pre.onnx"
     q.quant_pre_process(str(src), str(pre))
@@ -113,14 +116,20 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
             with atomic_path(dst) as tmp:
                 _quantize_static(pre, tmp, qcfg, ArrayReader(calib), cache)
             return Quantized(pre, None)
-        clips = qcfg.clip_candidates if check is not None and len(check) else qcfg.clip_candidates[:1]
+        clips, note, batch = qcfg.clip_candidates[:1], "", cfg.data.eval_batch_size
+        if check is not None and len(check) and len(qcfg.clip_candidates) > 1:
+            reference = ort_util.infer(ort_util.session(pre, qcfg.threads), check, batch)
+            n = reference.size // reference.shape[-1]  # argmax outputs: one per input, or per token
+            if qcfg.clip_tolerance_pt / 100 * n >= 1:
+                clips = qcfg.clip_candidates
+            else:
+                note = (f"{n} validation outputs: {qcfg.clip_tolerance_pt:g} points of agreement is less than one of "
+                        f"them, so no clip's cost can be told from noise")
         ranges = _percentile_ranges(pre, calib, workdir, clips)
         if len(clips) == 1:
             with atomic_path(dst) as tmp:
                 _quantize_static(pre, tmp, qcfg, None, ranges[clips[0]])
-            return Quantized(pre, clips[0])
-        batch = cfg.data.eval_batch_size
-        reference = ort_util.infer(ort_util.session(pre, qcfg.threads), check, batch)
+            return Quantized(pre, clips[0], note=note)
         files, rows = {}, []
         for p in clips:
             files[p] = workdir / f"{dst.stem}.p{p:g}.onnx"

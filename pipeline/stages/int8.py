@@ -60,6 +60,7 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
         **({"fold_check": fold_check} if fold_check else {}),
         **({"percentile": made.percentile} if made.percentile is not None else {}),
         **({"clip_search": made.search} if made.search else {}),
+        **({"clip_note": made.note} if made.note else {}),
         "fp32": fp32, "int8": int8,
         **_changes(fp32, int8, ds.info.metric),
         "test_argmax_agreement": float((fp32_logits["test"].argmax(-1) == int8_logits["test"].argmax(-1)).mean()),
@@ -161,12 +162,14 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                    f"whose validation argmax agreement with fp32 is at most {st['clip_tolerance_pt']:g} points below "
                    f"{st['percentile']:g}%'s (finer grids leave the int8 verifier less rounding noise)" if clipped else
                    st["calibration_method"])
+    kept = sorted({m["clip_note"] for forms in q["models"].values() for m in forms.values() if m.get("clip_note")})
     return "\n\n".join([
         "## int8 (onnxruntime static quantization)",
         f"{st['format']}, weights {st['weights']}, activations {st['activations']} calibrated on "
         f"{st['calibration_samples']} training examples by {calibration}; timed on {st['cpu']} with {st['timing']['intra_op_threads']} thread(s). "
         "The verify section certifies the int8 model of each ReLU form itself (its \"-int8\" rows); a certificate for a "
-        "float model says nothing about these graphs.",
+        "float model says nothing about these graphs."
+        + "".join(f" Clip kept at {st['percentile']:g}% where the validation split has {k}." for k in kept),
         render.table(["variant", "form", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (test)", "size ratio",
                       "int8 latency b1 (ms)", "speedup b1", f"int8 {tb} (/s)", "speedup", "min activation SQNR (dB)",
                       "integer-only"] + (["clip (%)"] if clipped else []), rows),
