@@ -28,7 +28,11 @@ except ImportError as exc:  # the models extra is not installed
     pytest.skip(str(exc), allow_module_level=True)
 
 SWAP_MAX_DLOGIT = 1e-2  # the goal for a hardened model's swap
-INT8_POINTS = 0.01  # int8 accuracy within 1 point of fp32
+# int8 accuracy within 2.5 points of fp32 (6 of the 256 test inputs): these 4-epoch models sit near 60% accuracy with
+# many inputs near a class boundary: resnet_silu's int8 accuracy moved by 4 inputs (1.6 points) with which test files
+# ran before this one in the same process (as pytest-xdist's --dist loadfile may arrange); a broken quantization
+# loses far more
+INT8_POINTS = 0.025
 LAMBDA_ATOL = 2e-3  # the λ a recognized activation matches (the tanh GELU's best λ is 1.00066)
 MATCH_ATOL = 2e-3  # pipeline.recognize.MATCH_ATOL, the tolerance of a match (held equal by a test below)
 
