@@ -343,3 +343,11 @@ def test_nothing_unverified_passes_in_silence(done):
     run.mark_stage("verify", status="done", metrics=metrics)
     assert [line for line in closing_lines(run) if line.startswith("NOT VERIFIED")] == [
         f"NOT VERIFIED {m}: {why}" for m, why in missing.items()]
+
+
+def test_the_open_table_shows_an_unbounded_margin_as_minus_infinity():
+    from pipeline.stages.verify_report import _open_section
+
+    rows = [{"model": "m-int8", "network": "int8", "eps": 0.002, "sample": s, "reason": "timeout", "result": "timeout",
+             "margin_lb": m, "bound": "crown"} for s, m in enumerate(["-2e+300", "-inf", "-1.25", ""])]
+    assert "0: −∞ (crown), 1: −∞ (crown), 2: -1.25 (crown), 3: — (crown)" in _open_section(rows)

@@ -779,16 +779,17 @@ class Bounder:
             self.crown_failed = e  # what stopped this box's pass (`first_pass` does not run it again to learn it)
             raise e from None
 
-    def _unbounded_layer_norms(self) -> str:
+    def _unbounded_layer_norms(self, everywhere: bool = False) -> str:
         """An int8 LayerNorm whose float32 error has no bound on rows the output reads (`LayerNormRounding`: the box as
-        bounded leaves those rows too little spread, or none: they may be constant), as one clause; "" if none."""
+        bounded leaves those rows too little spread, or none: they may be constant), as one clause; "" if none. Only
+        those the site CROWN stopped at reads, unless `everywhere` (a pass that finished with an unbounded margin)."""
         needed = self.needed()
         at = self._crown_site
         before = self.ancestors(self.sites[at]) if at is not None else set()
         parts = []
         for s, k in enumerate(self.sites):
             op = self.op(s)
-            if not isinstance(op, LayerNormRounding) or k not in before:  # only what the refusing site reads
+            if not isinstance(op, LayerNormRounding) or not (everywhere or k in before):  # what the refusing site reads
                 continue
             l, u = self.pre[s]
             rows = (torch.isinf(op.bound(l, u)) & needed[k]).reshape(op.R, op.N).any(1)
@@ -796,6 +797,10 @@ class Bounder:
                 parts.append(f"{op.source or 'a LayerNorm'} has no float32 error bound on {int(rows.sum())} of {op.R} "
                              f"rows (the bounds leave them too little spread: they may be constant over the box)")
         return "; ".join(parts)
+
+    def why_unbounded(self) -> str:
+        """Why a finished pass leaves a margin with no finite bound, as one clause ("" if no int8 LayerNorm says)."""
+        return self._unbounded_layer_norms(everywhere=True)
 
     def _crown(self) -> None:
         stopped = False

@@ -226,7 +226,7 @@ class _BoundsState:
         margin = self._margin(lower)
         if all(ex):
             return "unsat", None, f"{what}: every disjunct excluded (smallest margin {margin:.4g})"
-        return "unknown", None, f"{what}: {ex.count(False)}/{self.n} disjuncts open (smallest margin {margin:.4g})"
+        return "unknown", None, f"{what}: {ex.count(False)}/{self.n} disjuncts open ({self._smallest(margin)})"
 
     @property
     def stage(self) -> str:
@@ -239,7 +239,15 @@ class _BoundsState:
         opn = self.open
         if not opn:
             return f"{name}: every disjunct excluded (smallest margin {self._margin():.4g})"
-        return f"{name}: {len(opn)}/{self.n} disjuncts open (smallest margin {self._margin():.4g})"
+        return f"{name}: {len(opn)}/{self.n} disjuncts open ({self._smallest(self._margin())})"
+
+    def _smallest(self, margin: float) -> str:
+        """"smallest margin m"; a margin with no finite bound (an int8 LayerNorm's float32 error unbounded on rows the
+        output reads, an unknown unit's ±`bounds.UNKNOWN`) says so, with the LayerNorm's rows when it is one."""
+        if margin > -bounds.UNKNOWN / 2:
+            return f"smallest margin {margin:.4g}"
+        why = self.bounder.why_unbounded()
+        return "smallest margin unbounded below" + (f": {why}" if why else "")
 
     def _margin(self, lower: torch.Tensor | None = None) -> float:
         """The best row of the hardest disjunct: > 0 proves the property."""

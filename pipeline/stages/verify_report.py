@@ -10,6 +10,7 @@ from typing import Any
 
 from analysis.robustness.chain import fractions
 from analysis.robustness.properties import ROUTES, is_int8
+from analysis.verification.bounds import UNKNOWN
 from pipeline.config import Config
 from pipeline.render import figure, pct, save, table
 from pipeline.rundir import RunDir
@@ -74,6 +75,14 @@ def _first_pass_lines(s: dict[str, Any]) -> list[str]:
     return out
 
 
+def _margin(value: Any) -> str:
+    """A margin bound as the table shows it: "—" when none finished, "−∞" when it has no finite bound (an unknown
+    unit's ±`UNKNOWN`, e.g. an int8 LayerNorm's float32 error; details.csv's message says which)."""
+    if value in ("", None):
+        return "—"
+    return "−∞" if float(value) <= -UNKNOWN / 2 else f"{float(value):.3g}"
+
+
 def _open_section(rows: Sequence[dict[str, Any]]) -> str:
     """Each open property's reason and best margin bound, grouped per model, network and ε."""
     if not rows:
@@ -86,11 +95,12 @@ def _open_section(rows: Sequence[dict[str, Any]]) -> str:
         reasons: dict[str, int] = {}
         for r in sel:
             reasons[r["reason"] or r["result"]] = reasons.get(r["reason"] or r["result"], 0) + 1
-        margins = ", ".join(f"{r['sample']}: " + ("—" if r["margin_lb"] in ("", None) else f"{float(r['margin_lb']):.3g}")
-                            + (f" ({r['bound']})" if r.get("bound") else "") for r in sorted(sel, key=lambda r: r["sample"]))
+        margins = ", ".join(f"{r['sample']}: " + _margin(r["margin_lb"]) + (f" ({r['bound']})" if r.get("bound") else "")
+                            for r in sorted(sel, key=lambda r: r["sample"]))
         body.append([model, network, f"{eps:g}", len(sel), ", ".join(f"{k} {n}" for k, n in reasons.items()), margins])
     return ("Open properties, why, and the best margin bound found per sample (> 0 would prove it; in brackets the "
-            "last bound pass that finished): `budget` = no bound pass finished in the time the property had, "
+            "last bound pass that finished; −∞: no finite bound, details.csv's message says why): `budget` = no bound "
+            "pass finished in the time the property had, "
             "`timeout` = the search after its bounds ran out, `unknown` = an incomplete method ended undecided, "
             "`tie` = the model gives two top logits exactly equal at a point of the box (no certificate exists; a "
             "counterexample must be strict, and the search for one had the property's time). "
