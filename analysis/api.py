@@ -138,7 +138,9 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
         (anything `as_split` takes) accuracy too.
         With percentile calibration the activations' clip is chosen there too (`config.clip_search`: the most
         clipping percentile whose argmax agreement with fp32 is at most `clip_tolerance_pt` points below
-        `percentile`'s), so pass held-out inputs, not the test set you report on.
+        `percentile`'s), so pass held-out inputs, not the test set you report on; that costs one onnxruntime pass
+        over `data` per candidate (four by default), and is skipped (`settings["clip_note"]` says why) where the
+        tolerance is less than one of `data`'s outputs.
     example: the export's trace input for a module (default: the first two calibration inputs).
 
     The report: `path`, `settings` (with the clip chosen, `percentile`, and every candidate's agreement on `data`,
