@@ -4,7 +4,8 @@ Models: the default model built with λ-GELU and swapped to ReLU ("swapped_relu"
 with GELU ("gelu", whose Gelu nodes stay float in the int8 graph); λ-GELU unswapped ("lambda_gelu",
 Mul → Gelu → Div) for completeness. The graphs are made exactly as the pipeline's export and int8
 stages make them (`quantize.export.to_onnx`, `quantize.export.fold_normalization` and `quantize_file`:
-QDQ, per-channel int8 weights, MinMax calibration on training images). Weights are the seeded
+QDQ, per-channel int8 weights, calibration on training images at `quantize.percentile`; the stage's clip search
+picks another clip, which changes no node and so no speed). Weights are the seeded
 initialization: speed does not depend on what was learned, and no training run is needed.
 All sessions are timed interleaved, one `session.run` of each per repetition.
 """
