@@ -147,10 +147,10 @@ def clip_fidelity(reference: np.ndarray, logits: np.ndarray) -> dict[str, Any]:
     inputs where it differs) and the outputs' SQNR in dB."""
     differ = int((reference.argmax(-1) != logits.argmax(-1)).sum())
     n = reference.size // reference.shape[-1]
-    noise = float(np.square(reference.astype(np.float64) - logits).sum())
+    ref = reference.astype(np.float64)
+    noise = float(np.square(ref - logits).sum())
     return {"agreement": 1 - differ / n, "disagreements": differ, "inputs": n,
-            "output_sqnr_db": _db(10 * math.log10(float(np.square(reference.astype(np.float64)).sum()) / noise)
-                                  if noise > 0 else math.inf)}
+            "output_sqnr_db": _db(10 * math.log10(float(np.square(ref).sum()) / noise) if noise > 0 else math.inf)}
 
 
 def choose_clip(rows: list[dict[str, Any]], tolerance_pt: float) -> float:
@@ -182,17 +182,11 @@ def _percentile_ranges(model: Path, calib: np.ndarray, workdir: Path, clips: lis
     percentile set: onnxruntime's 2048 bins, symmetric ranges); its histograms do not depend on the percentile,
     which only `compute_data` reads, so one collection serves every clip.
     """
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
-
-    calibrator = create_calibrator(model, QUANTIZED_OPS, augmented_model_path=str(workdir / "percentile_aug.onnx"),
-                                   calibrate_method=q.CalibrationMethod.Percentile,
-                                   extra_options={"percentile": clips[0]})
-    calibrator.collect_data(ArrayReader(calib))
+    calibrator = _collected(model, calib, workdir, q.CalibrationMethod.Percentile, {"percentile": clips[0]})
     out = {}
     for p in clips:
         calibrator.collector.percentile = p
-        out[p] = workdir / f"ranges-p{p:g}.json"
-        save_tensors_data(calibrator.compute_data(), out[p])
+        out[p] = _save_ranges(calibrator, workdir / f"ranges-p{p:g}.json")
     return out
 
 
@@ -203,15 +197,27 @@ def _entropy_ranges(model: Path, calib: np.ndarray, workdir: Path) -> Path:
     the KL search has one candidate, the full range, and "entropy" silently equals MinMax. It passes
     no option to change that, hence this calibrator built by hand with ENTROPY_BINS bins.
     """
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    calibrator = _collected(model, calib, workdir, q.CalibrationMethod.Entropy,
+                            {"num_bins": ENTROPY_BINS, "num_quantized_bins": 128})
+    return _save_ranges(calibrator, workdir / "entropy_ranges.json")
 
-    calibrator = create_calibrator(model, QUANTIZED_OPS, augmented_model_path=str(workdir / "entropy_aug.onnx"),
-                                   calibrate_method=q.CalibrationMethod.Entropy,
-                                   extra_options={"num_bins": ENTROPY_BINS, "num_quantized_bins": 128})
+
+def _collected(model: Path, calib: np.ndarray, workdir: Path, method, options: dict[str, Any]):
+    """onnxruntime's calibrator for `method` with `options`, after one pass over `calib` (the histograms)."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    calibrator = create_calibrator(model, QUANTIZED_OPS, augmented_model_path=str(workdir / f"{method.name}_aug.onnx"),
+                                   calibrate_method=method, extra_options=options)
     calibrator.collect_data(ArrayReader(calib))
-    cache = workdir / "entropy_ranges.json"
-    save_tensors_data(calibrator.compute_data(), cache)
-    return cache
+    return calibrator
+
+
+def _save_ranges(calibrator, path: Path) -> Path:
+    """The calibrator's ranges as they stand, as a calibration cache quantize_static reads."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    save_tensors_data(calibrator.compute_data(), path)
+    return path
 
 
 def sqnr_rows(float_path: Path, int8_path: Path, x: np.ndarray, workdir: Path) -> list[dict[str, Any]]:

@@ -157,11 +157,14 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
             + ([f"{m.get('percentile', st['percentile']):g}"] if clipped else [])
             for v, forms in q["models"].items() for form, m in forms.items()]
     search = st.get("clip_search") or []
-    calibration = (f"percentile ({st['percentile']:g}%)" if clipped and not search else
-                   f"percentile, per model the most clipping of {', '.join(f'{p:g}' for p in [st['percentile'], *search])}% "
-                   f"whose validation argmax agreement with fp32 is at most {st['clip_tolerance_pt']:g} points below "
-                   f"{st['percentile']:g}%'s (finer grids leave the int8 verifier less rounding noise)" if clipped else
-                   st["calibration_method"])
+    if not clipped:
+        calibration = st["calibration_method"]
+    elif not search:
+        calibration = f"percentile ({st['percentile']:g}%)"
+    else:
+        calibration = (f"percentile, per model the most clipping of {', '.join(f'{p:g}' for p in [st['percentile'], *search])}% "
+                       f"whose validation argmax agreement with fp32 is at most {st['clip_tolerance_pt']:g} points below "
+                       f"{st['percentile']:g}%'s (finer grids leave the int8 verifier less rounding noise)")
     kept = sorted({m["clip_note"] for forms in q["models"].values() for m in forms.values() if m.get("clip_note")})
     return "\n\n".join([
         "## int8 (onnxruntime static quantization)",
