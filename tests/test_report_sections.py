@@ -125,3 +125,29 @@ def test_a_per_feature_input_range_is_summarised_not_pasted():
     assert "26 features" in text and "[0, 125]" in text and "(f0, f25)" in text
     assert len([t for t in text.replace(",", " ").replace("[", " ").replace("]", " ").split() if t.replace(".", "").isdigit()]) <= 8
     assert render.value_range(0.0, 1.0) == "[0, 1]"
+
+
+def test_the_chain_says_why_a_float_proof_stops_short_of_the_int8_model():
+    """Each kind of open int8 answer behind a float ReLU proof gets its own reason, with both margin bounds as
+    details.csv holds them (not a sentence that covers every case with an "or")."""
+    from analysis.robustness.chain import chain_rows
+    from analysis.verification.bounds import UNKNOWN
+
+    def row(variant, sample, result, reason="", margin=""):
+        return {"variant": variant, "sample": sample, "eps": 0.002, "verifier": "auto", "result": result,
+                "reason": reason, "margin_lb": margin}
+
+    relu = [row("v", s, "unsat", margin="2.5") for s in range(6)]
+    relu.append(row("v", 6, "unsat", margin="-1.6") | {"stage": "bab"})
+    int8 = [row("v-int8", 0, "unsat", margin="0.4"), row("v-int8", 1, "timeout", "timeout", "-8.06"),
+            row("v-int8", 2, "timeout", "tie", "-0.5"), row("v-int8", 3, "timeout", "budget", "-3e8"),
+            row("v-int8", 4, "unknown", "unknown", str(-UNKNOWN)),
+            row("v-int8", 6, "timeout", "timeout", "-3.4")]
+    said = [c["carries_over"] for c in chain_rows(["v"], relu + int8, [], "auto")]
+    assert said[0].startswith("proven for the int8 model itself")
+    assert said[1].endswith("its best margin bound through the rounding is -8.06 against the float ReLU network's 2.5")
+    assert "tie exactly" in said[2] and "no strict counterexample" in said[2]
+    assert "no bound pass on it finished" in said[3]
+    assert "no finite bound" in said[4]
+    assert said[5].endswith("no int8 model was verified")  # sample 5 has no int8 row
+    assert said[6].endswith("is -3.4, where the float ReLU network's proof needed branch and bound")

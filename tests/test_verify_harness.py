@@ -118,6 +118,17 @@ def test_nearness_reads_branch_and_bounds_lower_bound_first_and_puts_a_tie_last(
     assert near(Result("timeout", 1.0)) == float("inf")
 
 
+def test_the_best_margin_is_the_higher_of_the_last_pass_and_branch_and_bounds_global_lower_bound():
+    """details.csv, the report and api.verify read one value: branch and bound's global lower bound where it rose above
+    the root pass's (a search of thousands of domains is not hidden behind its root), else the pass's, named."""
+    from analysis.verification.problem import best_margin
+
+    assert best_margin({"margin_lb": -3.42, "bound": "alpha-crown", "bab_lower": -2.19}) == (-2.19, "bab")
+    assert best_margin({"margin_lb": -1.0, "bound": "crown", "bab_lower": -1.5}) == (-1.0, "crown")
+    assert best_margin({"margin_lb": 0.7, "bound": "crown"}) == (0.7, "crown")
+    assert best_margin({}) == (None, "")
+
+
 class GivesUp(Verifier):
     """An incomplete method: ends undecided at once ("unknown"), whatever its limit; counts its calls."""
 

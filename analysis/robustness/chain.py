@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from analysis.verification.bounds import UNKNOWN
 from analysis.verification.vnnlib import format_real
 
 from .properties import int8_name, is_int8, property_name
@@ -20,9 +21,11 @@ CHAIN_FIELDS = ["variant", "sample", "eps", "smooth_direct", "smooth_via_relu", 
 def chain_rows(variants: Sequence[str], relu_rows: list[dict[str, Any]], smooth_rows: list[dict[str, Any]],
                verifier: str) -> list[dict[str, Any]]:
     """Per variant, sample and ε: what is proven about each network of the chain (smooth by both routes, the float
-    ReLU network, the int8 model) and one sentence on what carries over."""
-    res = {(r["variant"], int(r["sample"]), format_real(float(r["eps"]))): r["result"] or "—" for r in relu_rows
-           if r["verifier"] == verifier}
+    ReLU network, the int8 model) and one sentence on what carries over: where a float ReLU proof does not reach the
+    int8 model, why, with both margin bounds from the rows (details.csv's `reason` and `margin_lb`)."""
+    rows = {(r["variant"], int(r["sample"]), format_real(float(r["eps"]))): r for r in relu_rows
+            if r["verifier"] == verifier}
+    res = {k: r["result"] or "—" for k, r in rows.items()}
     smo = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r["result"] or "—" for r in smooth_rows}
     keys = sorted({(v, s, e) for (v, s, e) in res if not is_int8(v)} | {(v, s, e) for (v, s, e, _) in smo},
                   key=lambda t: (list(variants).index(t[0]) if t[0] in variants else len(variants), float(t[2]), t[1]))
@@ -31,12 +34,38 @@ def chain_rows(variants: Sequence[str], relu_rows: list[dict[str, Any]], smooth_
         row = {"variant": v, "sample": smp, "eps": e, "smooth_direct": smo.get((v, smp, e, "direct"), "—"),
                "smooth_via_relu": smo.get((v, smp, e, "via-relu"), "—"), "relu": res.get((v, smp, e), "—"),
                "int8": res.get((int8_name(v), smp, e), "—")}
-        row["carries_over"] = _carries(row)
+        row["carries_over"] = _carries(row, rows.get((v, smp, e)), rows.get((int8_name(v), smp, e)))
         out.append(row)
     return out
 
 
-def _carries(r: dict[str, Any]) -> str:
+def _bound(row: dict[str, Any] | None) -> float | None:
+    """A row's best margin bound: None when no bound pass finished; -inf when it has no finite bound."""
+    if not row or row.get("margin_lb") in ("", None):
+        return None
+    m = float(row["margin_lb"])
+    return -float("inf") if m <= -UNKNOWN / 2 else m
+
+
+def _not_carried(relu: dict[str, Any] | None, q: dict[str, Any] | None) -> str:
+    """Why a float ReLU proof stops short of the int8 model, from the int8 row's reason and both margin bounds."""
+    if q is None or (q["result"] or "—") == "—":
+        return "no int8 model was verified"
+    if q.get("reason") == "tie":
+        return ("not carried to int8: two of its logits tie exactly at a point of the box, so no proof exists, and no "
+                "strict counterexample was found")
+    mq, mr = _bound(q), _bound(relu)
+    if q.get("reason") == "budget" or mq is None:
+        return "not carried to int8: no bound pass on it finished in its budget (`verify.int8_budget_s`)"
+    if mq == -float("inf"):
+        return "not carried to int8: its margin has no finite bound through the rounding (details.csv's message says why)"
+    # a float proof by branch and bound keeps its root pass's negative bound in the row: no number to set beside
+    float_m = (f" against the float ReLU network's {mr:.3g}" if mr is not None and mr > 0 else
+               ", where the float ReLU network's proof needed branch and bound" if relu and relu.get("stage") == "bab" else "")
+    return f"not carried to int8: its best margin bound through the rounding is {mq:.3g}{float_m}"
+
+
+def _carries(r: dict[str, Any], relu_row: dict[str, Any] | None = None, int8_row: dict[str, Any] | None = None) -> str:
     smooth = "unsat" in (r["smooth_direct"], r["smooth_via_relu"])
     relu, q = r["relu"], r["int8"]
     if q == "unsat":
@@ -52,8 +81,8 @@ def _carries(r: dict[str, Any]) -> str:
         return "falsified for the int8 model (witness re-checked in onnxruntime)" + (
             ", and for the float ReLU network" if relu == "sat" else "")
     if relu == "unsat":
-        return "proven for the float ReLU network" + (" and the smooth one" if smooth else "") + \
-            "; not carried to int8 (its bound through the rounding did not close, or no int8 model was verified)"
+        return ("proven for the float ReLU network" + (" and the smooth one" if smooth else "") + "; "
+                + _not_carried(relu_row, int8_row))
     if smooth:
         return "proven for the smooth network only"
     return "nothing proven" if relu != "sat" else "falsified for the float ReLU network"

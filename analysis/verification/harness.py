@@ -64,7 +64,7 @@ from pipeline.shards import in_shard, parse_shard
 
 from . import first_pass
 from .graph import Graph
-from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, hard_limit
+from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, best_margin, hard_limit
 from .readers import read
 from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
@@ -461,7 +461,8 @@ class _Worker:
         (the last pass that finished, its margin bound)."""
         problem = self.problems.get(i, (None, 0.0))[0]
         info = dict(problem.info) if problem is not None else {}
-        bound = f" (its bounds: {info['bound']}, margin bound {info['margin_lb']:.4g})" if "margin_lb" in info else ""
+        margin, which = best_margin(info)
+        bound = f" (its bounds: {which}, margin bound {margin:.4g})" if margin is not None else ""
         return Result("timeout", self.spent.get(i, 0.0), message=f"not run: {why}{bound}", info=info)
 
 
@@ -471,7 +472,7 @@ def _closeness(result: Result | None, problem: Problem | None = None) -> float:
     info = result.info if result is not None else (problem.info if problem is not None else {})
     if info.get("tie"):  # the box reaches the unsafe set: no bound can decide it, only a strict point found
         return math.inf
-    v = info.get("bab_lower", info.get("margin_lb"))  # branch and bound's global lower bound, once it has one
+    v = best_margin(info)[0]  # branch and bound's global lower bound, once it has one and it is the higher
     return -float(v) if v is not None and math.isfinite(float(v)) else math.inf
 
 

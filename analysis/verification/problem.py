@@ -153,6 +153,17 @@ def open_reason(result: "Result") -> str:
     return "timeout"
 
 
+def best_margin(info: dict) -> tuple[float | None, str]:
+    """The best lower bound found on a property's margin (> 0 proves it) and what found it: branch and bound's global
+    lower bound over the domains it left open (``info["bab_lower"]``), once it has one and it is the higher, else the
+    last bound pass that finished (``info["margin_lb"]``, ``info["bound"]``). One reading for details.csv, the report
+    and `api.verify`: the root pass alone would hide what a search of many domains gained."""
+    m, lo = info.get("margin_lb"), info.get("bab_lower")
+    if lo is not None and (m is None or float(lo) > float(m)):
+        return float(lo), "bab"
+    return (None if m is None else float(m)), info.get("bound", "")
+
+
 def float32_in_box(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
     """x rounded to float32, each value moved to the nearest float32 inside [lb, ub] where rounding left the box
     (as float64 values: the witness prints them exactly)."""

@@ -46,7 +46,7 @@ from analysis.robustness.chain import CHAIN_FIELDS, chain_rows, conflicts
 from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, is_int8,
                                             relu_properties, smooth_properties)
 from analysis.verification import harness, registry
-from analysis.verification.problem import open_reason
+from analysis.verification.problem import best_margin, open_reason
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
 from pipeline.atomic_io import atomic_write_csv, atomic_write_json, atomic_write_text
@@ -256,8 +256,9 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
 
     def done(o: harness.Outcome) -> None:
         res = o.result
+        margin, bound = best_margin(res.info)
         common = dict(result=res.status, reason=open_reason(res), stage=res.stage, seconds=round(res.seconds, 4),
-                      bound=res.info.get("bound", ""), margin_lb=_r(res.info.get("margin_lb")), final=int(o.final),
+                      bound=bound, margin_lb=_r(margin), final=int(o.final),
                       message=_clean(res.message))
         if is_relu[o.key]:
             row = relu.rows[o.key]

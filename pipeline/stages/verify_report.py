@@ -99,7 +99,8 @@ def _open_section(rows: Sequence[dict[str, Any]]) -> str:
                             for r in sorted(sel, key=lambda r: r["sample"]))
         body.append([model, network, f"{eps:g}", len(sel), ", ".join(f"{k} {n}" for k, n in reasons.items()), margins])
     return ("Open properties, why, and the best margin bound found per sample (> 0 would prove it; in brackets the "
-            "last bound pass that finished; −∞: no finite bound, details.csv's message says why): `budget` = no bound "
+            "last bound pass that finished, or `bab`: branch and bound's global lower bound over the domains it left open, "
+            "where that is higher; −∞: no finite bound, details.csv's message says why): `budget` = no bound "
             "pass finished in the time the property had, "
             "`timeout` = the search after its bounds ran out, `unknown` = an incomplete method ended undecided, "
             "`tie` = the model gives two top logits exactly equal at a point of the box (no certificate exists; a "
