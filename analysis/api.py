@@ -252,7 +252,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     |---|---|---|---|---|---|
     | `mlp` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 45/45 · 28/30 · 43/45 (hidden [256, 256, 256, 256]; fashion_mnist, ε 0.002–0.008; [run](benchmarks/verify-results/clip-search/mlp/summary.json)) |
     | `cnn` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 30/30 · 30/30 · 27/30 (channels [16, 32], cnn_hidden 64; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/cnn1632-merged/summary.json)) |
-    | `resnet18_cifar` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | not measured |
+    | `resnet18_cifar` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 30/30 · 30/30 · 9/30 (resnet_width 8; digits, ε 0.002–0.008; [run](benchmarks/verify-results/resnet18w8/summary.json)) |
     | `deit_tiny` | read | read | read | yes: onnx2pytorch, onnx2torch | 28/30 · 28/30 · 0/30 (dim 32, depth 2, heads 4, patch_size 4; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/deit32x2-planes/after/summary.json)) |
     | `gpt` | not read: an integer input (int64: token ids or indices) | not read: an integer input (token ids into an nn.Embedding) | not read: an integer input (int64: token ids or indices) | — | not measured |
     | `preact_resnet` | read | read | read | yes: auto_LiRPA, neuralsat, onnx2pytorch, onnx2torch | 30/30 · 30/30 · 0/30 (channels [8, 16]; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/preact816-merged/summary.json))<br>30/30 · 29/30 · 0/30 (channels [16, 32]; digits, ε 0.002–0.008; [run](benchmarks/verify-results/issue40/preact1632-merged/summary.json)) |

@@ -57,6 +57,7 @@ MEASURED: dict[str, tuple[str, ...]] = {
     "cnn": ("verify-results/issue40/cnn1632-merged",),
     "preact_resnet": ("verify-results/issue40/preact816-merged", "verify-results/issue40/preact1632-merged"),
     "deit_tiny": ("verify-results/issue40/deit32x2-planes/after",),
+    "resnet18_cifar": ("verify-results/resnet18w8",),
 }
 UNMEASURED = "not measured"
 RERUN = "not measured on this form (rerun benchmarks/peers/readers.py)"
