@@ -166,9 +166,13 @@ class QuantizeConfig:
     # `percentile`, and so does 0
     clip_tolerance_pt: float = 0.2
     per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
-    activation_type: Literal["int8", "uint8"] = "int8"
+    # "int16": 16-bit activation grids (w8a16, opset 21): 257 times finer than int8's, so the verifier's rounding
+    # bound is too; onnxruntime's CPU runs such a graph unfused, in float32, so it buys size, not speed
+    # (docs/architecture.md, "Sixteen-bit activations")
+    activation_type: Literal["int8", "uint8", "int16"] = "int8"
     # 7-bit weights: on x86 CPUs without VNNI, onnxruntime's int8 kernels add products in pairs in int16 with
-    # saturation, and only 7-bit weights keep those pairs in range; the int8 verifier reads no other model
+    # saturation, and only 7-bit weights keep those pairs in range; on 8-bit activation grids the verifier reads no
+    # other model
     # (analysis/verification/quantized.py; benchmarks/VERIFICATION.md measures what it costs)
     reduce_range: bool = True
     keep_activations: bool = False  # QDQKeepRemovableActivations: keep ReLU nodes (slower; for graph readers)

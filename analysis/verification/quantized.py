@@ -5,7 +5,9 @@ The statement covers onnxruntime's CPU execution of the QDQ graph the int8 stage
 quantized by QuantizeLinear, each Gemm/Conv run either fused (QGemm/QLinearConv: int8 × int8 products summed in
 int32, the float bias rounded to int32 at the step s_x·s_w, the sum requantized by one float32 multiply, rounded to
 the nearest integer, shifted by the zero point and saturated) or unfused (DequantizeLinear, a float32 Gemm/Conv,
-QuantizeLinear). One bound covers both, so a certificate does not depend on which kernels the optimizer picks.
+QuantizeLinear). One bound covers both, so a certificate does not depend on which kernels the optimizer picks. With
+16-bit activations (`quantize.activation_type` "int16") only the second exists: no integer kernel takes a 16-bit
+input (`fusable`); the bound is the same, its int32 terms then spare.
 
 For an affine op v = Σ_j W_j x_j + b on dequantized inputs x (every |x_j| ≤ m_j, the range of the grid it came from)
 whose output is quantized with scale s, zero point z and range [q_min, q_max], the value the runtime passes on is
@@ -65,7 +67,8 @@ from pipeline.numerics import U, dot_error, gamma
 
 REQUANT_EXTRA = 8  # the requantized sum's roundings beyond its n terms: the module docstring's γ_{n+8}
 NO_SLACK = 1.0  # γ_{n+8} has room for the bound's own float64 evaluation: no GAMMA_SLACK
-INT_RANGES = {3: (-128, 127), 2: (0, 255)}  # ONNX TensorProto.INT8 = 3, TensorProto.UINT8 = 2
+# ONNX TensorProto.INT8 = 3, UINT8 = 2; INT16 = 5 (activations of `quantize.activation_type` "int16")
+INT_RANGES = {3: (-128, 127), 2: (0, 255), 5: (-32768, 32767)}
 INT32_MAX = 2 ** 31 - 1
 
 
@@ -126,9 +129,17 @@ def exact_error(in_range: tuple[torch.Tensor, torch.Tensor], scale: np.ndarray, 
     return np.broadcast_to(s / 2 + 2 * U * (m + s * (np.abs(np.asarray(zero, dtype=np.float64)) + 1)), m.shape).copy()
 
 
+def fusable(qmin: int, qmax: int) -> bool:
+    """Whether a runtime may fuse a Gemm/Conv on this input grid into an integer kernel: ONNX's integer ops
+    (QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger) and onnxruntime's QGemm take 8-bit inputs only, so a
+    16-bit grid's op runs unfused, in float32."""
+    return qmax - qmin <= 255
+
+
 def int32_safe(op, in_range: tuple[torch.Tensor, torch.Tensor], in_scale: np.ndarray, w_scale: np.ndarray | None) -> bool:
     """True when the fused kernel's int32 accumulator cannot overflow: |acc| ≤ Σ |q_w|·|q_x − z_x| + |bias/(s_x s_w)|,
-    bounded through the dequantized ranges by S / (s_x·s_w) with the smallest input scale."""
+    bounded through the dequantized ranges by S / (s_x·s_w) with the smallest input scale. (Only asked of a grid a
+    kernel may fuse: `fusable`.)"""
     if w_scale is None:
         return True
     S, _ = magnitude(op, in_range)

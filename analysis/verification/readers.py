@@ -142,6 +142,7 @@ class OnnxReader:
         self.grids: dict[int, Grid] = {}
         self.affine_info: dict[int, dict[str, Any]] = {}
         self.wide_weights: set[str] = set()  # 8-bit weights: outside what `quantized` covers
+        self.sixteen_bit = False  # a 16-bit grid seen (`quantize.activation_type` "int16")
         self.chains: dict[str, list[tuple[str, ...]]] = {}  # the gate patterns of two or more ops, by their first op
         for ops in gate_patterns():
             if len(ops) > 1:
@@ -485,13 +486,16 @@ def _gemm(r: OnnxReader) -> None:
 
 def _record_affine(r: OnnxReader, out: Value, x: Value, terms: int, w_scale: np.ndarray | None, int_bias: bool) -> None:
     """What the runtime's rounding of this affine node depends on, for a QuantizeLinear that may read it."""
-    if len(r.node.input) > 1 and r.node.input[1] in r.wide_weights:
+    from .quantized import fusable
+
+    g = r.grids.get(x.node)
+    wide = len(r.node.input) > 1 and r.node.input[1] in r.wide_weights
+    if wide and (g is None or fusable(g.qmin, g.qmax)):  # on a 16-bit input no integer kernel runs it
         raise r.unsupported("its weights are 8-bit: onnxruntime's x86 kernels without VNNI add products in pairs in int16 "
                             "with saturation, so no bound holds", what="int8 weights beyond 7 bits",
                             fix="quantize with quantize.reduce_range=true")
     info = {"input": x.node, "terms": int(terms), "int_bias": int_bias,
             "w_scale": None if w_scale is None else np.asarray(w_scale, dtype=np.float64).reshape(-1)}
-    g = r.grids.get(x.node)
     info["bias_step"] = (None if info["w_scale"] is None or int_bias or g is None
                          else float(g.scale.max()) * info["w_scale"])  # the fused kernels round a float bias to int32
     r.affine_info[out.node] = info
@@ -865,12 +869,14 @@ def _quant_params(r: OnnxReader, shape: tuple[int, ...]) -> tuple[np.ndarray, np
     zname = r.node.input[2] if len(r.node.input) > 2 else ""
     if zname:
         zc = r.consts[zname] if zname in r.consts else r.const(zname)
-        dtype = {np.dtype(np.int8): 3, np.dtype(np.uint8): 2}.get(np.asarray(zc).dtype)
+        dtype = {np.dtype(np.int8): 3, np.dtype(np.uint8): 2, np.dtype(np.int16): 5}.get(np.asarray(zc).dtype)
         zero = np.asarray(zc, dtype=np.float64)
     else:  # no zero point: uint8 unless output_dtype says otherwise (opset 21)
         dtype, zero = r.attr("output_dtype", 2) or 2, np.zeros_like(scale)
+    r.sixteen_bit |= dtype == 5
     if dtype not in INT_RANGES:
-        raise r.unsupported("only int8 and uint8 quantization is read", what="a quantization to another integer type")
+        raise r.unsupported("only int8, uint8 and int16 quantization is read", what="a quantization to another integer type",
+                            fix="quantize with quantize.activation_type int8, uint8 or int16")
     if scale.size > 1:  # per channel along `axis`
         axis = r.axis(r.attr("axis", 1), len(shape))
         bshape = [1] * len(shape)
@@ -891,7 +897,7 @@ def _quantize(r: OnnxReader) -> None:
 @handles("DequantizeLinear")
 def _dequantize_var(r: OnnxReader) -> None:
     """DequantizeLinear of a QuantizeLinear on the same grid: the pair's relaxation (`quantized` derives it)."""
-    from .quantized import exact_error, float_error, int32_safe, requant_error
+    from .quantized import exact_error, float_error, fusable, int32_safe, requant_error
 
     q = r.vals.get(r.node.input[0])
     if not isinstance(q, QValue):
@@ -921,7 +927,7 @@ def _dequantize_var(r: OnnxReader) -> None:
             info = r.affine_info[x.node]
             g = r.grids[info["input"]]
             step = None if info["w_scale"] is None or info["int_bias"] else float(g.scale.max()) * info["w_scale"]
-            if not int32_safe(op, (g.lo, g.hi), g.scale, info["w_scale"]):
+            if fusable(g.qmin, g.qmax) and not int32_safe(op, (g.lo, g.hi), g.scale, info["w_scale"]):
                 raise r.unsupported("its integer sum may overflow int32", what="an int32 sum that may overflow")
             E = requant_error(op, (g.lo, g.hi), q.scale, q.zero, info["terms"], step)
         elif x.fl is not None and np.all(np.isfinite(x.fl.err)) and np.all(np.isfinite(x.fl.mag)):
@@ -1233,7 +1239,38 @@ def from_onnx(model: Any) -> Graph:
         model = onnx.load(str(model))
     elif isinstance(model, (bytes, bytearray)):
         model = onnx.load_from_string(bytes(model))
-    return OnnxReader(model).read()
+    reader = OnnxReader(model)
+    graph = reader.read()
+    if reader.sixteen_bit:
+        _refuse_unbounded_rewrites(model)
+    return graph
+
+
+def _refuse_unbounded_rewrites(model: Any) -> None:
+    """A 16-bit QDQ graph runs unfused, except where onnxruntime's CPU optimizer rewrites DequantizeLinear → MatMul (a
+    transformer's Linear on its tokens, even written as a Gemm) as MatMulNBits, which by default
+    (`session.qdq_matmulnbits_accuracy_level` 4) computes with its input requantized to int8 per block: a rounding not
+    bounded here (measured on a tiny deit: outputs 4.5e-4 outside the float32 bound). Asked of onnxruntime itself,
+    from the graph it would run; refused in one line with the fix."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as d:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = str(Path(d) / "optimized.onnx")
+        opts.intra_op_num_threads, opts.log_severity_level = 1, 3  # not its note that a saved graph is CPU-specific
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        nbits = [n.name for n in onnx.load(opts.optimized_model_filepath).graph.node if n.op_type == "MatMulNBits"]
+    if nbits:
+        raise UnsupportedModel(
+            f"MatMulNBits ({len(nbits)} node(s) onnxruntime makes of DequantizeLinear → MatMul in this 16-bit graph, e.g. "
+            f"'{nbits[0]}') is not read: it computes with its input requantized to int8 per block, a rounding not "
+            "bounded here; quantize with quantize.activation_type int8",
+            node=nbits[0], op="MatMulNBits", what="a MatMul on quantized weights in a 16-bit graph",
+            fix="quantize with quantize.activation_type int8")
 
 
 def module_path(onnx_node_name: str) -> str:
