@@ -110,6 +110,8 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
     qcfg = cfg.quantize
     pre = workdir / f"{dst.stem}.pre.onnx"
     q.quant_pre_process(str(src), str(pre))
+    if qcfg.activation_type == "int16":
+        _gemm_weights_transposed(pre)
     # The histogram calibrators print progress to stdout; the stage reports its own.
     with contextlib.redirect_stdout(io.StringIO()):
         if qcfg.calibration_method != "percentile":
@@ -175,6 +177,36 @@ def _quantize_static(pre: Path, dst: Path, qcfg, reader: ArrayReader | None, ran
                           calibrate_method=methods[qcfg.calibration_method],
                           extra_options={"QDQKeepRemovableActivations": qcfg.keep_activations,
                                          "QuantizeBias": qcfg.quantize_bias, "CalibPercentile": qcfg.percentile})
+
+
+def _gemm_weights_transposed(path: Path) -> int:
+    """Every Gemm with a constant weight and transB=0 (a Linear on tokens, which the exporter writes as MatMul and
+    quant_pre_process turns into a Gemm) rewritten with the weight stored transposed and transB=1: the same function.
+    For a 16-bit graph: onnxruntime's CPU optimizer rewrites DequantizeLinear → Gemm(transB=0) as MatMulNBits, which
+    computes with its input requantized to int8 per block, a rounding the verifier does not bound; it leaves transB=1
+    a float32 Gemm (measured on onnxruntime 1.32; the reader asks onnxruntime again, `readers.from_onnx`). Returns
+    how many were rewritten."""
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    uses: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    done = 0
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in inits or uses[node.input[1]] > 1  # a shared weight stays
+                or (attrs["transB"].i if "transB" in attrs else 0)):
+            continue
+        w = onnx.numpy_helper.to_array(inits[node.input[1]])
+        inits[node.input[1]].CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(w.T), node.input[1]))
+        if "transB" in attrs:
+            node.attribute.remove(attrs["transB"])
+        node.attribute.append(onnx.helper.make_attribute("transB", 1))
+        done += 1
+    if done:
+        onnx.save(model, str(path))
+    return done
 
 
 @contextlib.contextmanager

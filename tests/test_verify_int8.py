@@ -708,12 +708,46 @@ def test_sixteen_bit_activations_give_grids_257_times_finer_and_the_float_graphs
     from_onnx(wide)
 
 
-def test_a_transformer_matmul_on_quantized_weights_in_a_16_bit_graph_is_refused_with_the_fix(tmp_path):
+def test_a_transformer_matmul_on_quantized_weights_in_a_16_bit_graph_is_refused_with_the_fix(tmp_path, monkeypatch):
     """On a 16-bit graph onnxruntime rewrites DequantizeLinear → MatMul (a transformer's Linear on 3-d tokens) as
     MatMulNBits, which by default requantizes its input to int8 per block: its outputs then leave the float32 bound
     (measured on this deit: up to 4.5e-4 outside CROWN's output bounds at ε 0.002). The reader refuses it, naming the
     fix, rather than certify an execution it does not bound."""
+    import quantize.int8 as q8
+
+    monkeypatch.setattr(q8, "_gemm_weights_transposed", lambda path: 0)  # the file as onnxruntime's quantizer makes it
     _, q16 = _builtin_int8(tmp_path, "deit_tiny", act_type="int16", dim=8, depth=1, heads=2, patch_size=4, mlp_ratio=2)
     assert "MatMulNBits" in ort_util.optimized_op_counts(q16)
     with pytest.raises(UnsupportedModel, match="MatMulNBits.*quantize.activation_type int8"):
         from_onnx(q16)
+
+
+def test_a_transformer_quantized_with_16_bit_activations_keeps_float32_gemms_and_is_read(tmp_path):
+    """The int8 stage stores a 16-bit graph's token Linear weights transposed (transB=1, the same function), which
+    onnxruntime runs as float32 Gemms, not MatMulNBits: the deit is read, and CROWN's output bounds contain what
+    onnxruntime computes, each side apart."""
+    from quantize.int8 import _gemm_weights_transposed
+
+    _, q16 = _builtin_int8(tmp_path, "deit_tiny", act_type="int16", dim=8, depth=1, heads=2, patch_size=4, mlp_ratio=2)
+    counts = ort_util.optimized_op_counts(q16)
+    assert "MatMulNBits" not in counts and counts.get("Gemm", 0) >= 5
+    graph = from_onnx(q16)
+    sess = ort_util.session(q16)
+    rng = np.random.default_rng(3)
+    x0 = rng.uniform(0, 1, 64)
+    lb, ub = np.clip(x0 - 0.002, 0, 1), np.clip(x0 + 0.002, 0, 1)
+    lo, hi = _output_bounds(graph, lb, ub)
+    pts = np.concatenate([rng.uniform(lb, ub, (400, 64)), np.where(rng.random((400, 64)) < 0.5, lb, ub), x0[None]])
+    y = sess.run(None, {sess.get_inputs()[0].name: pts.reshape(-1, 1, 8, 8).astype(np.float32)})[0]
+    assert np.all(y >= lo - SUM_TOL) and np.all(y <= hi + SUM_TOL)
+    # the rewrite keeps the function: the fp32 file with its Gemms transposed gives the same outputs
+    fp32 = tmp_path / "deit_tiny.onnx"
+    t = tmp_path / "transposed.onnx"
+    t.write_bytes(fp32.read_bytes())
+    assert _gemm_weights_transposed(t) == 4
+    xs = pts.reshape(-1, 1, 8, 8).astype(np.float32)
+    a, b = (ort_util.session(f).run(None, {"input": xs})[0] for f in (fp32, t))
+    assert np.allclose(a, b, rtol=0, atol=GEMM_T_ATOL)
+
+
+GEMM_T_ATOL = 1e-5  # float32 Gemm with the weight transposed: another summation order at most
