@@ -128,7 +128,9 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     """`model` as the int8 stage quantizes it (`quantize.int8.quantize_file`: onnxruntime static quantization, QDQ,
     per-channel 7-bit weights, int8 activations calibrated by percentile on `calibration_samples` inputs and clipped as
     far as `data` allows: the `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns
-    its report.
+    its report. `QuantizeConfig(activation_type="int16")` makes a w8a16 file instead (16-bit activation grids), which
+    `verify` certifies on residual nets and transformers where the int8 one stays open, at the cost of CPU speed
+    (docs/architecture.md, "Sixteen-bit activations").
 
     model: an nn.Module (exported first as `export_onnx` does, checked against PyTorch; an input normalization at the
         head of an nn.Sequential is folded into its first Linear, as the stage does) or an fp32 ONNX file.

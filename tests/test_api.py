@@ -74,17 +74,20 @@ def test_verify_a_module_it_cannot_represent_says_which_op_and_where():
     assert msg.startswith("_Wrapper: unsupported op Tanh in module 'act'") and "\n" not in msg
 
 
-def test_verify_an_int8_onnx_file_and_its_witnesses_are_onnxruntimes(relu_mlp, tmp_path):
-    """The int8 file `api.quantize` writes, through `api.verify`: every sat's witness (found on the model itself in
-    onnxruntime or by PGD) is strictly misclassified when onnxruntime runs it, and the small radius is decided."""
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_verify_an_int8_onnx_file_and_its_witnesses_are_onnxruntimes(relu_mlp, tmp_path, activations):
+    """The int8 file `api.quantize` writes (or its w8a16 one, `activation_type` "int16"), through `api.verify`: every
+    sat's witness (found on the model itself in onnxruntime or by PGD) is strictly misclassified when onnxruntime runs
+    it, and the small radius is decided."""
     import numpy as np
 
+    from pipeline.config import QuantizeConfig
     from quantize import ort as ort_util
 
     _, relu = relu_mlp
     ds = digits()
     path = tmp_path / "mlp.int8.onnx"
-    api.quantize(relu, ds.train.x[:256], path)
+    api.quantize(relu, ds.train.x[:256], path, config=QuantizeConfig(activation_type=activations))
     out = api.verify(path, (ds.val.x, ds.val.y), [SMALL_EPS, LARGE_EPS], low=0.0, high=1.0, samples=SAMPLES,
                      timeout_s=5.0, progress=False)
     sess = ort_util.session(path)
