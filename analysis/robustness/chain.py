@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from analysis.verification.bounds import UNKNOWN
+from analysis.verification.bounds import unbounded_below
 from analysis.verification.vnnlib import format_real
 
 from .properties import int8_name, is_int8, property_name
@@ -44,7 +44,7 @@ def _bound(row: dict[str, Any] | None) -> float | None:
     if not row or row.get("margin_lb") in ("", None):
         return None
     m = float(row["margin_lb"])
-    return -float("inf") if m <= -UNKNOWN / 2 else m
+    return -float("inf") if unbounded_below(m) else m
 
 
 def _not_carried(relu: dict[str, Any] | None, q: dict[str, Any] | None) -> str:
@@ -65,7 +65,7 @@ def _not_carried(relu: dict[str, Any] | None, q: dict[str, Any] | None) -> str:
     return f"not carried to int8: its best margin bound through the rounding is {mq:.3g}{float_m}"
 
 
-def _carries(r: dict[str, Any], relu_row: dict[str, Any] | None = None, int8_row: dict[str, Any] | None = None) -> str:
+def _carries(r: dict[str, Any], relu_row: dict[str, Any] | None, int8_row: dict[str, Any] | None) -> str:
     smooth = "unsat" in (r["smooth_direct"], r["smooth_via_relu"])
     relu, q = r["relu"], r["int8"]
     if q == "unsat":

@@ -989,6 +989,11 @@ class Bounder:
 UNKNOWN = 1e300
 
 
+def unbounded_below(margin: float) -> bool:
+    """Whether a margin bound is an unknown unit's −`UNKNOWN` (no finite bound), however it was summed or rounded."""
+    return float(margin) <= -UNKNOWN / 2
+
+
 def _unknown_nan(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An interval whose ends may be ±∞ or NaN (a transformer op outside what the box proves: an exp that overflows, a
     divisor not provably positive, a LayerNorm's float32 error beyond its bound) with unknown ends as ∓UNKNOWN."""

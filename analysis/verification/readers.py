@@ -863,17 +863,18 @@ def _where_var(r: OnnxReader) -> None:
 
 def _quant_params(r: OnnxReader, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(scale, zero point) per unit of a tensor of `shape`, and the integer range, of a Q/DQ node."""
-    from .quantized import INT_RANGES
+    import onnx
+
+    from .quantized import INT_RANGES, fusable
 
     scale = np.asarray(r.const(r.node.input[1]), dtype=np.float64)
     zname = r.node.input[2] if len(r.node.input) > 2 else ""
     if zname:
         zc = r.consts[zname] if zname in r.consts else r.const(zname)
-        dtype = {np.dtype(np.int8): 3, np.dtype(np.uint8): 2, np.dtype(np.int16): 5}.get(np.asarray(zc).dtype)
+        dtype = onnx.helper.np_dtype_to_tensor_dtype(np.asarray(zc).dtype)
         zero = np.asarray(zc, dtype=np.float64)
     else:  # no zero point: uint8 unless output_dtype says otherwise (opset 21)
         dtype, zero = r.attr("output_dtype", 2) or 2, np.zeros_like(scale)
-    r.sixteen_bit |= dtype == 5
     if dtype not in INT_RANGES:
         raise r.unsupported("only int8, uint8 and int16 quantization is read", what="a quantization to another integer type",
                             fix="quantize with quantize.activation_type int8, uint8 or int16")
@@ -884,6 +885,7 @@ def _quant_params(r: OnnxReader, shape: tuple[int, ...]) -> tuple[np.ndarray, np
         scale, zero = scale.reshape(bshape), zero.reshape(bshape)
     full = lambda v: np.broadcast_to(v, shape).reshape(-1).copy()  # noqa: E731
     qmin, qmax = INT_RANGES[dtype]
+    r.sixteen_bit |= not fusable(qmin, qmax)
     return full(scale), full(zero), qmin, qmax
 
 
@@ -1257,13 +1259,12 @@ def _refuse_unbounded_rewrites(model: Any) -> None:
     import onnx
     import onnxruntime as ort
 
+    from pipeline.onnx_io import session_options  # the settings every session of the pipeline runs with
+
     with tempfile.TemporaryDirectory() as d:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.optimized_model_filepath = str(Path(d) / "optimized.onnx")
-        opts.intra_op_num_threads, opts.log_severity_level = 1, 3  # not its note that a saved graph is CPU-specific
-        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        nbits = [n.name for n in onnx.load(opts.optimized_model_filepath).graph.node if n.op_type == "MatMulNBits"]
+        optimized = Path(d) / "optimized.onnx"
+        ort.InferenceSession(model.SerializeToString(), session_options(1, optimized), providers=["CPUExecutionProvider"])
+        nbits = [n.name for n in onnx.load(str(optimized)).graph.node if n.op_type == "MatMulNBits"]
     if nbits:
         raise UnsupportedModel(
             f"MatMulNBits ({len(nbits)} node(s) onnxruntime makes of DequantizeLinear → MatMul in this 16-bit graph, e.g. "

@@ -244,7 +244,7 @@ class _BoundsState:
     def _smallest(self, margin: float) -> str:
         """"smallest margin m"; a margin with no finite bound (an int8 LayerNorm's float32 error unbounded on rows the
         output reads, an unknown unit's ±`bounds.UNKNOWN`) says so, with the LayerNorm's rows when it is one."""
-        if margin > -bounds.UNKNOWN / 2:
+        if not bounds.unbounded_below(margin):
             return f"smallest margin {margin:.4g}"
         why = self.bounder.why_unbounded()
         return "smallest margin unbounded below" + (f": {why}" if why else "")

@@ -10,7 +10,7 @@ from typing import Any
 
 from analysis.robustness.chain import fractions
 from analysis.robustness.properties import ROUTES, is_int8
-from analysis.verification.bounds import UNKNOWN
+from analysis.verification.bounds import unbounded_below
 from pipeline.config import Config
 from pipeline.render import figure, pct, save, table
 from pipeline.rundir import RunDir
@@ -77,10 +77,10 @@ def _first_pass_lines(s: dict[str, Any]) -> list[str]:
 
 def _margin(value: Any) -> str:
     """A margin bound as the table shows it: "—" when none finished, "−∞" when it has no finite bound (an unknown
-    unit's ±`UNKNOWN`, e.g. an int8 LayerNorm's float32 error; details.csv's message says which)."""
+    unit's ±`bounds.UNKNOWN`, e.g. an int8 LayerNorm's float32 error; details.csv's message says which)."""
     if value in ("", None):
         return "—"
-    return "−∞" if float(value) <= -UNKNOWN / 2 else f"{float(value):.3g}"
+    return "−∞" if unbounded_below(value) else f"{float(value):.3g}"
 
 
 def _open_section(rows: Sequence[dict[str, Any]]) -> str:
