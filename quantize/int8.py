@@ -44,6 +44,7 @@ import numpy as np
 import onnx
 import torch
 from onnxruntime import quantization as q
+from onnxruntime.quantization.calibrate import HistogramCollector
 
 from pipeline.config import Config
 from pipeline.evaluate import score
@@ -77,6 +78,8 @@ class ArrayReader(q.CalibrationDataReader):
 
 def calibration_samples(cfg: Config, x: torch.Tensor) -> np.ndarray:
     """`quantize.calibration_samples` training examples, drawn without replacement with the run's seed."""
+    if not len(x):
+        raise ValueError("no calibration inputs: static quantization needs at least one to calibrate its activation ranges")
     n = min(cfg.quantize.calibration_samples, len(x))
     idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed))[:n]
     return x[idx].numpy()
@@ -251,12 +254,25 @@ def _entropy_ranges(model: Path, calib: np.ndarray, workdir: Path) -> Path:
     return _save_ranges(calibrator, workdir / "entropy_ranges.json")
 
 
+class _FlatHistogramCollector(HistogramCollector):
+    """onnxruntime's histogram collector, given each tensor's batches joined into one flat array: its own
+    `np.asarray` of the list of batches fails when the last batch is smaller than the others ("inhomogeneous
+    shape"), and it flattens the values anyway, so the histograms are those of one batch of every input."""
+
+    def collect(self, name_to_arr):
+        return super().collect({name: np.concatenate([np.asarray(a).reshape(-1) for a in arrs]) if isinstance(arrs, list)
+                                else arrs for name, arrs in name_to_arr.items()})
+
+
 def _collected(model: Path, calib: np.ndarray, workdir: Path, method, options: dict[str, Any]):
     """onnxruntime's calibrator for `method` with `options`, after one pass over `calib` (the histograms)."""
     from onnxruntime.quantization.calibrate import create_calibrator
 
     calibrator = create_calibrator(model, QUANTIZED_OPS, augmented_model_path=str(workdir / f"{method.name}_aug.onnx"),
                                    calibrate_method=method, extra_options=options)
+    calibrator.collector = _FlatHistogramCollector(
+        method=calibrator.method, symmetric=calibrator.symmetric, num_bins=calibrator.num_bins,
+        num_quantized_bins=calibrator.num_quantized_bins, percentile=calibrator.percentile, scenario=calibrator.scenario)
     calibrator.collect_data(ArrayReader(calib))
     return calibrator
 
