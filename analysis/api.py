@@ -18,6 +18,7 @@ import contextlib
 import copy
 import math
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,8 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     (docs/architecture.md, "Sixteen-bit activations").
 
     model: an nn.Module (exported first as `export_onnx` does, checked against PyTorch; an input normalization at the
-        head of an nn.Sequential is folded into its first Linear, as the stage does) or an fp32 ONNX file.
+        head of an nn.Sequential is also tried folded into its first Linear and kept so only where that agrees with
+        fp32 as well as keeping it in float, as the stage does: `quantize.int8.quantize_forms`) or an fp32 ONNX file.
     calibration: inputs ([N, ...] tensor or array) or anything `as_split` takes (its inputs are used); up to
         `config.calibration_samples` of them are drawn without replacement with `seed`.
     data: where the fp32 and int8 models are compared (default: the calibration inputs): inputs, or with labels
@@ -149,7 +151,10 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     `clip_search`), per precision (`fp32`, `int8`) the file's bytes, its op counts raw and as
     onnxruntime optimizes them, the float ops left and whether it runs integer-only (and `accuracy` with labels);
     `argmax_agreement` and `max_logit_change` (int8 against fp32 on `data`), `size_ratio`, and the SQNR in dB of the
-    output and the smallest of any activation (`sqnr`: per tensor, as quantize/sqnr.csv)."""
+    output and the smallest of any activation (`sqnr`: per input feature at the input's grid, then per tensor, as
+    quantize/sqnr.csv); `settings["input_form"]` ("folded" or "float") and each form's agreement (`input_forms`).
+    Where `argmax_agreement` is below `config.agreement_floor`, `warning` is one line naming the inputs or layers
+    that lose the signal and the fix, also raised as a RuntimeWarning; else None."""
     from pipeline.config import Config, validate
     from quantize import int8 as int8_mod
 
@@ -166,18 +171,22 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
         work = Path(tmp)
         if isinstance(model, nn.Module):
             src = work / "model.fp32.onnx"
+            sources = {"float": src}
             with _as_given(model):
-                net = model
-                if cfg.quantize.fold_normalization and isinstance(model, nn.Sequential):
-                    net = export_mod.fold_normalization(copy.deepcopy(model).cpu(), tuple(xs.shape[1:])) or model
-                export_onnx(net, xs[:2] if example is None else example, src, check_inputs=xe[:cfg.quantize.sqnr_samples],
-                            opset=opset)
+                trace, checks = xs[:2] if example is None else example, xe[:cfg.quantize.sqnr_samples]
+                folded = (export_mod.fold_normalization(copy.deepcopy(model).cpu(), tuple(xs.shape[1:]))
+                          if cfg.quantize.fold_normalization and isinstance(model, nn.Sequential) else None)
+                if folded is not None:
+                    sources = {"folded": work / "model.folded.fp32.onnx", **sources}
+                    export_onnx(folded, trace, sources["folded"], check_inputs=checks, opset=opset)
+                export_onnx(model, trace, src, check_inputs=checks, opset=opset)
         else:
             src = Path(model)
             if not src.is_file():
                 raise FileNotFoundError(f"{src}: no such ONNX file")
+            sources = {"float": src}
         calib = int8_mod.calibration_samples(cfg, xs.cpu())
-        made = int8_mod.quantize_file(src, path, calib, cfg, work, check=xe.cpu().numpy())
+        form, made, forms = int8_mod.quantize_forms(sources, path, calib, cfg, work, check=xe.cpu().numpy())
         pre = made.pre
         threads = cfg.quantize.threads
         logits = {p: ort_util.infer(ort_util.session(f, threads), xe.cpu().numpy()) for p, f in (("fp32", src), ("int8", path))}
@@ -188,9 +197,14 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
                         "float_ops": ort_util.float_ops(counts), "integer_only": ort_util.integer_only(counts)}
             if split is not None:
                 facts[p]["accuracy"] = ort_util.accuracy(logits[p], split.y.numpy())
-        sqnr = int8_mod.sqnr_rows(pre, path, xe[:cfg.quantize.sqnr_samples].cpu().numpy(), work)
+        xq = xe[:cfg.quantize.sqnr_samples].cpu().numpy()
+        sqnr = int8_mod.input_sqnr_rows(path, xq, tuple(xq.shape[1:])) + int8_mod.sqnr_rows(pre, path, xq, work)
     acts = [r["sqnr_db"] for r in sqnr if r["kind"] == "activation" and isinstance(r["sqnr_db"], float)]
     q = cfg.quantize
+    fidelity = int8_mod.clip_fidelity(logits["fp32"], logits["int8"])
+    warning = int8_mod.agreement_warning(str(path), fidelity, q.agreement_floor, "`data`", sqnr, form == "folded")
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
     return {"path": str(path), "source": str(model) if not isinstance(model, nn.Module) else type(model).__name__,
             "settings": {"format": "QDQ", "per_channel": q.per_channel, "reduce_range": q.reduce_range,
                          "activation_type": q.activation_type, "calibration_method": q.calibration_method,
@@ -198,9 +212,10 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
                          **({"clip_note": made.note} if made.note else {}),
                          "clip_tolerance_pt": q.clip_tolerance_pt,
                          "calibration_samples": len(calib), "keep_removable_activations": q.keep_activations,
-                         "quantize_bias": q.quantize_bias, "seed": seed},
+                         "quantize_bias": q.quantize_bias, "seed": seed, "input_form": form,
+                         **({"input_forms": forms} if forms else {}), "agreement_floor": q.agreement_floor},
             **facts, "samples": len(xe),
-            "argmax_agreement": float((logits["fp32"].argmax(-1) == logits["int8"].argmax(-1)).mean()),
+            "argmax_agreement": fidelity["agreement"], "warning": warning,
             "max_logit_change": float(np.abs(logits["fp32"] - logits["int8"]).max()),
             "size_ratio": facts["fp32"]["bytes"] / facts["int8"]["bytes"],
             "output_sqnr_db": next((r["sqnr_db"] for r in sqnr if r["tensor"] == ort_util.OUTPUT and r["kind"] == "activation"), None),

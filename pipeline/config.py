@@ -177,7 +177,14 @@ class QuantizeConfig:
     reduce_range: bool = True
     keep_activations: bool = False  # QDQKeepRemovableActivations: keep ReLU nodes (slower; for graph readers)
     quantize_bias: bool = False  # False: biases stay fp32 in the file, onnxruntime makes them int32 when it fuses (same outputs, smaller file)
-    fold_normalization: bool = True  # fold an MLP's input Normalize into its first Linear before quantizing
+    # an MLP's input Normalize folded into its first Linear (one integer-only graph quantizing the raw input) is a
+    # candidate beside keeping it in float before the first QuantizeLinear; each model keeps the fold only where its
+    # validation agreement with fp32 is within clip_tolerance_pt of the float form's (one grid over raw features of
+    # different scales turns the small ones into constants: quantize/int8.py, `quantize_forms`); false: never fold
+    fold_normalization: bool = True
+    # int8's validation argmax agreement with fp32 below this: the run warns in its closing lines and the report, with
+    # the inputs and layers that lose the signal (per-input and per-tensor SQNR) and the fix
+    agreement_floor: float = 0.98
     threads: int = 1  # onnxruntime intra-op threads for evaluation and timing
     repeats: int = 200  # timed runs at the throughput batch (batch 1 uses 4x as many)
     timing_blocks: int = 10  # the runs are cut into this many blocks; the smallest block median is reported
@@ -528,6 +535,8 @@ def validate(cfg: Config) -> Config:
          f"quantize.clip_search must list percentiles in (50, 100], e.g. [99.99, 99.9, 99.5]; got {cfg.quantize.clip_search}")
     need(cfg.quantize.clip_tolerance_pt >= 0, f"quantize.clip_tolerance_pt must be >= 0 (points of agreement), got "
          f"{cfg.quantize.clip_tolerance_pt}")
+    need(0 <= cfg.quantize.agreement_floor <= 1, f"quantize.agreement_floor must be in [0, 1] (a share of the validation "
+         f"inputs), got {cfg.quantize.agreement_floor}")
     need(1 <= cfg.quantize.timing_blocks <= cfg.quantize.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
     return cfg

@@ -134,13 +134,16 @@ def _reopen(path: str, overrides: list[str] | None, redo: list[str] | None) -> R
 
 def closing_lines(run: RunDir) -> list[str]:
     """What a run must not end in silence about, from the manifest's stage metrics, repeated at its end: a selected
-    checkpoint below its λ_target (train/harden), every network the verify stage did not verify, with its reason."""
+    checkpoint below its λ_target (train/harden), an int8 model below quantize.agreement_floor, every network the verify
+    stage did not verify, with its reason."""
     stages = run.manifest()["stages"]
     out = []
     for name in ("train", "harden"):
         for variant, m in (stages.get(name, {}).get("metrics") or {}).items():
             if isinstance(m, dict) and m.get("warning"):
                 out.append(f"WARNING ({name}) {m['warning']}")
+    for warning in (stages.get("int8", {}).get("metrics") or {}).get("warnings") or []:
+        out.append(f"WARNING (int8) {warning}")
     for model, why in ((stages.get("verify", {}).get("metrics") or {}).get("not_verified") or {}).items():
         out.append(f"NOT VERIFIED {model}: {why}")
     return out

@@ -22,11 +22,16 @@ file itself (the "-int8" rows): its reader relaxes every Q/DQ pair soundly for o
 x86 CPU without VNNI onnxruntime's u8s8 kernels add products in pairs in int16 with saturation, and
 with 8-bit weights the outputs were measured outside every bound (the int8 tests show it).
 
-Input normalization: the int8 stage folds an MLP's `Normalize` (x·scale + shift) into its first Linear before
-quantization (W' = W·diag(scale), b' = b + W·shift; exact algebra, checked in fp32), so the int8 MLP
-takes natural-unit inputs and its QuantizeLinear sees raw pixels (scale 1/255 on [0, 1]: lossless for
-8-bit images). A CNN cannot fold it (zero padding is not zero after the shift): its Mul/Add stay float
-on the input and the report says so.
+Input normalization: an MLP's `Normalize` (x·scale + shift) can be folded into its first Linear before quantization
+(W' = W·diag(scale), b' = b + W·shift; exact algebra, checked in fp32): the int8 MLP then takes natural-unit inputs,
+its QuantizeLinear sees them raw and the graph is integer-only. One per-tensor grid over raw features is lossless
+where they share a scale (pixels: 1/255 on [0, 1]) and ruinous where they do not (a table: every feature smaller
+than the grid's step becomes a constant). So the fold is a candidate, not a rule: `quantize_forms` quantizes the
+model both ways and keeps the fold only where its validation agreement with fp32 is as good as keeping the
+normalization in float before the first QuantizeLinear (its Mul/Add then stay float, as on a CNN, which cannot
+fold: zero padding is not zero after the shift). `input_sqnr_rows` measures what the input grid keeps of each
+feature, and `agreement_warning` names the inputs or layers that lose it when agreement falls below
+`quantize.agreement_floor`.
 """
 
 from __future__ import annotations
@@ -146,6 +151,37 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
     with atomic_path(dst) as tmp:
         shutil.copyfile(files[chosen], tmp)
     return Quantized(pre, chosen, rows)
+
+
+def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, cfg: Config, workdir: Path,
+                   check: np.ndarray | None = None) -> tuple[str, Quantized, list[dict[str, Any]]]:
+    """One model given as several fp32 files of the same function (`forms`, in order of preference; the last is the
+    reference, e.g. {"folded": input normalization folded into the first Linear, "float": kept in float}), each
+    quantized by `quantize_file` and compared with the reference fp32 file on `check` (`clip_fidelity`); `dst` gets
+    the first whose argmax disagreements are at most `quantize.clip_tolerance_pt` points of the inputs above the
+    fewest. Returns the form chosen, its `Quantized` and every form's record ([] where one form or no `check` left
+    nothing to compare: the first form is written).
+
+    Why a choice: folded, the graph quantizes the raw input on one per-tensor grid, lossless where every feature
+    shares one scale (pixels) but not on a table, where features smaller than the grid's step become constants;
+    in float, the grid sees standardized features, at the cost of a float Mul/Add before it."""
+    names = list(forms)
+    if len(names) == 1 or check is None or not len(check):
+        return names[0], quantize_file(forms[names[0]], dst, calib, cfg, workdir, check), []
+    threads, batch = cfg.quantize.threads, cfg.data.eval_batch_size
+    reference = ort_util.infer(ort_util.session(forms[names[-1]], threads), check, batch)
+    made, rows = {}, []
+    for name in names:
+        sub = workdir / f"form-{name}"
+        sub.mkdir(exist_ok=True)
+        made[name] = quantize_file(forms[name], sub / dst.name, calib, cfg, sub, check)
+        rows.append({"form": name, **clip_fidelity(reference, ort_util.infer(ort_util.session(sub / dst.name, threads),
+                                                                             check, batch))})
+    allowed = min(r["disagreements"] for r in rows) + cfg.quantize.clip_tolerance_pt / 100 * rows[0]["inputs"]
+    chosen = next(r["form"] for r in rows if r["disagreements"] <= allowed)
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(workdir / f"form-{chosen}" / dst.name, tmp)
+    return chosen, made[chosen], rows
 
 
 def clip_fidelity(reference: np.ndarray, logits: np.ndarray) -> dict[str, Any]:
@@ -310,6 +346,104 @@ def sqnr_rows(float_path: Path, int8_path: Path, x: np.ndarray, workdir: Path) -
             for n in sorted(act_err, key=lambda n: order.get(n, len(order)))]
     rows += [{"tensor": n, "kind": "weight", "sqnr_db": _db(w_err[n])} for n in sorted(w_err, key=lambda n: worder.get(n, len(worder)))]
     return rows
+
+
+def input_sqnr_rows(int8_path: Path, x: np.ndarray, input_shape: tuple[int, ...],
+                    names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per input feature, the SQNR in dB of the graph input's own quantization on `x`: the value entering the first
+    QuantizeLinear that reads the input (after any float normalization before it) against its DequantizeLinear, as
+    onnxruntime computes them, with the feature's variation about its mean as the signal (a feature worth keeping
+    varies; its offset says nothing). Rows like `sqnr_rows`' with kind "input", named by `names` (one per feature)
+    or by index; [] when no QuantizeLinear reads the input (token ids, a float graph). A feature constant on `x`
+    has no variation to lose and gets no row."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(int8_path))
+    g = model.graph
+    found = _input_quantizer(g)
+    if found is None:
+        return []
+    before, after = found
+    wanted = [after] if before == g.input[0].name else [before, after]
+    del g.output[:]
+    g.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in wanted)
+    opts = ort_util.session_options(level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # Q and DQ as written
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    x = ort_util.as_input(x)
+    vals = [[x[i:i + CALIBRATION_BATCH]] * (len(wanted) == 1) + sess.run(None, {g.input[0].name: x[i:i + CALIBRATION_BATCH]})
+            for i in range(0, len(x), CALIBRATION_BATCH)]
+    v, vq = (np.concatenate([b[k] for b in vals]).astype(np.float64).reshape(len(x), -1) for k in (0, 1))
+    signal = np.square(v - v.mean(0)).mean(0)
+    noise = np.square(v - vq).mean(0)
+    if names is None or len(names) != v.shape[1]:
+        shape = input_shape if math.prod(input_shape) == v.shape[1] else (v.shape[1],)
+        names = [f"input[{','.join(map(str, np.unravel_index(j, shape)))}]" for j in range(v.shape[1])]
+    return [{"tensor": names[j], "kind": "input",
+             "sqnr_db": _db(10 * math.log10(signal[j] / noise[j]) if noise[j] > 0 else math.inf)}
+            for j in range(v.shape[1]) if signal[j] > 0]
+
+
+# Float ops a graph input may pass through before its first QuantizeLinear (a normalization and data movement).
+_INPUT_PROLOGUE = frozenset({"Mul", "Add", "Sub", "Div", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _input_quantizer(graph: onnx.GraphProto) -> tuple[str, str] | None:
+    """The tensor entering the first QuantizeLinear fed by the graph input through `_INPUT_PROLOGUE` ops alone, and
+    its DequantizeLinear's output; None if there is none."""
+    raw = {graph.input[0].name}
+    for node in graph.node:  # ONNX graphs are stored in topological order
+        if not raw.intersection(node.input):
+            continue
+        if node.op_type == "QuantizeLinear":
+            dq = next((n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == node.output[0]), None)
+            return (node.input[0], dq.output[0]) if dq is not None else None
+        if node.op_type not in _INPUT_PROLOGUE:
+            return None
+        raw.update(node.output)
+    return None
+
+
+# A tensor below this SQNR has lost much of its signal to rounding: noise above a tenth of its amplitude (an 8-bit
+# grid spent evenly on a tensor gives about 40 dB).
+LOW_SQNR_DB = 20.0
+_WORST_LISTED = 5  # inputs named in a warning
+
+
+def agreement_warning(model: str, fidelity: dict[str, Any], floor: float, where: str, rows: list[dict[str, Any]],
+                      folded: bool) -> str | None:
+    """One line when the argmax agreement of `fidelity` (`clip_fidelity`: int8 against fp32 on `where`) is below
+    `floor`, else None: the cause read from the SQNR rows (`input_sqnr_rows`, then `sqnr_rows`' activations in graph
+    order) and the fix for it. `folded`: the int8 file quantizes the raw input (its normalization folded into the
+    first Linear)."""
+    if fidelity["agreement"] >= floor:
+        return None
+
+    def db(r: dict[str, Any]) -> float:
+        return r["sqnr_db"] if isinstance(r["sqnr_db"], float) else float(r["sqnr_db"])
+
+    inputs = sorted((r for r in rows if r["kind"] == "input"), key=db)
+    lost = [r for r in inputs if db(r) < LOW_SQNR_DB]
+    acts = [r for r in rows if r["kind"] == "activation"]
+    first_low = next((r for r in acts if db(r) < LOW_SQNR_DB), None)
+    head = (f"{model}: int8 agrees with fp32 on {fidelity['agreement']:.2%} of {where} ({fidelity['disagreements']} of "
+            f"{fidelity['inputs']} differ), below quantize.agreement_floor {floor:.2%}")
+    if lost:
+        worst = ", ".join(f"{r['tensor']} {db(r):.1f} dB" for r in lost[:_WORST_LISTED])
+        cause = (f"the input grid keeps under {LOW_SQNR_DB:g} dB SQNR of {len(lost)} of {len(inputs)} inputs' variation "
+                 f"({worst}{', ...' if len(lost) > _WORST_LISTED else ''})")
+        fix = ("keep the standardization in float before the first QuantizeLinear: quantize.fold_normalization=false"
+               if folded else "standardize the inputs inside the model (a first layer x·scale + shift, as "
+               "pipeline.models.Normalize), so that one grid fits every input")
+    elif first_low is not None:
+        cause = (f"activations lose it from {first_low['tensor']} on ({db(first_low):.1f} dB SQNR; the lowest "
+                 f"{min(db(r) for r in acts):.1f} dB)")
+        fix = "16-bit activation grids: quantize.activation_type=int16 (w8a16), or calibrate on more samples"
+    else:
+        cause = (f"no input or activation is below {LOW_SQNR_DB:g} dB SQNR, so the differing inputs are near-ties of "
+                 f"the fp32 logits")
+        fix = ("16-bit activation grids narrow them: quantize.activation_type=int16 (w8a16); on a small split judge "
+               "the count, not the share")
+    return f"{head}; cause: {cause}; fix: {fix}"
 
 
 def _db(v: float) -> float | str:

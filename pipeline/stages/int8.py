@@ -9,6 +9,7 @@ activations and weights) and `quantize/quantize.json`; and the stage's section o
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from pipeline.errors import RunDirError
 from pipeline.rundir import RunDir
 from quantize import export as export_mod
 from quantize import ort as ort_util
-from quantize.int8 import QUANTIZED_OPS, calibration_samples, evaluate_file, quantize_file, sqnr_rows
+from quantize.int8 import (QUANTIZED_OPS, agreement_warning, calibration_samples, clip_fidelity, evaluate_file,
+                           input_sqnr_rows, quantize_forms, sqnr_rows)
 
 
 def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: dict[str, Any], calib: np.ndarray,
@@ -32,8 +34,7 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
     qcfg = cfg.quantize
     fp32_path = run.path / entry["path"]
     out_dir = run.file("quantize", variant, form)
-    src, normalization = fp32_path, "float prologue (Mul, Add on the input)"
-    fold_check: dict[str, float] = {}
+    sources, fold_check, fold_into = {"float": fp32_path}, {}, ""
     if qcfg.fold_normalization:
         model, payload = checkpoint.load_model(run.path / entry["source"])
         folded = export_mod.fold_normalization(model, tuple(payload["spec"]["input_shape"]))
@@ -41,33 +42,52 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
             xval = ds.val.x[:cfg.export.check_samples]
             proto, _ = export_mod.to_onnx(folded, xval[:2], cfg.export.opset, cfg.export.simplify,
                                           export_mod.metadata_for(payload, variant, form, ds.info))
-            src = out_dir / "model.fp32.onnx"
-            export_mod.save(proto, src)
-            fold_check = export_mod.compare(src, model, xval, cfg.export.atol, cfg.export.rtol, qcfg.threads)
-            normalization = f"folded into {list(folded._modules)[1]}"
+            sources = {"folded": workdir / "folded.fp32.onnx", **sources}
+            export_mod.save(proto, sources["folded"])
+            fold_check = export_mod.compare(sources["folded"], model, xval, cfg.export.atol, cfg.export.rtol, qcfg.threads)
+            fold_into = list(folded._modules)[1]
     int8_path = out_dir / "model.int8.onnx"
-    # the clip is chosen on the validation split, as the checkpoint was (the test split stays for reporting)
-    made = quantize_file(src, int8_path, calib, cfg, workdir, check=ds.val.x.numpy())
+    # the input form and the clip are chosen on the validation split, as the checkpoint was (the test split stays for
+    # reporting)
+    chosen, made, candidates = quantize_forms(sources, int8_path, calib, cfg, workdir, check=ds.val.x.numpy())
+    src = out_dir / "model.fp32.onnx"  # the graph that was quantized, where it is not the export's own
+    if chosen == "folded":
+        shutil.copyfile(sources["folded"], src)
+        normalization = f"folded into {fold_into}"
+    else:
+        src.unlink(missing_ok=True)
+        src = fp32_path
+        normalization = "float prologue (Mul, Add on the input)" + (" (folding it agreed less with fp32)" if fold_into else "")
     pre = made.pre
 
     fp32, fp32_logits = evaluate_file(fp32_path, ds, cfg)
     int8, int8_logits = evaluate_file(int8_path, ds, cfg)
-    rows = sqnr_rows(pre, int8_path, ds.val.x[:qcfg.sqnr_samples].numpy(), workdir)
+    xs = ds.val.x[:qcfg.sqnr_samples].numpy()
+    rows = (input_sqnr_rows(int8_path, xs, tuple(ds.info.input_shape), ds.info.feature_names)
+            + sqnr_rows(pre, int8_path, xs, workdir))
     act_sqnr = [r["sqnr_db"] for r in rows if r["kind"] == "activation" and isinstance(r["sqnr_db"], float)]
+    in_sqnr = [r["sqnr_db"] for r in rows if r["kind"] == "input" and isinstance(r["sqnr_db"], float)]
+    val = clip_fidelity(fp32_logits["val"], int8_logits["val"])
+    warning = agreement_warning(f"{variant}/{form}", val, qcfg.agreement_floor, "the validation split", rows,
+                                chosen == "folded")
     result = {
         "fp32_path": entry["path"], "int8_path": str(int8_path.relative_to(run.path)),
         "quantized_from": str(src.relative_to(run.path)), "normalization": normalization,
+        "input_form": chosen, **({"input_forms": candidates} if candidates else {}),
         **({"fold_check": fold_check} if fold_check else {}),
         **({"percentile": made.percentile} if made.percentile is not None else {}),
         **({"clip_search": made.search} if made.search else {}),
         **({"clip_note": made.note} if made.note else {}),
         "fp32": fp32, "int8": int8,
         **_changes(fp32, int8, ds.info.metric),
+        "val_argmax_agreement": val["agreement"],
         "test_argmax_agreement": float((fp32_logits["test"].argmax(-1) == int8_logits["test"].argmax(-1)).mean()),
         "test_max_logit_change": float(np.abs(fp32_logits["test"] - int8_logits["test"]).max()),
         "size_ratio": fp32["bytes"] / int8["bytes"],
         "output_sqnr_db": next((r["sqnr_db"] for r in rows if r["tensor"] == ort_util.OUTPUT and r["kind"] == "activation"), None),
         "min_activation_sqnr_db": min(act_sqnr) if act_sqnr else None,
+        "min_input_sqnr_db": min(in_sqnr) if in_sqnr else None,
+        **({"warning": warning} if warning else {}),
     }
     return result, [{"variant": variant, "form": form, **r} for r in rows]
 
@@ -131,13 +151,15 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
                      "clip_tolerance_pt": qcfg.clip_tolerance_pt,
                      "calibration_samples": len(calib), "quantized_op_types": QUANTIZED_OPS,
                      "keep_removable_activations": qcfg.keep_activations, "quantize_bias": qcfg.quantize_bias,
-                     "fold_normalization": qcfg.fold_normalization, "sqnr_samples": min(qcfg.sqnr_samples, len(ds.val)),
+                     "fold_normalization": qcfg.fold_normalization, "agreement_floor": qcfg.agreement_floor, "sqnr_samples": min(qcfg.sqnr_samples, len(ds.val)),
                      "timing": {**ort_util.describe_speed_setup(qcfg.threads), "repeats_batch": qcfg.repeats,
                                 "repeats_b1": 4 * qcfg.repeats, "blocks": qcfg.timing_blocks,
                                 "throughput_batch": qcfg.throughput_batch},
                      "cpu": ort_util.cpu_name(), "onnxruntime": ort_util.ort.__version__},
         "models": models,
         "comparisons": comparisons,
+        # what the run's closing lines repeat (`pipeline.runner.closing_lines`)
+        "warnings": [m["warning"] for forms in models.values() for m in forms.values() if m.get("warning")],
     }
     atomic_write_json(run.file("quantize", "quantize.json"), result)
     return result
@@ -151,7 +173,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     metric, st = q["metric"], q["settings"]
     tb = f"throughput_b{st['timing']['throughput_batch']}"
     clipped = st.get("percentile") is not None
-    rows = [[v, form, m["fp32"][f"test_{metric}"], m["int8"][f"test_{metric}"], m["test_argmax_agreement"], m["size_ratio"],
+    rows = [[v, form, m.get("input_form", ""), m["fp32"][f"test_{metric}"], m["int8"][f"test_{metric}"],
+             m.get("val_argmax_agreement"), m["test_argmax_agreement"], m["size_ratio"],
              m["int8"].get("latency_b1_ms"), m.get("speedup_b1"), m["int8"].get(tb), m.get(f"speedup_b{st['timing']['throughput_batch']}"),
              m["min_activation_sqnr_db"], "yes" if m["int8"]["integer_only"] else "no: " + ", ".join(m["int8"]["float_ops"])]
             + ([f"{m.get('percentile', st['percentile']):g}"] if clipped else [])
@@ -173,7 +196,16 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         "The verify section certifies the int8 model of each ReLU form itself (its \"-int8\" rows); a certificate for a "
         "float model says nothing about these graphs."
         + "".join(f" Clip kept at {st['percentile']:g}% where the validation split has {k}." for k in kept),
-        render.table(["variant", "form", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (test)", "size ratio",
+        "The input column says how each int8 graph meets its input: \"folded\" quantizes the raw input, the "
+        "normalization folded into the first Linear (integer-only), \"float\" keeps the normalization in float before "
+        "the first QuantizeLinear; where both exist, the fold is kept only if its validation agreement with fp32 is "
+        f"within {st['clip_tolerance_pt']:g} points of the float form's (one grid over features of different scales "
+        "loses the small ones).",
+        render.table(["variant", "form", "input", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (val)",
+                      "argmax agreement (test)", "size ratio",
                       "int8 latency b1 (ms)", "speedup b1", f"int8 {tb} (/s)", "speedup", "min activation SQNR (dB)",
                       "integer-only"] + (["clip (%)"] if clipped else []), rows),
+        *(["**Below the agreement floor** (quantize.agreement_floor "
+           f"{st.get('agreement_floor', 0):.2%}; per-input and per-tensor SQNR in quantize/sqnr.csv):\n\n"
+           + "\n".join(f"- {w}" for w in q["warnings"])] if q.get("warnings") else []),
     ])
