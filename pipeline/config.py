@@ -179,8 +179,9 @@ class QuantizeConfig:
     quantize_bias: bool = False  # False: biases stay fp32 in the file, onnxruntime makes them int32 when it fuses (same outputs, smaller file)
     # an MLP's input Normalize folded into its first Linear (one integer-only graph quantizing the raw input) is a
     # candidate beside keeping it in float before the first QuantizeLinear; each model keeps the fold only where its
-    # validation agreement with fp32 is within clip_tolerance_pt of the float form's (one grid over raw features of
-    # different scales turns the small ones into constants: quantize/int8.py, `quantize_forms`); false: never fold
+    # validation agreement with fp32 is within clip_tolerance_pt of the float form's and its input grid loses no more
+    # features (one grid over raw features of different scales turns the small ones into constants:
+    # quantize/int8.py, `quantize_forms`); false: never fold
     fold_normalization: bool = True
     # int8's validation argmax agreement with fp32 below this: the run warns in its closing lines and the report, with
     # the inputs and layers that lose the signal (per-input and per-tensor SQNR) and the fix

@@ -27,8 +27,8 @@ Input normalization: an MLP's `Normalize` (x·scale + shift) can be folded into 
 its QuantizeLinear sees them raw and the graph is integer-only. One per-tensor grid over raw features is lossless
 where they share a scale (pixels: 1/255 on [0, 1]) and ruinous where they do not (a table: every feature smaller
 than the grid's step becomes a constant). So the fold is a candidate, not a rule: `quantize_forms` quantizes the
-model both ways and keeps the fold only where its validation agreement with fp32 is as good as keeping the
-normalization in float before the first QuantizeLinear (its Mul/Add then stay float, as on a CNN, which cannot
+model both ways and keeps the fold only where its validation agreement with fp32 is as good, and its input grid
+loses no more features, as keeping the normalization in float before the first QuantizeLinear (its Mul/Add then stay float, as on a CNN, which cannot
 fold: zero padding is not zero after the shift). `input_sqnr_rows` measures what the input grid keeps of each
 feature, and `agreement_warning` names the inputs or layers that lose it when agreement falls below
 `quantize.agreement_floor`.
@@ -60,6 +60,10 @@ from . import ort as ort_util
 QUANTIZED_OPS = ["Conv", "Gemm", "MatMul", "Relu", "Flatten", "Reshape", "MaxPool"]
 CALIBRATION_BATCH = 128
 ENTROPY_BINS = 1024  # histogram bins over [-max|x|, max|x|] for the KL search (onnxruntime's default 128 leaves no choice)
+# A tensor below this SQNR has lost much of its signal to rounding: noise above a tenth of its amplitude (an 8-bit
+# grid spent evenly on a tensor gives about 40 dB).
+LOW_SQNR_DB = 20.0
+_WORST_LISTED = 5  # inputs named in a warning
 
 
 class ArrayReader(q.CalibrationDataReader):
@@ -157,14 +161,17 @@ def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, cfg: Co
                    check: np.ndarray | None = None) -> tuple[str, Quantized, list[dict[str, Any]]]:
     """One model given as several fp32 files of the same function (`forms`, in order of preference; the last is the
     reference, e.g. {"folded": input normalization folded into the first Linear, "float": kept in float}), each
-    quantized by `quantize_file` and compared with the reference fp32 file on `check` (`clip_fidelity`); `dst` gets
-    the first whose argmax disagreements are at most `quantize.clip_tolerance_pt` points of the inputs above the
-    fewest. Returns the form chosen, its `Quantized` and every form's record ([] where one form or no `check` left
-    nothing to compare: the first form is written).
+    quantized by `quantize_file` and compared with the reference fp32 file on `check` (`clip_fidelity`, and how many
+    inputs the input grid keeps under LOW_SQNR_DB of, `input_sqnr_rows` on the first `quantize.sqnr_samples`). `dst`
+    gets, among the forms whose argmax disagreements are at most `quantize.clip_tolerance_pt` points of the inputs
+    above the fewest, one that loses the fewest inputs, the first in order of preference. Returns the form chosen, its
+    `Quantized` and every form's record ([] where one form or no `check` left nothing to compare: the first form is
+    written).
 
     Why a choice: folded, the graph quantizes the raw input on one per-tensor grid, lossless where every feature
     shares one scale (pixels) but not on a table, where features smaller than the grid's step become constants;
-    in float, the grid sees standardized features, at the cost of a float Mul/Add before it."""
+    in float, the grid sees standardized features, at the cost of a float Mul/Add before it. The lost inputs decide
+    where agreement cannot: a small validation split, or a model that ignores the inputs it would lose."""
     names = list(forms)
     if len(names) == 1 or check is None or not len(check):
         return names[0], quantize_file(forms[names[0]], dst, calib, cfg, workdir, check), []
@@ -174,11 +181,15 @@ def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, cfg: Co
     for name in names:
         sub = workdir / f"form-{name}"
         sub.mkdir(exist_ok=True)
-        made[name] = quantize_file(forms[name], sub / dst.name, calib, cfg, sub, check)
-        rows.append({"form": name, **clip_fidelity(reference, ort_util.infer(ort_util.session(sub / dst.name, threads),
-                                                                             check, batch))})
+        path = sub / dst.name
+        made[name] = quantize_file(forms[name], path, calib, cfg, sub, check)
+        inputs = [r["sqnr_db"] for r in input_sqnr_rows(path, check[:cfg.quantize.sqnr_samples], tuple(check.shape[1:]))]
+        rows.append({"form": name, **clip_fidelity(reference, ort_util.infer(ort_util.session(path, threads), check, batch)),
+                     "inputs_lost": sum(float(v) < LOW_SQNR_DB for v in inputs),
+                     "min_input_sqnr_db": min(inputs, key=float) if inputs else None})
     allowed = min(r["disagreements"] for r in rows) + cfg.quantize.clip_tolerance_pt / 100 * rows[0]["inputs"]
-    chosen = next(r["form"] for r in rows if r["disagreements"] <= allowed)
+    close = [r for r in rows if r["disagreements"] <= allowed]
+    chosen = min(close, key=lambda r: r["inputs_lost"])["form"]  # min keeps the first of equals: the preferred form
     with atomic_path(dst) as tmp:
         shutil.copyfile(workdir / f"form-{chosen}" / dst.name, tmp)
     return chosen, made[chosen], rows
@@ -401,12 +412,6 @@ def _input_quantizer(graph: onnx.GraphProto) -> tuple[str, str] | None:
             return None
         raw.update(node.output)
     return None
-
-
-# A tensor below this SQNR has lost much of its signal to rounding: noise above a tenth of its amplitude (an 8-bit
-# grid spent evenly on a tensor gives about 40 dB).
-LOW_SQNR_DB = 20.0
-_WORST_LISTED = 5  # inputs named in a warning
 
 
 def agreement_warning(model: str, fidelity: dict[str, Any], floor: float, where: str, rows: list[dict[str, Any]],

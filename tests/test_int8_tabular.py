@@ -74,6 +74,21 @@ def test_features_of_very_different_scales_keep_int8_agreement(tabular):
     assert "Mul" in ort_util.op_counts(path) and "Add" in ort_util.op_counts(path)  # the standardization, in float
 
 
+def test_where_agreement_cannot_tell_the_forms_apart_the_inputs_the_fold_loses_decide(tmp_path):
+    """A model that reads only the widest column agrees as well folded, but its input grid would still flatten the
+    narrow ones: the float form ships, with every form's record."""
+    net = _net(True)
+    with torch.no_grad():
+        net[1].weight[:, 1:] = 0
+    cfg = QuantizeConfig(clip_tolerance_pt=5.0)  # both forms within it: the lost inputs decide
+    report = api.quantize(net, _table(512, 0), tmp_path / "m.int8.onnx", data=torch.as_tensor(_table(400, 1)), config=cfg)
+    forms = {r["form"]: r for r in report["settings"]["input_forms"]}
+    assert abs(forms["folded"]["agreement"] - forms["float"]["agreement"]) <= cfg.clip_tolerance_pt / 100
+    # lost under the fold: the columns three and more decades below the widest (its grid step is about 30 of its units)
+    assert forms["folded"]["inputs_lost"] == int((SCALES <= 1).sum()) and forms["float"]["inputs_lost"] == 0
+    assert report["settings"]["input_form"] == "float"
+
+
 def test_the_verifier_reads_the_float_prologue_and_its_bounds_contain_onnxruntime(tabular):
     path, _ = tabular
     graph = from_onnx(path)

@@ -24,8 +24,8 @@ from pipeline.errors import RunDirError
 from pipeline.rundir import RunDir
 from quantize import export as export_mod
 from quantize import ort as ort_util
-from quantize.int8 import (QUANTIZED_OPS, agreement_warning, calibration_samples, clip_fidelity, evaluate_file,
-                           input_sqnr_rows, quantize_forms, sqnr_rows)
+from quantize.int8 import (LOW_SQNR_DB, QUANTIZED_OPS, agreement_warning, calibration_samples, clip_fidelity,
+                           evaluate_file, input_sqnr_rows, quantize_forms, sqnr_rows)
 
 
 def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: dict[str, Any], calib: np.ndarray,
@@ -199,8 +199,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
         "The input column says how each int8 graph meets its input: \"folded\" quantizes the raw input, the "
         "normalization folded into the first Linear (integer-only), \"float\" keeps the normalization in float before "
         "the first QuantizeLinear; where both exist, the fold is kept only if its validation agreement with fp32 is "
-        f"within {st['clip_tolerance_pt']:g} points of the float form's (one grid over features of different scales "
-        "loses the small ones).",
+        f"within {st['clip_tolerance_pt']:g} points of the float form's and its input grid keeps as many features above "
+        f"{LOW_SQNR_DB:g} dB SQNR (one grid over features of different scales loses the small ones).",
         render.table(["variant", "form", "input", f"fp32 test {metric}", f"int8 test {metric}", "argmax agreement (val)",
                       "argmax agreement (test)", "size ratio",
                       "int8 latency b1 (ms)", "speedup b1", f"int8 {tb} (/s)", "speedup", "min activation SQNR (dB)",
