@@ -1,1 +1,2 @@
-"""Speed and memory benchmarks; `python -m benchmarks.run` runs them all and writes results.json and RESULTS.md."""
+"""Speed, memory and verification benchmarks; benchmarks/README.md lists each suite, its command and its result file
+(`python -m benchmarks.run` runs the speed and memory sections: op, train, inference, e2e, kernel, gpu)."""

@@ -1,8 +1,10 @@
 """Verification goals, measured on a finished default run and the stand-ins (2 CPU cores, one torch thread).
 
-    .venv/bin/python -m benchmarks.verification                        # every section
-    .venv/bin/python -m benchmarks.verification --only goal,crosscheck  # some; merged into verification.json
-    .venv/bin/python -m benchmarks.verification --run /work/runs-ref/default --samples 50
+    .venv/bin/python -m benchmarks.verification --run RUN                        # every section
+    .venv/bin/python -m benchmarks.verification --run RUN --only goal,crosscheck  # some; merged into verification.json
+    .venv/bin/python -m benchmarks.verification --run RUN --samples 50
+
+RUN is a finished default run's directory (`pipeline run`, stages train..export), e.g. runs/<name>.
 
 Sections:
 - goal: the three swapped ReLU networks (λ-GELU, GELU, ReLU from scratch) of the run, ε = 0.005, the first
@@ -378,7 +380,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", default="/work/runs-ref/default", help="a finished default run (train..export)")
+    p.add_argument("--run", required=True, help="a finished default run's directory (train..export)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"sections: {', '.join(SECTIONS)}")
     p.add_argument("--samples", type=int, default=50)
     p.add_argument("--timeout", type=float, default=30.0, help="goal section: wall seconds per property")
@@ -396,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     run_dir = Path(args.run)
+    if not run_dir.is_dir():
+        raise SystemExit(f"error: --run {run_dir} is not a directory; pass a finished default run (pipeline run)")
     out_path = Path(args.out)
     res: dict[str, Any] = json.loads(out_path.read_text()) if out_path.is_file() else {}
     res.update(machine=common.machine(), versions=common.versions(), run=str(run_dir))

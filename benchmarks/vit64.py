@@ -32,6 +32,51 @@ HEADS = 2
 MODEL_NOTE = "40 epochs of AdamW (one-cycle, max lr 2e-3, batch 64, seed 0) on sklearn digits upscaled to 32×32"
 
 
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sklearn's digits in [0, 1] as [N, 1, 8, 8]: the first 1400 train, the other 397 test."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16, dtype=torch.float32).reshape(-1, 1, 8, 8)
+    y = torch.tensor(y)
+    return x[:1400], y[:1400], x[1400:], y[1400:]
+
+
+def _attack_float(model: torch.nn.Module, x0: np.ndarray, label: int, eps: float, restarts: int = 40, steps: int = 100) -> bool:
+    """PGD (float64, margin loss, random starts): True when a point of the box is misclassified."""
+    m = __import__("copy").deepcopy(model).double().eval()
+    x0t = torch.as_tensor(x0, dtype=torch.float64)
+    lo, hi = (x0t - eps).clamp(0, 1), (x0t + eps).clamp(0, 1)
+    gen = torch.Generator().manual_seed(0)
+    x = lo + torch.rand(restarts, *x0t.shape, generator=gen, dtype=torch.float64) * (hi - lo)
+    for k in range(steps):
+        x.requires_grad_(True)
+        out = m(x)
+        other = out.clone()
+        other[:, label] = -math.inf
+        margin = out[:, label] - other.max(1).values
+        if bool((margin < 0).any()):
+            return True
+        g, = torch.autograd.grad(margin.sum(), x)
+        step = (hi - lo) * 0.25 * (0.5 * (1 + math.cos(math.pi * k / steps))) + 1e-9
+        x = torch.max(torch.min(x.detach() - step * g.sign(), hi), lo)
+    with torch.no_grad():
+        out = m(x)
+    return bool((out.argmax(1) != label).any())
+
+
+def _attack_onnx(path: Path, x0: np.ndarray, label: int, eps: float, n: int = 4000) -> bool:
+    """Random points and box corners through onnxruntime: True when one is misclassified."""
+    from quantize import ort as ort_util
+
+    sess = ort_util.session(path)
+    rng = np.random.default_rng(0)
+    lo, hi = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+    pts = np.concatenate([rng.uniform(lo, hi, (n, *x0.shape)), np.where(rng.random((n, *x0.shape)) < 0.5, lo, hi)])
+    out = sess.run(None, {sess.get_inputs()[0].name: pts.astype(np.float32)})[0]
+    return bool((out.argmax(1) != label).any())
+
+
 def timm_vit(img: int = 32, patch: int = 4, chans: int = 3, dim: int = 64, depth: int = 2, heads: int = HEADS,
              classes: int = 10) -> torch.nn.Module:
     """timm's `vit_tiny_patch16_224` at this size with ReLU MLPs, seeded (the defaults: the 64-token ViT)."""
@@ -162,8 +207,6 @@ def section_deit(a) -> dict:
     from pipeline.config import ModelConfig
     from pipeline.models import deit_tiny
 
-    from .vit_digits import digits
-
     torch.manual_seed(a.seed)
     def relu(ch: int) -> nn.Module:
         return nn.ReLU()
@@ -176,7 +219,6 @@ def section_deit(a) -> dict:
     res = api.verify(model, (xte, yte), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout,
                      progress=False)
     rows = [{k: r.get(k) for k in ("sample", "result", "reason", "seconds", "margin_lb")} for r in res["rows"]]
-    from .vit_digits import _attack_float
 
     for r in rows:  # every unsat attacked (PGD in float64, 40 restarts × 100 steps): a counterexample would be a wrong answer
         if r["result"] == "unsat":
@@ -203,7 +245,6 @@ def _witness_ok(path, x, x0, eps, label) -> bool:
 def section_verify(a) -> dict:
     from analysis import api
 
-    from .vit_digits import _attack_float, _attack_onnx
 
     model = load(a)
     _, _, xte, yte = digits_rgb()

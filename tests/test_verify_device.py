@@ -180,11 +180,11 @@ def test_the_harness_tells_verifiers_how_many_processes_share_a_gpu(monkeypatch)
 
 def _vit_case(eps: float = 0.05):
     """A ReLU ViT (nn.MultiheadAttention, LayerNorm, a class token) whose property CROWN leaves open at this radius."""
-    from benchmarks.vit_digits import TinyViT
+    from _modules import ClassTokenViT
     from pipeline.relu_swap import to_relu
 
     torch.manual_seed(1)
-    model = TinyViT(dim=8, heads=2, hidden=16).eval()
+    model = ClassTokenViT(dim=8, heads=2, hidden=16).eval()
     with torch.no_grad():
         model.pos.normal_(0, 0.5)
         model.cls.normal_(0, 0.5)

@@ -1,5 +1,5 @@
 """Transformers in the verification engine: a ViT of one's own (nn.MultiheadAttention, LayerNorm, a class token, 4×4
-patches; `benchmarks.vit_digits.TinyViT`) read from its torch module and from a dynamic-batch ONNX export (the
+patches; `_modules.ClassTokenViT`) read from its torch module and from a dynamic-batch ONNX export (the
 Shape/Gather/Equal/Where chain folded), every transformer op against onnxruntime, bounds that contain sampled outputs
 (CROWN, α-CROWN; float and int8 against onnxruntime), verdicts whose witnesses replay, branch and bound and the MILP
 on the new ops, and `api.check` through nn.MultiheadAttention."""
@@ -14,13 +14,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from _modules import ClassTokenViT
 from analysis.verification import milp
 from analysis.verification.bab import Settings, bab
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.ops import UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch, supported_ops
 from analysis.verification.vnnlib import robustness_spec
-from benchmarks.vit_digits import TinyViT
 from pipeline.relu_swap import to_relu
 from quantize import ort as ort_util
 from quantize.export import save, to_onnx
@@ -33,7 +33,7 @@ ORT_TOL = 1e-4
 
 def _vit(seed: int = 0, relu: bool = True, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
-    m = TinyViT(**{"dim": 8, "heads": 2, "hidden": 16, **kw}).eval()
+    m = ClassTokenViT(**{"dim": 8, "heads": 2, "hidden": 16, **kw}).eval()
     with torch.no_grad():  # learned positions and class token of a trained model's size, not the init's 0.02
         m.pos.normal_(0, 0.5)
         m.cls.normal_(0, 0.5)

@@ -51,7 +51,7 @@ COLUMNS = (*KINDS, SECOND, DECIDED)
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PEER_RECORD = BENCHMARKS / "peers" / "readers" / "record.json"
 # Per architecture, the measured runs whose verify stage the decided column quotes (folders under BENCHMARKS holding a
-# run's verify/summary.json and config.json, committed by benchmarks/verify_time.py); the README links each.
+# run's verify/summary.json and config.json, committed with the measurement: docs/EXPERIMENTS.md); the README links each.
 MEASURED: dict[str, tuple[str, ...]] = {
     "mlp": ("verify-results/clip-search/mlp",),
     "cnn": ("verify-results/issue40/cnn1632-merged",),

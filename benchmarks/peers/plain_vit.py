@@ -2,7 +2,7 @@
 (auto_LiRPA's, `auto_lirpa_setup.sh`) bounds the very model ours does: `crown_vit.py` saves a timm ViT's state_dict,
 `lirpa_vit.py` loads it here and checks that the outputs agree before bounding it.
 
-What it covers is what `benchmarks/verify_time.py`'s `_vit` builds: a conv patch embedding, a class token, learned
+What it covers is what `benchmarks/vit64.py`'s `timm_vit` builds: a conv patch embedding, a class token, learned
 position embeddings, pre-norm blocks of multi-head attention (one qkv Linear; no q/k norm, no layer scale) and a
 two-layer MLP with ReLU, a final LayerNorm, the class token's row to the head. The attention is timm's unfused
 path (`fused_attn` off): q·scale @ kᵀ, softmax, @ v. Imports torch only."""
