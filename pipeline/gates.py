@@ -174,6 +174,20 @@ def _serf_dF(y: torch.Tensor) -> torch.Tensor:
     return torch.erf(s) + y * (2.0 / math.sqrt(math.pi)) * torch.exp(-s * s) * torch.sigmoid(y)
 
 
+def _softplus_t(y: torch.Tensor) -> torch.Tensor:
+    # F.softplus returns y itself above 20 (off by e^-20): the exact form in both tails
+    return y.clamp(min=0) + torch.log1p(torch.exp(-y.abs()))
+
+
+def _mish(y: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(_softplus_t(y))
+
+
+def _mish_dF(y: torch.Tensor) -> torch.Tensor:
+    s = _softplus_t(y)
+    return torch.tanh(s) + y * 4.0 * torch.sigmoid(2.0 * s) * torch.sigmoid(-2.0 * s) * torch.sigmoid(y)
+
+
 GATES: dict[str, GateFamily] = {
     # E∞ = 2/(λ√(2π)), 1/(2λ²); c = max_u u·Φ(−u) ≈ 0.169971 (both tails are Φ(−u)); F'' = φ(y)(2 − y²): inflections ±√2
     "phi": GateFamily("phi", "λ-GELU  x·Φ(λx)", Phi, _sym_phi, _phi_tail, _phi_tail,
@@ -198,10 +212,14 @@ GATES: dict[str, GateFamily] = {
                        relaxation=Relaxation(_serf_dF, lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * F.softplus(y) * torch.sigmoid(y)),
                                              ((-4.0, -1.0), (0.5, 2.0))),
                        onnx=OnnxPattern(("Softplus", "Erf")), hardenable="lambda_serf"),
-    # tanh(softplus(y)): 1 − tanh(s) = 2σ(−2s)
-    "mish": GateFamily("mish", "λ-Mish  x·tanh(softplus(λx))", lambda y: torch.tanh(torch.nn.functional.softplus(y)), _sym_mish,
+    # tanh(softplus(y)): 1 − tanh(s) = 2σ(−2s); with g = tanh(s), g' = (1 − g²)σ(y) and
+    # F'' = (1 − g²)·σ(y)·(2 + y(1 − σ(y) − 2gσ(y))): inflections ≈ −2.2564, 1.4905
+    "mish": GateFamily("mish", "λ-Mish  x·tanh(softplus(λx))", _mish, _sym_mish,
                        lambda u: 2.0 * float(special.expit(-2.0 * _softplus(u))), lambda u: math.tanh(math.log1p(math.exp(-u))),
-                       numeric=True, modules=(nn.Mish,), functions=(F.mish,)),
+                       numeric=True, complement=lambda y: 2.0 * torch.sigmoid(-2.0 * _softplus_t(y)),
+                       relaxation=Relaxation(_mish_dF, lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * _mish(y) * torch.sigmoid(y)),
+                                             ((-4.0, -1.0), (1.0, 2.0))),
+                       onnx=OnnxPattern(("Softplus", "Tanh")), modules=(nn.Mish,), functions=(F.mish,)),
 }
 
 

@@ -32,12 +32,14 @@ def _grid(L: float, U: float) -> torch.Tensor:
 
 
 def _exact_g(gate: str, y: float) -> mpmath.mpf:
-    """g(y) in 40-digit arithmetic: Φ, σ, erf(softplus)."""
+    """g(y) in 40-digit arithmetic: Φ, σ, tanh(softplus), erf(softplus)."""
     y = mpmath.mpf(y)
     if gate == "phi":
         return mpmath.erfc(-y / mpmath.sqrt(2)) / 2
     if gate == "sigmoid":
         return 1 / (1 + mpmath.exp(-y))
+    if gate == "mish":
+        return mpmath.tanh(mpmath.log1p(mpmath.exp(y)))
     return mpmath.erf(mpmath.log1p(mpmath.exp(y)))
 
 

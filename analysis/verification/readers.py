@@ -8,7 +8,10 @@ chain on the batch size (what nn.MultiheadAttention exports) are read like any o
 arithmetic, weights behind Cast/Transpose/DequantizeLinear, masks) are evaluated with numpy (`CONSTANT_OPS`).
 
 A smooth gate is read from the ops its module exports to: λ-GELU = GELU(λx)/λ is Mul → Gelu → Div (folded back into
-one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul.
+one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul, Mish
+Softplus → Tanh → Mul, GELU written with Erf (Div by √2, Erf, Add 1, Mul by x, Mul by ½) one Gate x·Φ(λx). Any other
+Sigmoid, Tanh, Softplus, Elu, Selu, Softsign or Erf, anywhere (a gate's chain that no Mul by x takes included), is
+the activation itself (`smooth.Smooth`).
 A transformer's ops become the `nonlinear` ops: Softmax as exp and reciprocal (softmax_i = 1/Σ_j exp(x_j − x_i)),
 LayerNormalization as centring, its variance (`Variance`, bounded from the input's box as a whole), Rsqrt and a Product, a MatMul of two variables as `BatchMatMul`, a Mul
 or Div of two variables as `Product` (with `Reciprocal` for the divisor), Sqrt/Exp/Reciprocal/Pow as they are.
@@ -47,6 +50,7 @@ from pipeline.numerics import U
 from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
 from .nonlinear import BatchMatMul, Exp, ExpSums, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
+from .smooth import SELU_ALPHA, SELU_GAMMA, Smooth
 from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale,
                   Select, Sum, TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
 
@@ -173,15 +177,24 @@ class OnnxReader:
     def var(self, name: str) -> Value:
         v = self.vals.get(name)
         if isinstance(v, Pending):
-            raise self.unsupported(f"its input comes from {v.onnx_node.op_type} ({_where(v.onnx_node)}), which is read only as "
-                                   "the gate of x·g(λx)", what=f"a {v.onnx_node.op_type} outside a gate x·g(λx)",
-                                   where=v.onnx_node)
+            v = self.vals[name] = self.standalone(v)
         if isinstance(v, QValue):
             raise self.unsupported(f"it reads the integer tensor {name!r}; the reader takes integer tensors only into the "
                                    "DequantizeLinear of their own QuantizeLinear", what="an integer tensor read by a float op")
         if v is None:
             raise self.unsupported(f"input {name!r} is not computed before it", what="an input computed later")
         return v
+
+    def standalone(self, pend: Pending) -> Value:
+        """A gate's inner chain read by something other than its gate (a plain sigmoid layer, softplus then a Gemm): each
+        op of the chain as the activation it is (`smooth.Smooth`, or its own curve)."""
+        x = pend.arg
+        for op in pend.ops:
+            if op not in STANDALONE:
+                raise self.unsupported(f"its input comes from {op} ({_where(pend.onnx_node)}), which is read only as a part "
+                                       "of a gate x·g(λx)", what=f"a {op} outside a gate x·g(λx)")
+            x = STANDALONE[op](self, x, pend.onnx_node)
+        return x
 
     def attr(self, name: str, default: Any = None) -> Any:
         for a in self.node.attribute:
@@ -250,8 +263,11 @@ class OnnxReader:
                     self.consts[node.output[k]] = np.asarray(v)
                 continue
             handler = HANDLERS.get(node.op_type)
-            if handler is None or (node.op_type in self.chains and self._starts_gate(node)):
-                handler = _gate_handler(node.op_type) or handler
+            gate = _gate_handler(node.op_type)
+            # an op of a gate's chain is read as one (a plain activation where no gate takes it), unless it has a handler
+            # of its own (Exp) and begins no chain here
+            if gate is not None and (handler in (None, _standalone) or (node.op_type in self.chains and self._starts_gate(node))):
+                handler = gate
             if handler is None:
                 raise self.unknown_op()
             handler(self)
@@ -263,8 +279,7 @@ class OnnxReader:
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
         if isinstance(out, Pending):
-            raise self.unsupported("its output is read only as the gate of x·g(λx)", where=out.onnx_node,
-                                   what=f"a {out.onnx_node.op_type} outside a gate x·g(λx)")
+            out = self.standalone(out)
         if not isinstance(out, Value):
             raise UnsupportedModel("the graph output is not computed from its input", what="an output that is a constant")
         return Graph(self.input_shape, self.nodes, out.node).pruned()
@@ -590,6 +605,8 @@ def _two_variables(r: OnnxReader, op: str, a: str, b: str) -> None:
             if lam is not None:
                 r.set(r.add(Gate(fam.name, lam, source=r.node.name), [other], other.shape))
                 return
+        if isinstance(va, Value) and isinstance(vb, Value) and (gelu := _erf_gelu(r, va, vb) or _erf_gelu(r, vb, va)):
+            return r.set(gelu)
     x, y = r.var(a), r.var(b)
     shape = _broadcast(r, x.shape, y.shape)
     x, y = r.expand(x, shape), r.expand(y, shape)
@@ -615,6 +632,68 @@ def _lambda_of(r: OnnxReader, arg: Value, x: Value) -> np.ndarray | None:
             and bool(torch.all(node.op.scale > 0))):
         return node.op.scale.numpy()
     return None
+
+
+def _scaled(r: OnnxReader, v: Value) -> tuple[int, np.ndarray, np.ndarray]:
+    """(source node, scale, shift) when `v` is a `Scale` of a node (else v itself with scale 1, shift 0)."""
+    node = r.nodes[v.node]
+    if isinstance(node.op, Scale):
+        return node.inputs[0], node.op.scale.numpy(), node.op.shift.numpy()
+    n = numel(v.shape)
+    return v.node, np.ones(n), np.zeros(n)
+
+
+def _erf_gelu(r: OnnxReader, p: Value, q: Value) -> Value | None:
+    """GELU written with Erf, k·x · (t + t·erf(c·x)) = 2kt · x·Φ(√2·c·x) (torch's and Hugging Face's exports: Div by √2,
+    Erf, Add 1, Mul by x, Mul by ½ in either order): one Gate with λ = √2·c and a Scale, instead of a product."""
+    if p.shape != q.shape:
+        return None
+    src, k, k0 = _scaled(r, p)
+    erf_node, s, t = _scaled(r, q)
+    node = r.nodes[erf_node]
+    if not (isinstance(node.op, Smooth) and node.op.kind == "erf") or not np.all(k0 == 0):
+        return None
+    inner, c, c0 = _scaled(r, Value(node.inputs[0], q.shape))
+    if inner != src or not (np.all(c0 == 0) and np.all(c > 0) and np.allclose(s, t, rtol=1e-12, atol=0) and np.all(t != 0)):
+        return None
+    gate = r.add(Gate("phi", np.sqrt(2.0) * c, source=r.node.name), [Value(src, p.shape)], p.shape)
+    return r.add(Scale(2 * k * t, np.zeros(numel(p.shape))), [gate], p.shape)
+
+
+def _smooth(kind: str, **params: str):
+    """A reader of one ONNX activation as a `Smooth` op (params: its parameter's ONNX attribute name and default)."""
+    def read(r: OnnxReader, x: Value, node: Any) -> Value:
+        values = {}
+        for name, (attr, default) in params.items():
+            values[name] = default
+            for a in node.attribute:
+                if a.name == attr:
+                    values[name] = float(r.onnx.helper.get_attribute_value(a))
+        out = r.add(Smooth(numel(x.shape), kind, source=node.name, **values), [x], x.shape)
+        if r.int8:
+            out.fl = None  # a float32 activation before a QuantizeLinear: not followed
+        return out
+    return read
+
+
+# each one-input smooth activation, read anywhere (a gate's inner chain is one of these when no gate takes it)
+STANDALONE: dict[str, Callable[[OnnxReader, Value, Any], Value]] = {
+    "Sigmoid": _smooth("sigmoid"), "Tanh": _smooth("tanh"), "Softplus": _smooth("softplus"), "Erf": _smooth("erf"),
+    "Softsign": _smooth("softsign"), "Elu": _smooth("elu", alpha=("alpha", 1.0)),
+    "Selu": _smooth("selu", alpha=("alpha", SELU_ALPHA), gamma=("gamma", SELU_GAMMA)),
+    "Exp": lambda r, x, node: r.add(Exp(numel(x.shape), source=node.name), [x], x.shape),
+}
+
+
+@handles("Elu", "Selu", "Softsign", "Tanh", "Erf", "Softplus", "Sigmoid")
+def _standalone(r: OnnxReader) -> None:
+    r.set(STANDALONE[r.node.op_type](r, r.var(r.node.input[0]), r.node))
+
+
+@handles("Mish")
+def _mish(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    r.set(r.add(Gate("mish", np.ones(numel(x.shape)), source=r.node.name), [x], x.shape))
 
 
 def _fold_gate(r: OnnxReader, x: Value, scale: np.ndarray) -> Value | None:
@@ -969,6 +1048,8 @@ def _gate_op(r: OnnxReader) -> None:
     op, src = r.node.op_type, r.vals.get(r.node.input[0])
     ops, arg = ((*src.ops, op), src.arg) if isinstance(src, Pending) else ((op,), r.var(r.node.input[0]))
     patterns = gate_patterns()
+    if not any(p[:len(ops)] == ops for p in patterns) and op in STANDALONE:
+        return r.set(STANDALONE[op](r, r.var(r.node.input[0]), r.node))
     if not any(p[:len(ops)] == ops for p in patterns):
         known = "; ".join(" → ".join(p) for p in patterns)
         raise r.unsupported(f"{op} is read only as a part of a gate x·g(λx) ({known})",
