@@ -105,9 +105,9 @@ class HardenConfig:
     # λ reached λ_target (needs hold > 0 to be a choice); last: the final epoch; best_swapped: best validation
     # metric of the model with every gate swapped to ReLU (the network that ships). Ties go to the later, more
     # hardened epoch. A selected checkpoint not hardened to its target is warned about and reported. Default
-    # best_hardened (measured, configs/sweeps/select-study.toml: the same shipped test accuracy as every other rule
-    # on digits/breast_cancer/wine × 5 seeds, while best_val and best_swapped shipped a checkpoint below λ_target in
-    # 40% of the breast_cancer seeds): with hold = 0 it is the last epoch for a λ-gate and best_val for a baseline.
+    # best_hardened: the same shipped accuracy as the other rules, and never a checkpoint below λ_target
+    # (docs/EXPERIMENTS.md, "Checkpoint selection"); with hold = 0 it is the last epoch for a λ-gate and best_val for
+    # a baseline.
     select: Literal["best_val", "best_hardened", "last", "best_swapped"] = "best_hardened"
     hold: int = 0  # epochs at λ_target after the anneal (λ reaches it at epoch T − hold)
     # anneal: Algorithm 1. swap: at epoch e_s + 1 every gate becomes ReLU and training continues (fine-tunes the
@@ -147,14 +147,12 @@ class QuantizeConfig:
     """onnxruntime static int8 quantization and its measurements (pipeline/stages/int8.py; quantize/int8.py)."""
 
     calibration_samples: int = 1024  # training examples fed through the CalibrationDataReader
-    # percentile (onnxruntime's, 99.999%): on the default run its finer activation grids left the int8 verifier less
-    # rounding noise (38–39/45 int8 properties decided vs 36 with minmax, all 42 margin bounds both report higher) at
-    # the same int8-vs-fp32 agreement (±0.06 pt); benchmarks/VERIFICATION.md, "The int8 model"
+    # percentile (onnxruntime's, 99.999%): its finer activation grids leave the int8 verifier less rounding noise than
+    # minmax at the same int8-vs-fp32 agreement (docs/EXPERIMENTS.md, "Calibration")
     calibration_method: Literal["minmax", "entropy", "percentile"] = "percentile"
     # percentile's range: the |activation| below which this share of the calibration values lies (onnxruntime's
-    # default 99.999). A lower one clips more and gives finer grids, so less rounding noise for the verifier: 99.5
-    # decided 43/45 int8 properties of the default MLP against 39 at the same agreement, but cost conv nets agreement
-    # (benchmarks/VERIFICATION.md, "How much percentile clips"). The reference clip of `clip_search`
+    # default 99.999). A lower one clips more and gives finer grids, so less rounding noise for the verifier, but can
+    # cost a conv net agreement (docs/EXPERIMENTS.md, "Calibration"). The reference clip of `clip_search`
     percentile: float = 99.999
     # more clipping percentiles also tried, per model (one histogram pass for all): the int8 stage keeps the most
     # clipping one whose validation argmax agreement with fp32 is at most `clip_tolerance_pt` points below
@@ -172,8 +170,7 @@ class QuantizeConfig:
     activation_type: Literal["int8", "uint8", "int16"] = "int8"
     # 7-bit weights: on x86 CPUs without VNNI, onnxruntime's int8 kernels add products in pairs in int16 with
     # saturation, and only 7-bit weights keep those pairs in range; on 8-bit activation grids the verifier reads no
-    # other model
-    # (analysis/verification/quantized.py; benchmarks/VERIFICATION.md measures what it costs)
+    # other model (analysis/verification/quantized.py)
     reduce_range: bool = True
     keep_activations: bool = False  # QDQKeepRemovableActivations: keep ReLU nodes (slower; for graph readers)
     quantize_bias: bool = False  # False: biases stay fp32 in the file, onnxruntime makes them int32 when it fuses (same outputs, smaller file)
@@ -223,8 +220,8 @@ class VerifyConfig:
     and via the swap."""
 
     samples: int = 5  # the first N validation examples, the same for every variant
-    # L∞ radii, data units; boxes clipped to its range. Each decided on the default run's 45 ReLU properties in 21 s of
-    # 60 (benchmarks/VERIFICATION.md); at 0.01 three stay open after 16 s each, at 0.02 twelve.
+    # L∞ radii, data units; boxes clipped to its range: the largest the default run's ReLU properties are all decided
+    # at within the budget (docs/EXPERIMENTS.md, "Default radii and budgets")
     epsilons: list[float] = field(default_factory=lambda: [0.002, 0.005, 0.008])
     # wall seconds for the whole stage, shared by every property (ReLU and smooth): first one bound pass for every
     # property (a network's properties batched; when this cannot cover it, the stage says so with the budget that
@@ -245,10 +242,9 @@ class VerifyConfig:
     smooth: bool = True  # certify the smooth models too: through their gates, and via the swapped ReLU network
     # verify the int8 model of each variant's ReLU form too (the int8 stage's file, as onnxruntime's kernels run it)
     int8: bool = True
-    # wall seconds for the int8 models' properties, after the float ones and apart from budget_s. The decided ones end
-    # within ~2 s of turns and the open ones are bound by the rounding (docs/architecture.md), so more time decides
-    # little: on the default run (2 workers, benchmarks/VERIFICATION.md) 39/45 in each of 3 runs at 20 s (the stage
-    # 57-59 s) as at 28 s (60-74 s); 20 keeps the stage within 60 s on 2 cores
+    # wall seconds for the int8 models' properties, after the float ones and apart from budget_s: the open ones are
+    # bound by the rounding, not the time, so more decides little, and 20 keeps the stage within 60 s on 2 cores
+    # (docs/EXPERIMENTS.md, "Default radii and budgets")
     int8_budget_s: float = 20.0
     # where the verifiers compute: auto (a GPU when there is one, else the CPU) | cpu | cuda | cuda:N. On a GPU the
     # worker processes share it for their bound passes and searches; the MILP and the re-checks stay on the CPU

@@ -19,26 +19,15 @@ flush-to-zero mode flushes by up to 2⁻¹²⁶ (`UNDERFLOW`), whatever the rela
 products and `terms` − 1 additions. `slack` (`GAMMA_SLACK` = 1 + 2⁻²⁰ by default) covers the float64 evaluation
 of the bound itself, relatively 2⁻⁴⁰ or less.
 
-Where the project had three forms of this bound, which is right (issue 32):
-- the certificate's (its `core.dot_rounding`), GAMMA_SLACK·γ_{n+1}·m + (2n+1)·UNDERFLOW for n products and a bias,
-  is this bound (terms = n + 1) and was right: a proof needs both the underflow term (tests/test_float32_statement.py
-  builds dot products of subnormal products whose error exceeds γ_n·m by orders of magnitude, in both underflow
-  modes) and the slack. The certificate's rules call `dot_error` now;
-- the export check's γ_n·m (`quantize/rounding.py`) lacked the underflow term: wrong for magnitudes below about
-  2⁻¹⁰¹, where the absolute term dominates. It now reads `dot_error` with the term and slack = 1: that bound is a
-  first-order estimate (O(u) terms only) whose tolerance `export.atol` adds an absolute slack far above both the
-  underflow term and a 2⁻²⁰ relative slack. The term leaves every bound a run writes unchanged (float64 absorbs it
-  wherever the magnitude m exceeds about 2⁻⁴⁸); the slack would raise `bound_max`/`bound_median` of `export.json` by
-  2⁻²⁰ relatively, so it is not applied there;
-- the int8 requantization bound's γ_{n+8}·(S + e_b) (`analysis/verification/quantized.py`) lacked the underflow term
-  as well; it reads `dot_error` with the term and slack = 1: its γ_{n+8} is room over the γ_{n+3} (or γ_5) it needs,
-  which covers the float64 evaluation many times over. Its E stays the same number (E ≥ s/2 absorbs the term).
+Three bounds read `dot_error`: the certificate's (its `core.dot_rounding`, terms = n + 1 with the underflow term and
+the slack, which a proof needs: tests/test_float32_statement.py builds subnormal dot products that exceed γ_n·m); the
+export check's (`quantize/rounding.py`, slack = 1: a first-order estimate whose `export.atol` slack dominates both
+terms); the int8 requantization bound's (`analysis/verification/quantized.py`, slack = 1: its γ_{n+8} is room over
+the γ_{n+3} it needs). Why each form: docs/EXPERIMENTS.md, "One rounding bound".
 
-**The library's accuracy.** The certificate assumed ULP_ELEMENTWISE = 4 ulps and doubled every local term
-(SAFETY = 2); the export check assumed ULPS = 8. They are the same assumption: the float32 library functions are
-within `LIBRARY_ULPS` = 4 units of u of the exact result (measured on this machine's CPU, SLEEF's u10/u35 and ATen's
-vectorized erf: at most 2.5; tests/test_float32_statement.py), and every bound built on it is doubled (`SAFETY`),
-so `ULPS` = SAFETY·LIBRARY_ULPS = 8. Both keep their numbers.
+**The library's accuracy.** The float32 library functions are within `LIBRARY_ULPS` = 4 units of u of the exact
+result (SLEEF's u10/u35 and ATen's vectorized erf stay within 2.5 on the CPU; tests/test_float32_statement.py), and
+every bound built on it is doubled (`SAFETY`), so `ULPS` = SAFETY·LIBRARY_ULPS = 8.
 """
 
 from __future__ import annotations

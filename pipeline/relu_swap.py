@@ -98,7 +98,7 @@ def to_relu(model: nn.Module, example: Any = None) -> nn.Module:
 def sync_fused_activation(root: nn.Module) -> None:
     """torch's nn.TransformerEncoderLayer decides when it is built whether its fused eval-mode kernel may run, from the
     activation it holds then (`activation_relu_or_gelu`: 1 ReLU, 2 GELU, 0 another); that kernel computes ReLU or GELU
-    itself and would ignore a gate or a ReLU put in later (measured: a swapped layer gave the GELU outputs exactly).
+    itself and would ignore a gate or a ReLU put in later (a swapped layer would give the GELU outputs exactly).
     Recomputed from the activation each such layer holds now, after every swap of activations."""
     for m in root.modules():
         if hasattr(m, "activation_relu_or_gelu"):

@@ -20,7 +20,7 @@ then runs Q → QGemm/QLinearConv ... → DQ with no float op in between. The ve
 file itself (the "-int8" rows): its reader relaxes every Q/DQ pair soundly for onnxruntime's kernels
 (`analysis/verification/quantized.py`). Weights are 7-bit by default (`quantize.reduce_range`): on an
 x86 CPU without VNNI onnxruntime's u8s8 kernels add products in pairs in int16 with saturation, and
-with 8-bit weights the outputs were measured outside every bound (the int8 tests show it).
+with 8-bit weights the outputs fall outside every bound (the int8 tests show it).
 
 Input normalization: an MLP's `Normalize` (x·scale + shift) can be folded into its first Linear before quantization
 (W' = W·diag(scale), b' = b + W·shift; exact algebra, checked in fp32): the int8 MLP then takes natural-unit inputs,
@@ -234,7 +234,7 @@ def _gemm_weights_transposed(path: Path) -> int:
     quant_pre_process turns into a Gemm) rewritten with the weight stored transposed and transB=1: the same function.
     For a 16-bit graph: onnxruntime's CPU optimizer rewrites DequantizeLinear → Gemm(transB=0) as MatMulNBits, which
     computes with its input requantized to int8 per block, a rounding the verifier does not bound; it leaves transB=1
-    a float32 Gemm (measured on onnxruntime 1.32; the reader asks onnxruntime again, `readers.from_onnx`). Returns
+    a float32 Gemm (onnxruntime 1.32's behaviour; the reader asks onnxruntime again, `readers.from_onnx`). Returns
     how many were rewritten."""
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}

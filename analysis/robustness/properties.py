@@ -55,8 +55,8 @@ from pipeline.rundir import RunDir
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
-# direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs ~0.2 s and the attack on
-# the smooth network ~0.3 s, and most properties are certified (measured on the default model at ε = 0.005)
+# direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs less than the attack on the
+# smooth network, and most properties are certified
 ROUTES = {"direct": "crown+pgd+alpha-crown", "via-relu": "via-relu"}
 # Which network each kind of certificate is about, in the summary's and the report's words.
 RELU_NETWORK = ("the float32 ReLU ONNX in verify/onnx/ (the swapped model in the verifiers' form: normalization folded into "

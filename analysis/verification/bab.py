@@ -2,8 +2,8 @@
 bounds alone leave open.
 
 A domain is the box plus sign constraints on some ReLU inputs (z ≥ 0 or z ≤ 0) and, on an int8 graph, index ranges
-of some grid units (a rounding's or the input quantization's grid index k in [k_lo, k_hi]: `Settings.grid_values`,
-issue 41; their lines narrow to the range, and a rounding's implied input constraint gets a β). Its bound: the root's
+of some grid units (a rounding's or the input quantization's grid index k in [k_lo, k_hi]: `Settings.grid_values`;
+their lines narrow to the range, and a rounding's implied input constraint gets a β). Its bound: the root's
 pre-activation intervals (`Bounder.pre`, CROWN/α-CROWN, fixed during the search as α,β-CROWN does by default)
 clamped by the splits (a split unit is stable, so its relaxation is exact), and each split constraint −t·z ≤ 0
 (t = ±1) added to the back-substitution with a multiplier β ≥ 0 (β-CROWN, Wang et al. 2021). α (lower ReLU slopes,
@@ -34,7 +34,7 @@ Everything runs on the Bounder's device (`Bounder.device`, its graph's): the ope
 violation), splitting (children by a scatter of sign patterns), kFSB and pruning (a boolean mask) read no domain on the
 host; a round reads a few numbers (whether a leaf or an unsafe minimizer exists, the largest split count per site). The
 batch is `CPU_BATCH` on a CPU and planned from the device's memory on a GPU (`default_batch`, shared among the worker
-processes on it). Options measured and off by default on the CPU: per-domain intermediate bounds (`Settings.rebound`:
+processes on it). Options off by default on the CPU, where they cost more than they win (docs/EXPERIMENTS.md): per-domain intermediate bounds (`Settings.rebound`:
 a child's later sites bounded again with its splits) and the MILP refinement of the early sites beside the search
 (`refine.Refiner`, on by default when the search runs on a GPU).
 """
@@ -111,9 +111,8 @@ class Settings:
     steps: int = 10  # Adam steps per batch of children
     lr_alpha: float = 0.05
     lr_beta: float = 0.05
-    # kFSB: units evaluated per domain (0: BaBSR alone, the default: measured side by side at batch 256, a better global
-    # lower bound after 30 s on all 4 hard mnist_fc stand-ins and the 12 small-CNN properties in 5.9 s against 7.4 s;
-    # benchmarks/VERIFICATION.md)
+    # kFSB: units evaluated per domain (0: BaBSR alone, the default: a better global lower bound in the same time;
+    # docs/EXPERIMENTS.md, "Branch-and-bound settings")
     candidates: int = 0
     max_split_depth: int = 5  # units split at once when the queue is short
     attack_every: int = 4  # rounds between attacks from the bound minimizers (0: never)
@@ -121,17 +120,15 @@ class Settings:
     # its bound, recomputed in float64 with the same α and β, is still > 0 for every disjunct
     dtype: torch.dtype = torch.float32
     # per-domain intermediate bounds: each child's intervals of this many ReLU sites after its split bounded again
-    # (`_Search.rebound`); 0: the root's intervals clamped by the splits, as α,β-CROWN by default. Measured on the CPU
-    # (benchmarks/VERIFICATION.md): every later site costs 6-40x the domains per second and gave a worse global lower
-    # bound on 5 of 6 hard mnist_fc stand-ins at 30 s
+    # (`_Search.rebound`); 0: the root's intervals clamped by the splits, as α,β-CROWN by default: on the CPU each
+    # later site costs more domains than its bounds win (docs/EXPERIMENTS.md, "Branch-and-bound settings")
     rebound: int = 0
-    # grid splits (issue 41): a grid unit (a rounding's, an input pixel's) whose root interval allows 2..grid_values
+    # grid splits: a grid unit (a rounding's, an input pixel's) whose root interval allows 2..grid_values
     # grid indices may be split on its index, k ≤ j | k ≥ j + 1, after the ReLUs (`relu_first`), where a leaf's MILP
     # does not finish (`LEAF_MILP_S`); 0: ReLU splits only
     grid_values: int = 4
-    # grid units per domain evaluated by their children's bounds beside the ReLUs (`choose`); 0: the scores alone decide.
-    # Measured on preact_resnet [4,8] int8 (benchmarks/int8-results/bab-preact48.json): with 2 no grid split won (a
-    # ReLU's worse child was always better), and the extra passes cost rounds
+    # grid units per domain evaluated by their children's bounds beside the ReLUs (`choose`); 0: the scores alone
+    # decide, since a ReLU's worse child was always the better one (docs/EXPERIMENTS.md, "Grid splits")
     grid_candidates: int = 0
 
 
@@ -139,7 +136,7 @@ class Settings:
 def _flush_denormals():
     """Denormal floats flushed to zero while the search runs, then the default (off) again: Adam's second moments of
     the many tiny α and β gradients decay into float32's denormal range, where a CPU computes their square root 17x
-    slower (measured: 3.6 ms against 0.22 ms for 512k values); what flushing changes, < 1e-38, no bound notices."""
+    slower (about 16x on 512k values); what flushing changes, < 1e-38, no bound notices."""
     flushed = torch.set_flush_denormal(True)
     try:
         yield
@@ -183,7 +180,7 @@ class _Search:
         self.sizes = [b.pre[i][0].numel() for i in self.relu_sites]
         self.ends = torch.as_tensor(self.sizes, device=dev).cumsum(0)  # unit u is on ReLU site bucketize(u, ends, right)
         self.U = sum(self.sizes)
-        # grid units (issue 41): the units of the input's first quantization and of every grid rounding whose root
+        # grid units: the units of the input's first quantization and of every grid rounding whose root
         # interval allows 2..`grid_values` grid indices, V of them; a domain's splits hold for unit v, in columns U + v
         # and U + V + v, how far its k_lo rose and its k_hi fell from the root's (int8: < grid_values)
         self.round_sites, self.V, self.W = [], 0, 0
@@ -498,8 +495,8 @@ class _Search:
 
     def relu_first(self, scores: torch.Tensor) -> torch.Tensor:
         """The scores ([P, U + V]) with the grid units' set to −1 where a domain has an unstable ReLU: by score, grid
-        splits come after the ReLUs (measured: the bit-exact reference's tiny nets are decided by the leaf MILPs that
-        ReLU splits reach at once, and a grid split ahead of them left 5 of 47 instances open)."""
+        splits come after the ReLUs, since the leaf MILPs that ReLU splits reach decide what a grid split ahead of them
+        leaves open (docs/EXPERIMENTS.md, "Grid splits")."""
         if not self.V:
             return scores
         relu = scores[:, :self.U].max(1, keepdim=True).values >= 0

@@ -3,10 +3,9 @@ property of a network gets one CROWN pass, the network's properties batched into
 boxes a batch dimension, as α,β-CROWN batches domains), then α-CROWN on the rows still open where there is time
 (`Bounder.alpha_spec_many`). The property loop (`harness`) runs it for each worker's share of the properties.
 
-Why: a stage budget split evenly over 90 properties gave each 0.667 s where one CROWN pass of the network took
-0.7–3.9 s, so no pass finished and nothing was decided, in silence (issue 40); the same files with 30 s each were
-all decided by CROWN alone. A pass is what decides most properties, so every property gets it before anything else,
-and the pass of a network's first property runs alone and is timed (`Cost`): from it the caller learns whether its
+Why: a pass is what decides most properties, and a budget split evenly over every property can leave each a share
+shorter than one pass (docs/EXPERIMENTS.md, "The first pass"), so every property gets it before anything else, and the
+pass of a network's first property runs alone and is timed (`Cost`): from it the caller learns whether its
 budget covers one pass per property and says so when it does not.
 
 An `Item` is one input box of one property with its verifier's bound-pass state (`Verifier.bound_pass`: it holds a

@@ -3,7 +3,7 @@ properties here.
 
 A `Task` is one property: how to build its `Problem` (the preparation: reading the network, parsing the property,
 starting onnxruntime; timed as ``prepare_time``) and the verifier that answers it. Where the time goes, in every mode
-(issue 40: the time goes where it decides):
+(the time goes where it decides):
 
 1. **The first bound pass** (`first_pass`): every property a worker holds gets one CROWN pass before any property
    gets anything else, the properties of one network batched into one call, then α-CROWN on the rows still open

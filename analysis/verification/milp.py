@@ -252,8 +252,7 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
                                 np.concatenate([enc.row_lo, np.full(A.shape[0], -np.inf)]),
                                 np.concatenate([enc.row_hi, b - shift]))
         # minimize Σ A y under A y ≤ b: the LP also ranks disjuncts (how far it can push A y down), and the MILP
-        # proves infeasibility 3-5x faster with this objective than as a pure feasibility problem (measured on
-        # digits MLPs with 55 unstable ReLUs)
+        # proves infeasibility several times faster with this objective than as a pure feasibility problem
         c = np.zeros(n)
         c[enc.y] = A.sum(axis=0)
         res = milp(c, constraints=cons, integrality=enc.integrality if integral else np.zeros(n),
@@ -284,10 +283,8 @@ def solve(net: Graph, spec: VnnlibSpec, pre: Sequence[tuple[Any, Any]], open_dis
         pending.append((value, d))
     lp_closed = len(todo) - len(pending)
     # nearest to closed first (the LP's least negative Σ A y): the MILPs likeliest to finish early go first and leave
-    # their time to the rest, since a turn no longer than one that failed is not tried again (HiGHS starts over).
-    # Measured on a 256x2 stand-in (prop_7, ε 0.02, 2 MILPs): the hardest first spent 57 s on its first turn, the other
-    # then closed in about 11 s, and the 46 s left were too short for a second turn: timeout at 74 s of 120; nearest
-    # first, the hard one got the ~100 s left (still open: a timeout at 120 s).
+    # their time to the rest, since a turn no longer than one that failed is not tried again (HiGHS starts over;
+    # docs/EXPERIMENTS.md, "The MILP's order").
     pending.sort(key=lambda vd: -vd[0])  # stable: ties keep the order given
     unclear = milp_runs = undecided = 0
     start = time.perf_counter()

@@ -38,8 +38,8 @@ an elementwise op of k float32 operations 2·γ_k of its magnitudes; a sum of tw
 (x − μ)/√(σ² + ε)·γ + β however the kernel groups it, γ_8 of |a|·(m + |μ|) + |β| (`floats.batchnorm_float`); a MatMul of
 two dequantized tensors Σ (|A|·e_B + e_A·|B| + e_A·e_B) + γ_{k+8}·|A|·|B| (an int32 QLinearMatMul or a float32
 one); a Softmax, which is ½-Lipschitz in the max norm (its Jacobian diag(p) − p·pᵀ has row sums 2p_i(1 − p_i) ≤ ½),
-½·max_j err_j plus its own rounding `SOFTMAX_K`·u·(T + W + 4) (W the row's spread), a bound measured on MLAS's
-kernel (tests/test_verify_int8.py re-measures it: the largest K over 1.1M rows of widths 2-197 and scales 0.01-80 was
+½·max_j err_j plus its own rounding `SOFTMAX_K`·u·(T + W + 4) (W the row's spread), a bound checked on MLAS's
+kernel (tests/test_verify_int8.py: the largest K over 1.1M rows of widths 2-197 and scales 0.01-80 was
 0.92 on this machine's onnxruntime 1.32); a LayerNorm, whose one-pass float32 kernel (E[x²] − E[x]², as onnxruntime's
 CPU kernel computes it) is ill-conditioned where the variance is small, gets a node of its own whose bound depends on
 the box (`nonlinear.LayerNormRounding`: the variance's lower bound over the box enters it). A QuantizeLinear of such a value is
@@ -151,7 +151,7 @@ def int32_safe(op, in_range: tuple[torch.Tensor, torch.Tensor], in_scale: np.nda
 # float32 values between a DequantizeLinear and a QuantizeLinear (the module docstring's second part; `floats` follows
 # them through the graph)
 
-SOFTMAX_K = 8.0  # the softmax kernel's relative error is at most SOFTMAX_K·u·(T + W + 4); measured K ≤ 0.92 (margin 8)
+SOFTMAX_K = 8.0  # the softmax kernel's relative error is at most SOFTMAX_K·u·(T + W + 4); tests/test_verify_int8.py finds K ≤ 0.92
 
 
 def float_error(fl, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:

@@ -1,24 +1,21 @@
 """Refinement of the early ReLU sites' intervals by MILP beside branch and bound (α,β-CROWN's `bab-refine`).
 
 A deep net's later sites stay loose because every site's relaxation widens the next; α-CROWN's intervals are the LP's
-(measured: the LP of a unit's input over the triangle relaxation gives α-CROWN's bound to 1e-4), so only integer
+(the LP of a unit's input over the triangle relaxation gives α-CROWN's bound), so only integer
 reasoning tightens them further. For each unstable unit of the first sites whose input depends on an earlier ReLU site
 (by priority: BaBSR's score for the property's rows), HiGHS minimizes and maximizes the unit's input over the exact
 big-M encoding of the network up to it (`milp.encode`, the earlier sites' binaries), with a per-unit time limit; its
 dual bound is sound at any time (widened by `SLACK` for the solver's tolerances), so a solve cut short still tightens.
 
-It runs in a thread of the search's process (HiGHS releases the interpreter while it solves: measured, a Python loop
-beside a 3 s solve kept its pace up to the machine's load), so on a machine with a GPU the CPU refines while the GPU
+It runs in a thread of the search's process (HiGHS releases the interpreter while it solves, so a Python loop beside
+a solve keeps its pace), so on a machine with a GPU the CPU refines while the GPU
 searches, and on a CPU it takes a share of the cores. The search applies what has arrived between rounds
 (`Refiner.apply`): the intervals of the refined sites tighten, CROWN bounds the later sites again from them, and every
 later round's domains relax on the tighter intervals (α and β warm starts stay valid: every value of them is sound).
 
-Measured (benchmarks/VERIFICATION.md): on a 784-256x6 stand-in, site 1 (26 binaries behind it) takes 1-3 s per unit
-and side for gains of 0.05-0.1 per bound, site 2 (121 binaries) gives HiGHS no dual bound within 3 s. On 2 cores at
-30 s per instance (4 deep mnist_fc stand-ins, two searches side by side) it refined 10-13 units and left every global
-lower bound worse by 0.02-0.04 (the thread's share of the core costs more domains than its bounds win), so the bab
-verifier refines by default only beside a GPU search, and only where the machine has a core for each worker's
-refinement beside its search (cores ≥ 2 × the processes sharing the GPU).
+On a CPU the thread's share of the cores costs the search more domains than its bounds win (docs/EXPERIMENTS.md,
+"MILP refinement beside branch and bound"), so the bab verifier refines by default only beside a GPU search, and only
+where the machine has a core for each worker's refinement beside its search (cores ≥ 2 × the processes sharing the GPU).
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ from .graph import Graph
 from .ops import ReLU
 
 SITES = 2  # ReLU sites refined: the first ones whose input depends on an earlier ReLU site (α,β-CROWN: the early layers)
-UNIT_S = 1.0  # HiGHS's limit per unit and side (measured: most of a unit's gain comes within 1 s, the rest within 3 s)
+UNIT_S = 1.0  # HiGHS's limit per unit and side: most of a unit's gain comes within 1 s (docs/EXPERIMENTS.md)
 SLACK = 1e-5  # relative and absolute widening of a refined bound: HiGHS's feasibility and optimality tolerances
 
 

@@ -6,9 +6,8 @@ big-M constants and stable/unstable split from the tight bounds), both complete 
 ``auto`` (`registry.STAGED`) is CROWN, then the attack as a probe with its own small share of the property's time
 (`ATTACK_SHARE`), then α-CROWN, then branch and bound on the disjuncts the bounds left open (the disjunction split,
 one search per open disjunct). The bounds come first so that an attack that finds nothing never starves them (a
-ViT's attack once spent the whole limit and the bound never ran). Branch and bound replaced the MILP there by
-measurement: on the default model's hardest ε = 0.005 properties (300+ unstable ReLUs) it decided in 1.6 s and 14 s
-what the MILP did in 32 s and not within 60 s; on digits MLPs it was 1.2–3x faster.
+ViT's attack once spent the whole limit and the bound never ran). Branch and bound, not the MILP, ends the chain: it
+decides the hard properties faster (docs/EXPERIMENTS.md, "Branch and bound against the MILP").
 
 A verifier that computes bounds says what its first bound pass is (`bound_pass`: the state its links share, holding
 a `bounds.Bounder`): the property loop (`harness`, `first_pass`) runs that pass for all the properties of a network
@@ -465,8 +464,8 @@ class ViaReluVerifier(Verifier):
         return ("unsat" if all(bounds.excluded(margin, owner, n)) else "unknown"), None, st.verdict()
 
 
-# the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: on the 2-block
-# ResNet stand-in it took 15 s of a 30 s limit where branch and bound then needed 0.4 s (benchmarks/VERIFICATION.md)
+# the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: unbounded, it
+# can take half a limit the search then needs little of (docs/EXPERIMENTS.md, "Branch-and-bound settings")
 INTERMEDIATE_SHARE = 0.25
 
 
@@ -486,8 +485,8 @@ class BabVerifier(Verifier):
         if rebound is not None:  # else the search's own default (bab.Settings)
             self.settings.rebound = int(rebound)
         # MILP refinement of a deep net's early sites beside the search (`refine`); None: only when the search runs on
-        # a GPU and the machine has a core for each worker's refinement beside its search (on 2 cores at 30 s it did
-        # not pay, benchmarks/VERIFICATION.md)
+        # a GPU and the machine has a core for each worker's refinement beside its search (on a CPU it does not pay:
+        # docs/EXPERIMENTS.md, "MILP refinement beside branch and bound")
         self.refine = refine
         self.sharers = int(sharers)
         if candidates is not None:  # else the search's own default (bab.Settings)

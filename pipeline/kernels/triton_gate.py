@@ -77,8 +77,8 @@ PHI_TAIL = (0.36000001430511475,
 # programs per SM); tensors smaller than MIN_PROGRAMS·BLOCK get smaller tiles, down to MIN_BLOCK. Col mode tiles are at
 # most MAX_BN_COL channels wide (a 128-byte line of bf16). The backward keeps about TARGET_PROGRAMS programs, walks at
 # most MAX_ITERS tiles per program, and makes at most MAX_CHUNKS partials per channel where it can; the last program
-# sums PART_STEP partials per step. BWD_MAXNREG caps the learned backward's registers (measured 76-87 uncapped at 8
-# warps, 62-64 capped with no spills: 4 programs per SM instead of 3).
+# sums PART_STEP partials per step. BWD_MAXNREG caps the learned backward's registers so that 4 programs fit per SM
+# instead of 3, with no spills.
 BLOCK = 2048
 ELEMS_PER_THREAD = 8
 MIN_BLOCK = 256
