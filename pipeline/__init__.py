@@ -9,9 +9,14 @@ The library API for a model of your own (README, "Use it on your own model"):
     to_relu(model)                           # every gate -> ReLU
 
 Check, export, quantize and verify a model: `analysis.api`. Names resolve on first use, so `import pipeline` stays light.
+It also makes torchvision importable beside a CPU-only torch (`pipeline.extras`), so that `import timm` and
+`from transformers import …` work after it with no call.
 """
 
+from . import extras
+
 __version__ = "0.1.0"
+extras.install()
 
 # public name -> "module:attribute"
 _EXPORTS = {

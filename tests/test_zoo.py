@@ -16,6 +16,7 @@ from scipy import special
 from torch import nn
 
 from analysis import api
+from _fresh import run_fresh
 from benchmarks.zoo import FAMILIES, SmoothOps, build, data, harden
 from pipeline import Hardener, to_gates, to_relu
 from pipeline.extras import import_timm, import_transformers
@@ -244,16 +245,13 @@ def _readme_block(heading: str) -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_timm_block_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(_readme_block("A timm model"), "README.md", "exec"), ns)  # noqa: S102 - the documented example itself
-    assert ns["hardener"].hardened() and len(ns["report"].converted) == 4 and (tmp_path / "convnext.int8.onnx").is_file()
+def test_readme_timm_block_runs(tmp_path):
+    # as a user runs it: a fresh process, nothing imported before the block (tests/_fresh.py)
+    run_fresh(_readme_block("A timm model") + "\nassert hardener.hardened() and len(report.converted) == 4\n", tmp_path)
+    assert (tmp_path / "convnext.int8.onnx").is_file()
 
 
-def test_readme_hugging_face_block_runs(tmp_path, monkeypatch):
+def test_readme_hugging_face_block_runs(tmp_path):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the models extra installs it)")
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(_readme_block("A Hugging Face model"), "README.md", "exec"), ns)  # noqa: S102
-    assert ns["hardener"].hardened() and (tmp_path / "gpt2.int8.onnx").is_file()
+    run_fresh(_readme_block("A Hugging Face model") + "\nassert hardener.hardened()\n", tmp_path)
+    assert (tmp_path / "gpt2.int8.onnx").is_file()
