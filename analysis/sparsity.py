@@ -204,7 +204,7 @@ def plot_histogram(path, variant: str, relu_apoz: dict[str, np.ndarray], smooth_
 def provably_stable(relu: nn.Module, info, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Units dead / always active over the whole input domain by the tight bounds (and by IBP), added to `layers`
     per layer; the totals, or a note when the bounds cannot be computed (an unbounded domain, an unread module)."""
-    from analysis.verification.ops import UnsupportedModel
+    from analysis.verification.ops.base import UnsupportedModel
     from analysis.verification.stability import stable_units
 
     try:

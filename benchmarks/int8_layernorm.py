@@ -42,7 +42,7 @@ def exact_min_variance(l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def measure(run: Path, prop: str) -> dict:
     from analysis.verification.bounds import Bounder
-    from analysis.verification.nonlinear import LayerNormRounding, Variance
+    from analysis.verification.ops.norm import LayerNormRounding, Variance
     from analysis.verification.readers import from_onnx
     from analysis.verification.vnnlib import read_vnnlib_all
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.verification import attack
-from analysis.verification.ops import UnsupportedModel
+from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.problem import Budget, Problem
 from analysis.verification.readers import read
 from analysis.verification.registry import get_verifier

@@ -68,7 +68,7 @@ class GateBounds:
 
 @dataclass(frozen=True)
 class Relaxation:
-    """What the verifier's linear relaxations of F(y) = y·g(y) need beyond g (`analysis/verification/relaxations.py`).
+    """What the verifier's linear relaxations of F(y) = y·g(y) need beyond g (`analysis/verification/ops/gates.py`).
     F has exactly two inflection points y₁ < y₂ (F'' < 0, > 0, < 0 on the three pieces), one in each bracket."""
 
     dF: Callable[[torch.Tensor], torch.Tensor]  # F'(y) = g(y) + y·g'(y), float64 tensors

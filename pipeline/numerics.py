@@ -1,6 +1,6 @@
 """Float32 rounding, the one home of its numbers: the unit roundoff u, γ_n, the float32 library's accuracy and the
 bound on a float32 dot product. The export check's rounding bound (`quantize/rounding.py`), the swap certificate
-(`analysis/theory/certificate/`) and the verifier's int8 reading (`analysis/verification/quantized.py`, `ops.py`)
+(`analysis/theory/certificate/`) and the verifier's int8 reading (`analysis/verification/quantized.py`, `ops/rounding.py`)
 read them here; `tests/test_layout.py` fails on a definition of any of them elsewhere, and
 `tests/test_float32_statement.py` tests each against float32 arithmetic as this machine does it.
 

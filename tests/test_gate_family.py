@@ -93,8 +93,8 @@ def _reference_constants() -> tuple[float, float]:
 
 
 def test_one_registration_makes_the_family_known_everywhere(registered):
+    from analysis.verification.ops.gates import SMOOTH_GATES
     from analysis.verification.readers import gate_patterns
-    from analysis.verification.relaxations import SMOOTH_GATES
 
     spec = ACTIVATIONS[ACTIVATION]
     assert spec.hardenable and spec.gate == NAME and ACTIVATIONS[f"linked_{ACTIVATION}"].expansion == 2
@@ -110,7 +110,7 @@ def test_one_registration_makes_the_family_known_everywhere(registered):
 
 
 def test_the_new_familys_relaxation_is_sound_by_dense_sampling(registered):
-    from analysis.verification.relaxations import SMOOTH_GATES, default_slopes, intercepts
+    from analysis.verification.ops.gates import SMOOTH_GATES, default_slopes, intercepts
 
     gate = SMOOTH_GATES[NAME]
     gen = torch.Generator().manual_seed(0)

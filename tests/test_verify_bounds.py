@@ -12,13 +12,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _modules import Affine
-from analysis.verification.bounds import Bounder, Spec, swap_gap
+from analysis.verification.bounds import Bounder, Spec
+from analysis.verification.gap import swap_gap
 from analysis.verification.graph import Graph, Node
-from analysis.verification.ops import Concat, Conv, Gate, Linear, Permute, ReLU, Scale, Sum, average_pool
+from analysis.verification.ops.affine import Conv, Linear, Scale, Sum
+from analysis.verification.ops.gates import Gate
+from analysis.verification.ops.pooling import average_pool
+from analysis.verification.ops.relu import ReLU
+from analysis.verification.ops.shape import Concat, Permute
 from analysis.verification.readers import from_torch
 from pipeline.activations import GELU, SERF, LambdaGELU, LambdaSERF, LambdaSwish, Linked, SiLU
 
@@ -203,8 +207,8 @@ def test_bounds_on_many_random_dags_are_sound(seed, conv, radius):
 
 
 def test_adam_matches_torch_optim():
-    """bounds.Adam (used instead of torch.optim, whose first use costs seconds) takes torch.optim.Adam's steps."""
-    from analysis.verification.bounds import Adam
+    """alpha.Adam (used instead of torch.optim, whose first use costs seconds) takes torch.optim.Adam's steps."""
+    from analysis.verification.alpha import Adam
 
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(50, generator=gen, dtype=torch.float64, requires_grad=True)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from analysis import api
 from analysis.robustness import coverage
-from analysis.verification.ops import UnsupportedModel
+from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.readers import from_onnx
 from pipeline.models import MODELS
 from quantize.verifier_form import signature

@@ -17,11 +17,10 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from analysis.verification import bab as bab_mod
-from analysis.verification import milp
+from analysis.verification import bab as bab_mod, milp
 from analysis.verification.bab import Settings, bab
 from analysis.verification.bounds import Bounder, Spec
-from analysis.verification.ops import QuantizedInput
+from analysis.verification.ops.rounding import QuantizedInput
 from analysis.verification.readers import from_torch
 from analysis.verification.vnnlib import robustness_spec
 

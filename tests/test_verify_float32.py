@@ -12,10 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import analysis.verification.bounds as bounds_mod
+import analysis.verification.float32 as float32_mod
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.graph import Graph, Node
-from analysis.verification.ops import Activation, Conv, ReLU
+from analysis.verification.ops.affine import Conv
+from analysis.verification.ops.base import Activation
+from analysis.verification.ops.relu import ReLU
 from analysis.verification.readers import from_torch
 from pipeline.numerics import UNDERFLOW, dot_error
 from test_verify_bounds import NET_TOL, _random_dag, _samples, cnn
@@ -74,7 +76,7 @@ def test_back32_coefficients_are_within_the_rounding_bound(cfg):
 
 @pytest.mark.parametrize("cfg", CONVS)
 def test_float32_back_bound_holds_at_sampled_points(cfg, monkeypatch):
-    monkeypatch.setattr(bounds_mod, "FLOAT32_MIN_TERMS", 1)
+    monkeypatch.setattr(float32_mod, "FLOAT32_MIN_TERMS", 1)
     conv = _conv(cfg, 2)
     net = Graph(conv.in_shape, [Node(conv, (0,))])
     gen = torch.Generator().manual_seed(3)
@@ -105,7 +107,7 @@ def test_float32_back_is_not_used_with_gradients_or_few_terms(monkeypatch):
     A = torch.randn(3, conv.out_size, dtype=torch.float64)
     assert b._float32_back(1, A) is not None  # 16·9 = 144 terms ≥ FLOAT32_MIN_TERMS
     assert b._float32_back(1, A.clone().requires_grad_(True)) is None
-    monkeypatch.setattr(bounds_mod, "FLOAT32_MIN_TERMS", 10_000)
+    monkeypatch.setattr(float32_mod, "FLOAT32_MIN_TERMS", 10_000)
     assert b._float32_back(1, A) is None
 
 
@@ -129,7 +131,7 @@ def _preact(seed: int) -> tuple[torch.nn.Module, tuple[int, ...]]:
 
 
 def _pass(net: Graph, lb, ub, spec: Spec, float32: bool, monkeypatch) -> tuple[Bounder, torch.Tensor]:
-    monkeypatch.setattr(bounds_mod, "FLOAT32_MIN_TERMS", 1 if float32 else 0)
+    monkeypatch.setattr(float32_mod, "FLOAT32_MIN_TERMS", 1 if float32 else 0)
     b = Bounder(net, lb, ub)
     b.crown()
     assert (b._f32_used > 0) == float32
@@ -174,7 +176,7 @@ def test_float32_gates_are_sound_and_close(seed, monkeypatch):
     lb, ub = x0 - 0.05, x0 + 0.05
     spec = Spec(torch.randn(4, net.num_outputs, generator=gen, dtype=torch.float64), torch.zeros(4))
     b64, s64 = _pass(net, lb, ub, spec, False, monkeypatch)
-    monkeypatch.setattr(bounds_mod, "FLOAT32_GATES", True)
+    monkeypatch.setattr(float32_mod, "FLOAT32_GATES", True)
     b32, s32 = _pass(net, lb, ub, spec, True, monkeypatch)
     assert torch.all(s64 - s32 <= F32_TOL * (1 + s64.abs()))
     _check_sound(b32, s32, spec, _samples(lb, ub, 1500, gen))
@@ -184,10 +186,10 @@ def test_a_network_with_gates_is_float64_when_float32_gates_are_off(monkeypatch)
     # FLOAT32_GATES (the default) screens the gates' sites in float32 too; off, a gated network's CROWN is float64's
     net = _random_dag(3, conv=True)
     x0 = torch.rand(net.num_inputs, dtype=torch.float64)
-    monkeypatch.setattr(bounds_mod, "FLOAT32_MIN_TERMS", 1)
+    monkeypatch.setattr(float32_mod, "FLOAT32_MIN_TERMS", 1)
     assert any(isinstance(n.op, Activation) and not isinstance(n.op, ReLU) for n in net.nodes[1:])
     for on in (True, False):
-        monkeypatch.setattr(bounds_mod, "FLOAT32_GATES", on)
+        monkeypatch.setattr(float32_mod, "FLOAT32_GATES", on)
         b = Bounder(net, x0 - 0.05, x0 + 0.05)
         b.crown()
         assert (b._f32_used > 0) == on

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.verification import harness
 from analysis.verification.graph import Graph
-from analysis.verification.ops import Linear
+from analysis.verification.ops.affine import Linear
 from analysis.verification.problem import Budget, Problem
 from analysis.verification.registry import Verifier
 from analysis.verification.vnnlib import robustness_spec
@@ -211,7 +211,7 @@ def test_a_wall_budget_over_all_tasks_cuts_the_last_ones_and_names_them():
 
 
 def _relu_net(seed: int = 0, width: int = 24):
-    from analysis.verification.ops import ReLU
+    from analysis.verification.ops.relu import ReLU
 
     rng = np.random.default_rng(seed)
     return Graph.sequential((6,), [Linear(rng.normal(size=(width, 6)), rng.normal(size=width) * 0.1), ReLU(width),

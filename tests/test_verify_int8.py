@@ -15,8 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.graph import Graph, Node
-from analysis.verification.nonlinear import OutOfDomain
-from analysis.verification.ops import QuantizedInput, ReLU, Rounding, Scale, UnsupportedModel
+from analysis.verification.ops.affine import Scale
+from analysis.verification.ops.base import OutOfDomain, UnsupportedModel
+from analysis.verification.ops.relu import ReLU
+from analysis.verification.ops.rounding import QuantizedInput, Rounding
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
 from analysis.verification.registry import get_verifier
@@ -205,10 +207,10 @@ def test_grid_rounding_lines_contain_onnxruntime_requantized_values(tmp_path):
 
 
 def test_alpha_crown_with_the_roundings_lines_optimized_contains_onnxruntime(tmp_path, monkeypatch):
-    """α-CROWN optimizing the grid roundings' lines too (`Bounder.OPTIMIZE_ROUNDING`): its output bounds on small boxes
+    """α-CROWN optimizing the grid roundings' lines too (`Rounding.OPTIMIZE`): its output bounds on small boxes
     of the tiny int8 net (units spanning a few cells, where the slopes are free) contain onnxruntime's outputs at dense
     points, lower and upper side apart, and are no looser than CROWN's."""
-    monkeypatch.setattr(Bounder, "OPTIMIZE_ROUNDING", True)
+    monkeypatch.setattr(Rounding, "OPTIMIZE", True)
     path, _ = _tiny(tmp_path, "int8")
     graph = from_onnx(path)
     sess = ort_util.session(path)
@@ -451,13 +453,12 @@ def test_the_verify_stage_has_int8_rows_a_chain_and_their_own_budget(tmp_path):
     import json
 
     from _digits import make_run, trained
-    from analysis.verification.vnncomp import read_results
     from analysis.robustness.properties import read_rows
+    from analysis.verification.vnncomp import read_results
+    from pipeline.config import ConfigError, apply_overrides
+    from pipeline.stages import export as export_stage, int8 as int8_stage
     from pipeline.stages.verify import run_verify, validate_config
     from pipeline.stages.verify_report import report_section
-    from pipeline.config import ConfigError, apply_overrides
-    from pipeline.stages import export as export_stage
-    from pipeline.stages import int8 as int8_stage
 
     run = make_run(tmp_path, {"relu": trained("relu")})
     export_stage.run_export(run.cfg, run)

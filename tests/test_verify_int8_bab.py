@@ -13,7 +13,7 @@ from onnx import helper
 
 from analysis.verification.bab import Settings, _Search
 from analysis.verification.bounds import Bounder
-from analysis.verification.ops import QuantizedInput, Rounding
+from analysis.verification.ops.rounding import QuantizedInput, Rounding
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
 from analysis.verification.verifiers import BabVerifier

@@ -28,8 +28,11 @@ from onnx import TensorProto, helper
 
 from analysis.verification import milp
 from analysis.verification.bab import Settings, bab
-from analysis.verification.bounds import Bounder, Spec, swap_gap
-from analysis.verification.ops import PairMax, Pool, ReLU, UnsupportedModel
+from analysis.verification.bounds import Bounder, Spec
+from analysis.verification.gap import swap_gap
+from analysis.verification.ops.base import UnsupportedModel
+from analysis.verification.ops.pooling import PairMax, Pool
+from analysis.verification.ops.relu import ReLU
 from analysis.verification.readers import from_onnx, from_torch, supported_ops
 from analysis.verification.vnnlib import robustness_spec
 from pipeline.config import Config

@@ -1,4 +1,4 @@
-"""The transformer ops' relaxations (`analysis.verification.nonlinear`) by dense sampling in float64, each side apart,
+"""The transformer ops' relaxations (`analysis.verification.ops`: curves, products, norm, softmax) by dense sampling in float64, each side apart,
 against mpmath where float64 itself is the question, and tight where they touch the function; the products' planes
 through the interface `bounds.Bounder` uses (`relax`/`back`), so a sign error in a coefficient fails here."""
 
@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.verification import nonlinear
-from analysis.verification.nonlinear import REL_SLACK, BatchMatMul, Exp, ExpSums, OutOfDomain, Product, Reciprocal, Rsqrt, Sqrt, Square
+from analysis.verification.ops import products
+from analysis.verification.ops.base import OutOfDomain
+from analysis.verification.ops.curves import REL_SLACK, Exp, Reciprocal, Rsqrt, Sqrt, Square
+from analysis.verification.ops.products import BatchMatMul, Product
+from analysis.verification.ops.softmax import ExpSums
 
 DT = torch.float64
 POINTS = 4001  # samples per interval, the ends included
@@ -100,7 +103,7 @@ def _box_samples(l, u, n, gen):
 @pytest.mark.parametrize("planes", ["edge", "middle"])
 @pytest.mark.parametrize("seed", range(4))
 def test_product_planes_hold_each_side_by_dense_sampling(seed, planes, monkeypatch):
-    monkeypatch.setattr(nonlinear, "PLANES", planes)
+    monkeypatch.setattr(products, "PLANES", planes)
     gen = torch.Generator().manual_seed(seed)
     n = 6
     c = torch.randn(2 * n, generator=gen, dtype=DT) * 3
@@ -133,7 +136,7 @@ def test_product_planes_hold_each_side_by_dense_sampling(seed, planes, monkeypat
 @pytest.mark.parametrize("planes", ["edge", "middle"])
 @pytest.mark.parametrize("seed", range(3))
 def test_batch_matmul_relaxation_holds_for_mixed_sign_rows_by_dense_sampling(seed, planes, monkeypatch):
-    monkeypatch.setattr(nonlinear, "PLANES", planes)
+    monkeypatch.setattr(products, "PLANES", planes)
     gen = torch.Generator().manual_seed(seed)
     b, m, k, n = 2, 3, 4, 2
     op = BatchMatMul(b, m, k, n)
@@ -217,7 +220,7 @@ def test_exp_sums_refuses_an_overflowing_difference_only_where_a_row_reads_its_u
 
 @pytest.mark.parametrize("planes", ["edge", "middle"])
 def test_batch_matmul_milp_rows_are_the_planes_of_relax(planes, monkeypatch):
-    monkeypatch.setattr(nonlinear, "PLANES", planes)
+    monkeypatch.setattr(products, "PLANES", planes)
     gen = torch.Generator().manual_seed(5)
     op = BatchMatMul(1, 2, 3, 2)
     size = op.in_sizes()[0]
@@ -267,7 +270,7 @@ def test_slack_is_far_above_float64_rounding_of_the_lines():
 def test_variance_range_and_planes_hold_by_dense_sampling(seed):
     """`Variance` reads (x, c = Px): its range (the norm bound from x's box, the separable one from c's intervals) and its
     two planes hold at sampled x of the box (c computed from x, so the samples respect c = Px)."""
-    from analysis.verification.nonlinear import Variance
+    from analysis.verification.ops.norm import Variance
 
     gen = torch.Generator().manual_seed(seed)
     R, N = 3, 5

@@ -16,7 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from _modules import Affine
 from analysis.verification.graph import Graph
-from analysis.verification.ops import Concat, Conv, Gate, Linear, ReLU, Scale, Sum, UnsupportedModel
+from analysis.verification.ops.affine import Conv, Linear, Scale, Sum
+from analysis.verification.ops.base import UnsupportedModel
+from analysis.verification.ops.gates import Gate
+from analysis.verification.ops.relu import ReLU
+from analysis.verification.ops.shape import Concat
 from analysis.verification.readers import from_onnx, from_torch, module_path, supported_ops
 from quantize.export import export_for_verifiers
 from _onnx import make_model

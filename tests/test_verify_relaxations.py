@@ -1,4 +1,4 @@
-"""The smooth gates' linear relaxations (`analysis.verification.relaxations`), by dense sampling in float64 and
+"""The smooth gates' linear relaxations (`analysis.verification.ops.gates`), by dense sampling in float64 and
 against mpmath: sound and tight lines for any slope (hypothesis over intervals, slopes and λ), the inflection
 points, the closed-form swap gap, and soundness in the far tails, where torch's erfc is ~820 ulps off and F
 underflows (the slack `G_REL_ERROR` must cover the measured error of the functions called)."""
@@ -9,11 +9,9 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from analysis.verification.relaxations import (G_REL_ERROR, SMOOTH_GATES, TINY, default_slopes, gate_range, intercepts,
-                                               slope_range, swap_gap_unit)
+from analysis.verification.ops.gates import (G_REL_ERROR, SMOOTH_GATES, TINY, default_slopes, gate_range, intercepts, slope_range, swap_gap_unit)
 
 GATES = list(SMOOTH_GATES)
 # sampled values vs bounds, float64 on both sides: rounding of F(y) − a·y at |y| ≤ 1e4

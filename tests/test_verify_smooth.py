@@ -1,4 +1,4 @@
-"""Standalone smooth activations' relaxations (`analysis.verification.smooth`), by dense sampling in float64 and against
+"""Standalone smooth activations' relaxations (`analysis.verification.ops.smooth`), by dense sampling in float64 and against
 mpmath: each function's float64 evaluation within the slack, each line sound on its interval for any slope (hypothesis
 over all-negative, all-positive, crossing, degenerate, narrow and very wide intervals), each side apart, tight up to the
 sampling grid, CROWN's choices on convex/concave pieces equal the closed-form secant and middle tangent."""
@@ -14,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.verification.smooth import (G_REL_ERROR, KINDS, SELU_ALPHA, SELU_GAMMA, TINY, Smooth, function, intercepts,
-                                          lines, slope_range)
+from analysis.verification.ops.gates import G_REL_ERROR, TINY
+from analysis.verification.ops.smooth import (KINDS, SELU_ALPHA, SELU_GAMMA, Smooth, function, intercepts, lines,
+                                              slope_range)
 
 mpmath.mp.dps = 40
 # the slack must exceed the measured relative error of each computed f by this factor
@@ -191,7 +192,7 @@ def test_op_interval_and_gap_hold(kind, alpha, gamma):
 
 
 def test_unknown_kind_is_refused_in_one_line():
-    from analysis.verification.ops import UnsupportedModel
+    from analysis.verification.ops.base import UnsupportedModel
 
     with pytest.raises(UnsupportedModel, match="unknown smooth activation 'swoosh'; known: sigmoid"):
         Smooth(3, "swoosh")

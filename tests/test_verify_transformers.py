@@ -18,7 +18,7 @@ from _modules import ClassTokenViT
 from analysis.verification import milp
 from analysis.verification.bab import Settings, bab
 from analysis.verification.bounds import Bounder, Spec
-from analysis.verification.ops import UnsupportedModel
+from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch, supported_ops
 from analysis.verification.vnnlib import robustness_spec
 from pipeline.relu_swap import to_relu
@@ -205,9 +205,9 @@ def test_a_site_read_through_copies_queries_its_sources_once():
 @pytest.mark.parametrize("eps", [0.01, 0.03, 0.05])
 def test_a_layer_norm_variance_takes_the_better_tangents_and_holds_at_sampled_points(eps, monkeypatch):
     """A LayerNorm variance's lower bound is the larger of CROWN's with the tangent planes at c's centre and at each
-    unit's end nearest 0 (`Bounder._variance_lower`); with `VARIANCE_STEPS` the optimized points raise it further. Each
+    unit's end nearest 0 (`Variance.refine_rows`); with `Variance.STEPS` the optimized points raise it further. Each
     lies below every sampled variance of the box."""
-    from analysis.verification.nonlinear import Variance
+    from analysis.verification.ops.norm import Variance
 
     model = _vit(depth=2, seed=2)
     net = from_torch(model, (1, 8, 8))
@@ -222,10 +222,10 @@ def test_a_layer_norm_variance_takes_the_better_tangents_and_holds_at_sampled_po
     both, got = variance_lowers()
     assert got
     with monkeypatch.context() as m:
-        m.setattr(Bounder, "_variance_lower", lambda self, s, idx, n, lo, up, f32, cuts: lo)
+        m.setattr(Variance, "refine_rows", lambda self, b, s, idx, n, lo, up, f32, cuts: lo)
         _, only_centre = variance_lowers()
     with monkeypatch.context() as m:
-        m.setattr(Bounder, "VARIANCE_STEPS", 10)
+        m.setattr(Variance, "STEPS", 10)
         _, optimized = variance_lowers()
     # each variance's rows sampled: x uniform and at corners of the box, the variance node's value from the graph
     gen = torch.Generator().manual_seed(0)
@@ -330,7 +330,8 @@ def test_api_check_holds_through_multi_head_attention():
 
 
 def test_a_narrow_softmax_keeps_its_differences_a_layer_and_a_wide_one_takes_expsums(monkeypatch):
-    from analysis.verification.nonlinear import Exp, ExpSums
+    from analysis.verification.ops.curves import Exp
+    from analysis.verification.ops.softmax import ExpSums
 
     model = _vit(depth=1)
     x0 = _x(1, seed=3).reshape(-1).double().numpy()
@@ -361,7 +362,7 @@ def test_needed_units_are_those_the_output_depends_on(monkeypatch, min_diffs):
     """`Bounder.needed` against the Jacobian of the output with respect to each node's value (autograd, float64) at
     random inputs: every unit the output moves with is marked, and the last block reads the class token alone (its MLP:
     `hidden` units of the 5 tokens' 5·hidden; its softmax: one row per head)."""
-    from analysis.verification.nonlinear import ExpSums
+    from analysis.verification.ops.softmax import ExpSums
 
     monkeypatch.setattr(ExpSums, "MIN_DIFFS", min_diffs)  # both softmax forms: ExpSums (wide graphs') and the layer
     model = _vit(depth=2)
@@ -393,7 +394,7 @@ def test_needed_units_are_those_the_output_depends_on(monkeypatch, min_diffs):
 def test_crown_ignores_the_intervals_of_units_the_output_does_not_read(monkeypatch):
     """On a two-block ViT, every unit off the paths to the output widened until block 1's softmax overflows on them:
     CROWN's spec bounds are the same (those units are read by no row), and hold at dense samples of the box."""
-    from analysis.verification.nonlinear import ExpSums
+    from analysis.verification.ops.softmax import ExpSums
 
     monkeypatch.setattr(ExpSums, "MIN_DIFFS", 0)  # the wide graphs' softmax form, on a small ViT
     model = _vit(depth=2)

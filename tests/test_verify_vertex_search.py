@@ -12,7 +12,8 @@ import torch
 
 from analysis.verification import attack
 from analysis.verification.graph import Graph
-from analysis.verification.ops import Linear, QuantizedInput, Rounding
+from analysis.verification.ops.affine import Linear
+from analysis.verification.ops.rounding import QuantizedInput, Rounding
 from analysis.verification.problem import Budget, Problem, float32_in_box, open_reason
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx

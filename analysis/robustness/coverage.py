@@ -35,7 +35,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from analysis.verification.ops import UnsupportedModel
+from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch
 from pipeline.config import Config, GateConfig, ModelConfig
 from pipeline.models import MODELS, build_model

@@ -20,7 +20,7 @@ Which network a certificate is about:
   its ONNX export, in float64. Two routes, each recorded on its own: ``direct`` (bounds through the gates' linear
   relaxations, then the attack; a counterexample is re-checked on the torch model in float32) and ``via-relu`` (the
   same weights with ReLU: its margin lower bound minus a sound bound on |smooth − ReLU| over the box;
-  `analysis.verification.bounds.swap_gap`).
+  `analysis.verification.gap.swap_gap`).
 
 Properties: for each of the first ``verify.samples`` validation examples ``x0`` (the same for every variant) and each
 ``eps`` in ``verify.epsilons``, the box ``[max(x0 − eps, lo), min(x0 + eps, hi)]`` (``lo``/``hi``: the data's valid
@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from analysis.verification import harness
-from analysis.verification.ops import Gate, UnsupportedModel
+from analysis.verification.ops.base import UnsupportedModel
+from analysis.verification.ops.gates import Gate
 from analysis.verification.problem import Result
 from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.vnnlib import format_real, robustness_spec, write_vnnlib
@@ -52,8 +53,7 @@ from pipeline import checkpoint
 from pipeline.atomic_io import atomic_write_bytes
 from pipeline.config import Config
 from pipeline.rundir import RunDir
-from quantize import export as export_mod
-from quantize import ort as ort_util
+from quantize import export as export_mod, ort as ort_util
 
 # direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs less than the attack on the
 # smooth network, and most properties are certified

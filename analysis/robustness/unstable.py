@@ -17,7 +17,7 @@ import numpy as np
 
 from analysis.verification.bounds import Bounder
 from analysis.verification.graph import Graph
-from analysis.verification.ops import ReLU
+from analysis.verification.ops.relu import ReLU
 
 
 def unstable_at(net: Graph, xs: np.ndarray, eps: float, low: Any = -math.inf, high: Any = math.inf) -> dict[str, Any]:

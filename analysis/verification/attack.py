@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import DTYPE, as_tensor
+from .ops.base import DTYPE, as_tensor
 from .vnnlib import VnnlibSpec
 
 

@@ -52,8 +52,12 @@ import numpy as np
 import torch
 
 from . import attack, milp
-from .bounds import CHUNK_ELEMENTS, Adam, Bounder, FixedLines, ReluLines
-from .ops import DTYPE, QuantizedInput, ReLU, Rounding
+from .alpha import Adam
+from .bounds import Bounder, FixedLines
+from .crown import CHUNK_ELEMENTS
+from .ops.base import DTYPE
+from .ops.relu import ReluLines
+from .ops.rounding import QuantizedInput, Rounding
 from .vnnlib import VnnlibSpec
 
 # α and β between rounds, per device: warm starts only (any value is sound, and a closing decision's float64 re-check
@@ -176,7 +180,7 @@ class _Search:
         self.slot = torch.as_tensor([disjuncts.index(k) for k, _ in rows], device=dev)  # each row's disjunct, 0..K−1
         self.b, self.s, self.expired, self.disjuncts = b, s, expired, disjuncts
         self.R = self.C.shape[0]
-        self.relu_sites = [i for i in range(len(b.sites)) if isinstance(b.op(i), ReLU)]
+        self.relu_sites = [i for i in range(len(b.sites)) if b.op(i).branchable]
         self.sizes = [b.pre[i][0].numel() for i in self.relu_sites]
         self.ends = torch.as_tensor(self.sizes, device=dev).cumsum(0)  # unit u is on ReLU site bucketize(u, ends, right)
         self.U = sum(self.sizes)

@@ -15,8 +15,12 @@ import torch
 
 from pipeline.numerics import SAFETY, U, gamma
 
-from .nonlinear import LayerNormRounding
-from .ops import Activation, Concat, Conv, Linear, Pool, ReLU, Scale, Select, Sum, TokenLinear
+from .ops.affine import Conv, Linear, Scale, Sum, TokenLinear
+from .ops.base import Activation
+from .ops.norm import LayerNormRounding
+from .ops.pooling import Pool
+from .ops.relu import ReLU
+from .ops.shape import Concat, Select
 from .quantized import SOFTMAX_K, affine_error
 
 

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ops import DTYPE, Activation, Affine, Gate, Op, ReLU, as_tensor, compose, numel
+from .ops.affine import compose
+from .ops.base import DTYPE, Activation, Affine, Op, as_tensor, numel
+from .ops.gates import Gate
+from .ops.relu import ReLU
 
 
 @dataclass(eq=False)

@@ -39,7 +39,9 @@ import numpy as np
 import torch
 
 from .graph import Graph
-from .ops import Activation, Affine, QuantizedInput, ReLU, Rounding, UnsupportedModel
+from .ops.base import Activation, Affine, UnsupportedModel
+from .ops.relu import ReLU
+from .ops.rounding import QuantizedInput, Rounding
 from .vnnlib import VnnlibSpec
 
 MIN_MILP_SECONDS = 0.05  # a shorter HiGHS run than this decides nothing: its presolve alone takes longer

@@ -32,7 +32,7 @@ import torch
 
 from . import attack
 from .graph import Graph
-from .ops import UnsupportedModel
+from .ops.base import UnsupportedModel
 from .readers import read
 from .vnnlib import VnnlibSpec, read_vnnlib_all
 

@@ -42,7 +42,7 @@ one); a Softmax, which is ½-Lipschitz in the max norm (its Jacobian diag(p) −
 kernel (tests/test_verify_int8.py: the largest K over 1.1M rows of widths 2-197 and scales 0.01-80 was
 0.92 on this machine's onnxruntime 1.32); a LayerNorm, whose one-pass float32 kernel (E[x²] − E[x]², as onnxruntime's
 CPU kernel computes it) is ill-conditioned where the variance is small, gets a node of its own whose bound depends on
-the box (`nonlinear.LayerNormRounding`: the variance's lower bound over the box enters it). A QuantizeLinear of such a value is
+the box (`ops.norm.LayerNormRounding`: the variance's lower bound over the box enters it). A QuantizeLinear of such a value is
 a Rounding with E = s/2 + err + 2u·(m + err + s·(|z| + 1)) (`float_error`).
 
 The graph input's normalization (x·a + b by constants, a CNN's Mul/Add before its first QuantizeLinear): the
@@ -173,7 +173,7 @@ def layer_norm_rounding(A: torch.Tensor, vlow: torch.Tensor, e: torch.Tensor, ga
     """|onnxruntime's float32 LayerNorm of x̃ − the exact LayerNorm of x| per unit, for rows with max|x̃| ≤ A [R], the
     exact variance + ε ≥ vlow [R] over the box, |x̃ − x| ≤ e [R] (max over the row), scale γ and shift β [N]. The
     kernel (onnxruntime's CPU LayerNorm): m = Σx/N, s = √(Σx²/N − m² + ε), y = (x − m)/s·γ + β, each operation rounded
-    once (u = 2⁻²⁴); derivation in `nonlinear.LayerNormRounding`'s docstring. Returns [R, N] (+∞ where the bound fails)."""
+    once (u = 2⁻²⁴); derivation in `ops.norm.LayerNormRounding`'s docstring. Returns [R, N] (+∞ where the bound fails)."""
     u, g = U, gamma
     sqrtN = math.sqrt(N)
     # per row: bounds on mean |x̃|, mean x̃² and max |x̃| (a tensor A: max |x̃| for all three)

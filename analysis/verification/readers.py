@@ -49,10 +49,18 @@ from pipeline.numerics import U
 
 from .floats import Float, batchnorm_float, follow, layer_norm_float, matmul_float, softmax_float
 from .graph import Graph, Node
-from .nonlinear import BatchMatMul, Exp, ExpSums, Product, Reciprocal, Rsqrt, Sqrt, Square, Variance
-from .smooth import SELU_ALPHA, SELU_GAMMA, Smooth
-from .ops import (Affine, Concat, Conv, Gate, Linear, Op, PairMax, Permute, Pool, QuantizedInput, ReLU, Rounding, Scale,
-                  Select, Sum, TokenLinear, UnsupportedModel, as_tensor, average_pool, numel)
+from .ops.affine import Conv, Linear, Scale, Sum, TokenLinear
+from .ops.base import Op, UnsupportedModel, as_tensor, numel
+from .ops.curves import Exp, Reciprocal, Rsqrt, Sqrt, Square
+from .ops.gates import Gate
+from .ops.norm import Variance
+from .ops.pooling import PairMax, Pool, average_pool
+from .ops.products import BatchMatMul, Product
+from .ops.relu import ReLU
+from .ops.rounding import QuantizedInput, Rounding
+from .ops.shape import Concat, Permute, Select
+from .ops.smooth import SELU_ALPHA, SELU_GAMMA, Smooth
+from .ops.softmax import ExpSums
 
 WEIGHT_RANGE = (-64, 64)  # 7-bit weights as reduce_range makes them: a pair of products 2·255·64 = 32640 fits int16 (`quantized`)
 

@@ -31,7 +31,6 @@ import torch
 from . import milp
 from .bounds import Bounder
 from .graph import Graph
-from .ops import ReLU
 
 SITES = 2  # ReLU sites refined: the first ones whose input depends on an earlier ReLU site (α,β-CROWN: the early layers)
 UNIT_S = 1.0  # HiGHS's limit per unit and side: most of a unit's gain comes within 1 s (docs/EXPERIMENTS.md)
@@ -57,7 +56,7 @@ class Refiner:
     def worth_it(b: Bounder, sites: int = SITES) -> bool:
         """Deep enough that some ReLU site after the first depends on an earlier one (a 2-layer net's second site is
         what branch and bound splits directly)."""
-        relu = [s for s in range(len(b.sites)) if isinstance(b.op(s), ReLU)]
+        relu = [s for s in range(len(b.sites)) if b.op(s).branchable]
         return len(relu) >= 3 and bool(b.sites_before(b.site_input[relu[1]]))
 
     def _order(self, C: torch.Tensor, sites: int) -> list[tuple[int, list[int]]]:
@@ -68,7 +67,7 @@ class Refiner:
         with torch.no_grad():
             b.backward(C.to(b.device, torch.float64), b.net.output, record=record)
         out = []
-        relu = [s for s in range(len(b.sites)) if isinstance(b.op(s), ReLU)]
+        relu = [s for s in range(len(b.sites)) if b.op(s).branchable]
         for s in relu[1:]:
             if len(out) == sites:
                 break
@@ -96,8 +95,7 @@ class Refiner:
         return self._stop.is_set() or self.left() <= 0
 
     def _run(self) -> None:
-        from scipy.optimize import Bounds, LinearConstraint
-        from scipy.optimize import milp as highs
+        from scipy.optimize import Bounds, LinearConstraint, milp as highs
 
         t0 = time.perf_counter()
         b = self.b

@@ -19,8 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .nonlinear import OutOfDomain
-from .ops import UnsupportedModel
+from .ops.base import OutOfDomain, UnsupportedModel
 from .problem import DECISIVE, Budget, Problem, Result
 
 STAGED = "crown+pgd+alpha-crown+bab"

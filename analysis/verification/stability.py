@@ -16,7 +16,7 @@ import torch
 
 from .bounds import Bounder
 from .graph import Graph
-from .ops import ReLU
+from .ops.relu import ReLU
 from .readers import module_path, read
 
 

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from . import attack, bounds, marabou, milp
+from .gap import swap_gap
 from .graph import Graph
-from .ops import Rounding
+from .ops.rounding import Rounding
 from .problem import BOX_TOL, Budget, Problem, float32_in_box
 from .refine import Refiner
 from .registry import Answer, Verifier, confirmed, register_verifier
@@ -399,7 +400,7 @@ class _ViaReluState(_BoundsState):
 
     def margins(self, lower: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the smooth network's row bounds: the ReLU version's minus Σ_k |C_rk|·Δ_k, the gap Δ per output)."""
-        gap = bounds.swap_gap(self.smooth, self.bounder.pre)
+        gap = swap_gap(self.smooth, self.bounder.pre)
         return (self.lower if lower is None else lower) - self.spec.C.abs() @ gap, gap
 
     def _record(self) -> None:
@@ -424,7 +425,7 @@ class _ViaReluState(_BoundsState):
 class ViaReluVerifier(Verifier):
     """A certificate for a smooth network through its ReLU version (same weights, every gate → ReLU):
     the ReLU network's lower bound of each row A_r y − b_r (CROWN, then α-CROWN where needed) minus
-    Σ_k |A_rk|·Δ_k, Δ = `bounds.swap_gap` (a sound bound on |smooth − ReLU| per output over the box, from the
+    Σ_k |A_rk|·Δ_k, Δ = `swap_gap` (a sound bound on |smooth − ReLU| per output over the box, from the
     ReLU network's pre-activation bounds). unsat when that stays > 0 for a row of every disjunct; else
     unknown (never sat: a ReLU counterexample says nothing about the smooth network)."""
 

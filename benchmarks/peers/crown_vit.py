@@ -15,8 +15,8 @@ epochs, if `--weights` is absent). Properties: the first `--samples` test sample
 
 Ours: `Bounder(from_torch(model))` then `crown()` and the spec rows, with CROWN's intermediate queries cut as the
 verifier does by default (`cut_depth` "default": 1 on a graph as wide as vit64's, none on vit17's) and, with
-`--cut-depths`, others; the products' planes as `nonlinear.PLANES` says, or each of `--planes`; the LayerNorm
-variances' lower bounds from both tangent choices (`Bounder._variance_lower`), or with `--variance centre` the
+`--cut-depths`, others; the products' planes as `ops.products.PLANES` says, or each of `--planes`; the LayerNorm
+variances' lower bounds from both tangent choices (`ops.norm.Variance.refine_rows`), or with `--variance centre` the
 centre's alone (the engine before), or with `--variance optimized` also points optimized per row. auto_LiRPA:
 `BoundedModule(PlainViT)` (`plain_vit.py`, checked to give timm's outputs), then
 `compute_bounds(C, method="CROWN")`, with its default options and with its batched intermediate bounds
@@ -81,16 +81,17 @@ def model_for(name: str, weights: Path, epochs: int) -> tuple[torch.nn.Module, d
 
 # -- one pass of ours, in its own process -------------------------------------------------------------------------
 def worker(job_path: Path, dest: Path) -> int:
-    from analysis.verification import nonlinear
     from analysis.verification.bounds import Bounder, Spec
+    from analysis.verification.ops import products
+    from analysis.verification.ops.norm import Variance
     from analysis.verification.readers import from_torch
 
     job = json.loads(job_path.read_text())
-    nonlinear.PLANES = job["planes"]
+    products.PLANES = job["planes"]
     if job["variance"] == "centre":  # the variances' lower bounds from the tangents at c's centre alone
-        Bounder._variance_lower = lambda self, s, idx, n, lo, *a: lo
+        Variance.refine_rows = lambda self, b, s, idx, n, lo, *a: lo
     if job["variance"] == "optimized":  # and tangent points optimized per row (off by default)
-        Bounder.VARIANCE_STEPS = 20
+        Variance.STEPS = 20
     torch.set_num_threads(int(job["threads"]))
     data = np.load(job["npz"])
     model = timm_vit(**job["arch"])
@@ -171,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eps", type=float, nargs="+", default=[0.002])
     ap.add_argument("--cut-depths", nargs="+", default=["default"], help="ours: Bounder.cut_depth per pass (int, none, default)")
     ap.add_argument("--planes", nargs="+", default=["edge"], choices=["edge", "middle"],
-                    help="ours: the products' planes (analysis.verification.nonlinear.PLANES) per pass")
+                    help="ours: the products' planes (analysis.verification.ops.products.PLANES) per pass")
     ap.add_argument("--variance", nargs="+", default=["both"], choices=["both", "centre", "optimized"],
                     help="ours: a LayerNorm variance's lower bound from both tangent choices (the engine's default), "
-                         "the centre's alone, or also tangent points optimized per row (Bounder.VARIANCE_STEPS 20)")
+                         "the centre's alone, or also tangent points optimized per row (Variance.STEPS 20)")
     ap.add_argument("--peer-opts", nargs="*", default=list(PEER_OPTS), choices=list(PEER_OPTS),
                     help="auto_LiRPA's configurations (none: ours alone)")
     ap.add_argument("--limit", type=float, default=600.0, help="seconds a pass may take before it is killed")

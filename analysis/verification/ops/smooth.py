@@ -1,11 +1,11 @@
 """Standalone smooth activations anywhere in a graph: Sigmoid, Tanh, Softplus, Elu, Selu, Softsign and Erf (`FUNCTIONS`),
 each a `Smooth` op with sound linear relaxations on an input interval, slopes α-CROWN may optimize, and input intervals
 branch and bound may split (`smooth_bab`). The self-gated ones (SiLU x·σ(x), GELU x·Φ(x), Mish x·tanh(softplus(x)))
-are gates at λ = 1 (`ops.Gate`, `relaxations`).
+are gates at λ = 1 (`gates.Gate`).
 
 Every function here is increasing, and its derivative f' is monotone on each piece between its `breaks` (sigmoid,
 tanh, softsign, erf: rising below 0, falling above, the S shape; softplus: rising everywhere; elu, selu: rising below
-0 and constant above, with a jump at 0). The relaxation is the one `relaxations` gives the gates, for any slope a:
+0 and constant above, with a jump at 0). The relaxation is the one `gates` gives the gates, for any slope a:
 
     f(y) ≤ a·y + max_[l,u](f(y) − a·y),      f(y) ≥ a·y + min_[l,u](f(y) − a·y),
 
@@ -33,8 +33,8 @@ from typing import ClassVar
 
 import torch
 
-from .ops import DTYPE, Activation, UnsupportedModel
-from .relaxations import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY
+from .base import DTYPE, Activation, UnsupportedModel
+from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY
 
 SQRT_PI = math.sqrt(math.pi)
 

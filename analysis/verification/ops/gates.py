@@ -1,6 +1,6 @@
-"""Linear relaxations of the smooth gates f(x) = x·g(λx) of `pipeline.gates` (every family with relaxation data:
-"phi": λ-GELU, GELU at λ = 1; "sigmoid": λ-Swish, SiLU; "serf": SERF), and the closed-form gap sup|ReLU − f| that carries a ReLU certificate
-over to the smooth network.
+"""The λ-gates `Gate`, y = x·g(λx) with one λ > 0 per unit, and their linear relaxations: every family of
+`pipeline.gates` with relaxation data ("phi": λ-GELU, GELU at λ = 1; "sigmoid": λ-Swish, SiLU; "serf": SERF), and the
+closed-form gap sup|ReLU − f| that carries a ReLU certificate over to the smooth network.
 
 With y = λx, f(x) = F(y)/λ where F(y) = y·g(y) and f'(x) = F'(y). Each gate's F has exactly two inflection
 points y₁ < y₂ (F'' < 0, > 0, < 0 on the three pieces; checked by a dense scan in the tests), so F' is monotone
@@ -29,13 +29,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from pipeline import gates
 from pipeline.gates import GateFamily
 
-from .ops import DTYPE
+from .base import DTYPE, Activation, UnsupportedModel, as_tensor
 
 BISECT_STEPS = 64  # brackets shrink 2^-64: below one float64 ulp for |y| ≤ 1e4
 OPT_BISECT_STEPS = 32  # during α optimization (a gradient needs the extremum roughly; the last pass is exact)
@@ -198,3 +199,71 @@ def swap_gap_unit(gate: SmoothGate, lam: torch.Tensor, l: torch.Tensor, u: torch
     pos = side(lam * l.clamp(min=0), lam * u.clamp(min=0), gate.upper_tail, gate.peaks[0], gate.peak_values[0])
     neg = side(lam * (-u).clamp(min=0), lam * (-l).clamp(min=0), gate.lower_tail, gate.peaks[1], gate.peak_values[1])
     return torch.maximum(pos, neg) / lam
+
+
+# ---------------------------------------------------------------------------------------------
+# the op
+
+
+@dataclass(eq=False)
+class Gate(Activation):
+    """y = x·g(λx), g = `pipeline.gates.family(kind).g`; lam: one λ > 0 per unit (a per-layer λ repeated, a per-channel λ
+    broadcast over its channel's positions). Its lines have exact intercepts for any slope (`intercepts`); α-CROWN
+    optimizes both slopes within F′'s range on the interval."""
+
+    kind: str
+    lam: torch.Tensor
+    source: str = ""
+
+    float32_rows: ClassVar[str | None] = "gate"
+
+    def __post_init__(self) -> None:
+        if self.kind not in gates.GATES:
+            raise UnsupportedModel(f"unknown gate family {self.kind!r}; known: {', '.join(gates.GATES)}")
+        self.lam = as_tensor(self.lam).reshape(-1)
+        if not bool(torch.all(self.lam > 0)):
+            raise ValueError("every λ of a gate must be > 0")
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self.lam.numel()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return gates.family(self.kind).f(h, self.lam)
+
+    def check_bounded(self) -> None:
+        if self.kind not in SMOOTH_GATES:
+            raise UnsupportedModel(f"gate {self.kind!r} has no linear relaxation here; supported: {', '.join(SMOOTH_GATES)}")
+
+    def interval(self, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return gate_range(SMOOTH_GATES[self.kind], self.lam, l, u)
+
+    def crown_lines(self, l: torch.Tensor, u: torch.Tensor, slopes: Any = None, exact: bool = True):
+        gate, lam = SMOOTH_GATES[self.kind], self.lam
+        L, U = lam * l, lam * u
+        a_lo, a_up = default_slopes(gate, L, U) if slopes is None else slopes
+        a_lo, a_up = torch.broadcast_tensors(a_lo, a_up)
+        lo, hi = intercepts(gate, L, U, torch.stack([a_lo, a_up]), BISECT_STEPS if exact else OPT_BISECT_STEPS)
+        return a_lo, lo[0] / lam, a_up, hi[1] / lam
+
+    def optimizable(self) -> bool:
+        return True
+
+    def project(self, slopes, l: torch.Tensor, u: torch.Tensor) -> None:
+        lo, hi = slope_range(SMOOTH_GATES[self.kind], self.lam * l, self.lam * u)
+        for q in slopes:
+            q.data.copy_(torch.maximum(torch.minimum(q.data, hi), lo))
+
+    def unstable(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return (l < 0) & (u > 0)
+
+    def gap(self, l: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """|f(z') − ReLU(z)| two ways, the smaller per unit: through ReLU (1-Lipschitz) and sup|f − ReLU| on the widened
+        interval, or through f (its largest |f'| on the widened interval times d) and sup|f − ReLU| on [l, u]. A unit
+        whose interval stays a distance r from 0 adds at most r·tail(λr), exponentially small in λr."""
+        gate, lam = SMOOTH_GATES[self.kind], self.lam
+        relu_moves = torch.where(u + d <= 0, torch.zeros_like(d), d)
+        via_relu = swap_gap_unit(gate, lam, l - d, u + d) + relu_moves
+        lo, hi = slope_range(gate, lam * (l - d), lam * (u + d))
+        via_gate = torch.maximum(lo.abs(), hi.abs()) * d + swap_gap_unit(gate, lam, l, u)
+        return torch.minimum(via_relu, via_gate)

@@ -1,0 +1,243 @@
+"""CROWN's intermediate bounds (`CrownPass`, a part of `bounds.Bounder`): site by site in topological order, the units
+each op says are worth it (`Activation.query`) queried by back-substitution in batches, through copies to their
+sources on a graph with attention, only the units the output depends on, and each interval intersected with interval
+arithmetic's; a site's op may raise its own rows (`Activation.refine_rows`) and say why a bound is missing
+(`Activation.unbounded_note`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import float32
+from .ops.base import DTYPE, OutOfDomain
+
+CHUNK_ELEMENTS = 2 ** 25  # coefficient rows × width per back-substitution batch (256 MB of float64)
+# CROWN's query rows on the CPU, per batch: a batch whose coefficients (1 MB of float64) stay in the core's cache across
+# the ops of a back-substitution step is faster than one batch of all rows (benchmarks/verify-results/crown-speed.md)
+CPU_CROWN_CHUNK = 2 ** 17
+# with attention, a row back-substitutes through layers 2–3× the widest node's size (a softmax's T×T coefficients per
+# head) and a batch of 2^17 elements is ~7 rows, whose per-op overhead dominates; 2^19 is the fastest measured on the
+# 64-token ViT (`benchmarks/verify-results/VIT64.md`)
+CPU_CROWN_CHUNK_ATTENTION = 2 ** 19
+CUT_DEPTH = 1  # on a wide graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
+CUT_MIN_WIDTH = 8192  # "wide": a node of this many units (the 64-token ViT's qkv: 12,480; deit_tiny 32×2 on 8×8: 2,176)
+
+
+class CrownPass:
+    """CROWN's methods of `bounds.Bounder` (which gives `backward`, `_interval_pass`, `_tighten`, `pre`, `sites`)."""
+
+    def _query(self, s: int) -> torch.Tensor:
+        """Units of site s whose bounds are worth tightening (the op's `query`: a ReLU's unstable units, ...)."""
+        return self.op(s).query(*self.pre[s])
+
+    def _exact_by_ibp(self, s: int) -> bool:
+        """A site fed by one affine op on the input (or the input itself): its interval bounds are the exact range."""
+        j = self.site_input[s]
+        node = self.net.nodes[j]
+        return j == 0 or (node.op.affine and all(i == 0 for i in node.inputs) and len(node.inputs) == 1)
+
+    def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
+        """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
+        E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
+        r = torch.arange(idx.numel(), device=idx.device)
+        E[r, idx] = 1.0
+        E[idx.numel() + r, idx] = -1.0
+        return E
+
+    def _crown_plan(self) -> tuple[set[int], set[int]]:
+        """(the sites whose input is a copy of other nodes' units, the nodes CROWN queries for them). A Concat, Select
+        or Permute copies units: CROWN bounds of a copy are those of its source, so such a site (a product's operands,
+        a LayerNorm's (x, x − mean x), a broadcast 1/√var) is bounded through its sources, each queried once however
+        many sites read it. A source needs no query when interval arithmetic is already exact on it: the input, an
+        affine map of the input alone, the output of an elementwise activation (its range over its input's interval,
+        which CROWN cannot beat: a 1/√var spread over a token's N units, queried N times before)."""
+        if self._plan is None:
+            via: set[int] = set()
+            nodes: set[int] = set()
+            for s, j in enumerate(self.site_input):
+                # only with attention: elsewhere a copy feeds a ReLU (a BatchNorm's Scale), whose unstable units alone
+                # are queried at the site itself
+                if not self.attention or j == 0 or not self.net.nodes[j].op.copies:
+                    continue
+                via.add(s)
+                stack = [j]
+                while stack:
+                    k = stack.pop()
+                    node = self.net.nodes[k]
+                    if k == 0 or (k in self.site_of and node.op.elementwise):
+                        continue
+                    if node.op.copies:
+                        stack.extend(node.inputs)
+                    elif not (node.op.affine and all(i == 0 for i in node.inputs)):
+                        nodes.add(k)
+            self._plan = (via, nodes)
+        return self._plan
+
+    def needed(self) -> list[torch.Tensor]:
+        """Per node, a mask of the units the output depends on (through any path; structurally, whatever the box).
+        A unit off every path to the output needs no tight interval: its relaxation multiplies a coefficient that is 0
+        in every back-substitution from the output, and a query row of a unit on a path has coefficients only on units
+        on a path (what a unit depends on, the output does too). In a ViT whose head reads the class token, the last
+        block's queries after its keys and values are one token's, not 65 tokens'.
+
+        One back-substitution of a row of positive weights, each op's coefficients replaced by their magnitudes
+        (random positive relaxation coefficients at the nonlinear sites, whose `relax` gives their shapes), so no two
+        paths cancel; where an exact cancellation of random weights marked a needed unit off, that unit would keep its
+        interval arithmetic bounds: sound, only looser. Computed on graphs with attention only (elsewhere every unit)."""
+        if self._needed is None and not self.attention:  # a conv net's or an MLP's output reads every unit
+            self._needed = [torch.ones(n, dtype=torch.bool, device=self.device) for n in self.net.sizes]
+        if self._needed is None:
+            gen = torch.Generator(device=self.device).manual_seed(0)
+
+            def positive(t: torch.Tensor) -> torch.Tensor:
+                return torch.rand(t.shape, generator=gen, dtype=DTYPE, device=self.device) + 0.5
+
+            sizes = self.net.sizes
+            masks = [torch.zeros(n, dtype=torch.bool, device=self.device) for n in sizes]
+            acc = {self.net.output: torch.ones(1, sizes[self.net.output], dtype=DTYPE, device=self.device)}
+            for k in range(self.net.output, 0, -1):
+                w = acc.pop(k, None)
+                if w is None:
+                    continue
+                masks[k] = w[0] > 0
+                A = positive(w) * masks[k]
+                node = self.net.nodes[k]
+                if node.op.affine:
+                    parts, _ = node.op.back(A)
+                elif node.op.elementwise:
+                    parts = [A]
+                else:  # a product, a variance, a softmax's sums: random positive lines of relax's shapes
+                    n_in = sizes[node.inputs[0]]
+                    ones = torch.ones(n_in, dtype=DTYPE, device=self.device)
+                    relax = tuple(positive(t) for t in node.op.relax(ones, 2 * ones))
+                    parts = [node.op.back(A, relax)[0]]
+                for i, Ai in zip(node.inputs, parts):
+                    Ai = Ai.abs()
+                    acc[i] = acc[i] + Ai if i in acc else Ai
+            masks[0] = torch.ones(sizes[0], dtype=torch.bool, device=self.device)
+            self._needed = masks
+        return self._needed
+
+    def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False,
+              cuts: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
+        of CPU_CROWN_CHUNK elements, else CHUNK_ELEMENTS); `cuts`: where the queries stop (`backward`)."""
+        chunk = (CPU_CROWN_CHUNK_ATTENTION if self.attention else CPU_CROWN_CHUNK) if self.device.type == "cpu" \
+            else CHUNK_ELEMENTS
+        step = max(1, chunk // max(1, self.width(j)) // 2)
+        los, ups = [], []
+        for i in range(0, idx.numel(), step):
+            part = idx[i:i + step]
+            b = self.backward(self._query_rows(part, n), j, float32=float32, cuts=cuts, depth=self.cut_depth or 1)
+            los.append(b[:part.numel()])
+            ups.append(-b[part.numel():])
+        lo, up = torch.cat(los), torch.cat(ups)
+        s = self.site_of.get(j)
+        if s is not None:  # a site's own better lower bounds (a LayerNorm variance's other tangent points)
+            lo = self.op(s).refine_rows(self, s, idx, n, lo, up, float32, cuts)
+        return lo, up
+
+    # a LayerNorm variance's lower bound: Adam steps on each queried row's tangent points (0: the two fixed choices only).
+    # Off by default, by measurement (benchmarks/peers/crown-vit/README.md): at 20 steps it raised the margin bounds of
+    # a 17-token timm ViT a lot (−1973 → −19 on one property) but decided nothing more on deit_tiny 32×2's verify
+    # stage, whose float pass took 3× as long (260 s against 87 s) and whose int8 properties used their whole budget
+    def crown(self) -> None:
+        """CROWN bounds of every site's input, site by site in topological order (each uses the ones before it), each
+        intersected with the interval that the sites before it give by interval arithmetic: an activation whose range
+        is narrower than its lines say (a grid's rounding, `ops.Rounding`) passes that on to the ReLUs after it.
+
+        In a network whose every site allows float32 (`float32_rows`: a ReLU, a smooth gate with FLOAT32_GATES), the ReLU
+        sites' units are screened with float32 convolutions first (`_relu_rows`); in others (an int8 rounding's or a
+        transformer op's relaxation depends on every unit's interval) every site is float64's. A site read through
+        copies is bounded through its sources (`_crown_plan`). On a wide graph with attention, each query stops at the
+        `cut_depth`-th cut of the graph whose interval CROWN has bounded (`backward`'s `cuts`)."""
+        self.crown_failed = None
+        self._crown_site: int | None = None
+        try:
+            self._crown()
+        except Exception as e:
+            note = self._unbounded_layer_norms() if isinstance(e, OutOfDomain) else ""
+            if note:  # the cause upstream of an overflow: say it in the answer's one line
+                e = OutOfDomain(f"{str(e).splitlines()[0]}; upstream, {note}")
+            self.crown_failed = e  # what stopped this box's pass (`first_pass` does not run it again to learn it)
+            raise e from None
+
+    def _unbounded_layer_norms(self, everywhere: bool = False) -> str:
+        """Sites that leave a bound infinite on rows the output reads (`unbounded_note`: an int8 LayerNorm whose float32
+        error has no bound where the box leaves its rows too little spread), as one clause; "" if none. Only those the
+        site CROWN stopped at reads, unless `everywhere` (a pass that finished with an unbounded margin)."""
+        needed = self.needed()
+        at = self._crown_site
+        before = self.ancestors(self.sites[at]) if at is not None else set()
+        parts = [self.op(s).unbounded_note(*self.pre[s], needed[k]) for s, k in enumerate(self.sites)
+                 if everywhere or k in before]  # what the refusing site reads
+        return "; ".join(p for p in parts if p)
+
+    def why_unbounded(self) -> str:
+        """Why a finished pass leaves a margin with no finite bound, as one clause ("" if no int8 LayerNorm says)."""
+        return self._unbounded_layer_norms(everywhere=True)
+
+    def _crown(self) -> None:
+        stopped = False
+        allowed = {"sign", "gate"} if float32.FLOAT32_GATES else {"sign"}
+        screen = all(self.op(s).float32_rows in allowed for s in range(len(self.sites)))
+        via, nodes = self._crown_plan()
+        need = self.needed()
+        cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if self.cut_depth else None
+
+        def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal stopped
+            self._crown_site = s  # where a relaxation that refuses its interval stops the pass (`_unbounded_layer_norms`)
+            self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
+            stopped = stopped or self.expired()
+            if stopped or self._exact_by_ibp(s) or s in via:
+                return self.pre[s]
+            j = self.site_input[s]
+            idx = self._query(s)
+            every = idx.numel() == self.net.sizes[j]
+            idx = idx[need[j][idx]]  # the units the output depends on (`needed`)
+            if idx.numel() == 0:
+                return self.pre[s]
+            n = self.pre[s][0].numel()
+            if screen and self.op(s).float32_rows == "sign":
+                lo, up = self._relu_rows(j, idx, n)
+            else:
+                lo, up = self._rows(j, idx, n, float32=screen and self.op(s).float32_rows == "gate", cuts=cuts)
+            self._tighten(s, idx, lo, up)
+            if cuts is not None and every:  # every needed unit queried (the rest are read by no query row)
+                cuts[j] = self.pre[s]
+            return self.pre[s]
+
+        def at_node(k: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal stopped
+            if k not in nodes or stopped:
+                return lo, hi
+            stopped = self.expired()
+            if stopped:
+                return lo, hi
+            idx = torch.nonzero(need[k]).flatten()
+            if idx.numel() == 0:
+                return lo, hi
+            l, u = self._rows(k, idx, self.net.sizes[k], cuts=cuts)
+            lo, hi = lo.clone(), hi.clone()
+            lo[0, idx], hi[0, idx] = torch.maximum(lo[0, idx], l), torch.minimum(hi[0, idx], u)
+            if cuts is not None:
+                cuts[k] = (lo[0], hi[0])
+            return lo, hi
+
+        self._interval_pass(tighten, at_node if nodes else None)
+        if not stopped:
+            self.method = "crown"
+
+    @classmethod
+    def crown_many(cls, bounders: Sequence[Any]) -> None:
+        """CROWN for several Bounders of one graph (built from the same Graph, each over its own box: the properties of
+        one network), leaving each exactly as its own `crown()` would (its `pre`, `method`, relaxation cache), each
+        stopping where its own `expired` says, as `crown()` does. The scheduler's batched first pass
+        (`first_pass.run`) calls it; this body is the plain loop, to be replaced by one pass with the boxes as a batch
+        dimension (as α,β-CROWN batches domains) that must leave the same bounds up to float64 rounding."""
+        for b in bounders:
+            b.crown()
