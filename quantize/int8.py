@@ -437,8 +437,9 @@ def agreement_warning(model: str, fidelity: dict[str, Any], floor: float, where:
         cause = (f"the input grid keeps under {LOW_SQNR_DB:g} dB SQNR of {len(lost)} of {len(inputs)} inputs' variation "
                  f"({worst}{', ...' if len(lost) > _WORST_LISTED else ''})")
         fix = ("keep the standardization in float before the first QuantizeLinear: quantize.fold_normalization=false"
-               if folded else "standardize the inputs inside the model (a first layer x·scale + shift, as "
-               "pipeline.models.Normalize), so that one grid fits every input")
+               if folded else "standardize each input feature inside the model (a first layer x·scale + shift with "
+               "one mean and std per feature, as pipeline.models.Normalize), so that one grid fits every input, or "
+               "16-bit activation grids: quantize.activation_type=int16")
     elif first_low is not None:
         cause = (f"activations lose it from {first_low['tensor']} on ({db(first_low):.1f} dB SQNR; the lowest "
                  f"{min(db(r) for r in acts):.1f} dB)")

@@ -116,7 +116,7 @@ def test_a_model_below_the_floor_warns_naming_the_inputs_and_the_fix(tmp_path):
     assert report["argmax_agreement"] < FLOOR and report["settings"]["input_form"] == "float"
     w = report["warning"]
     assert f"{report['argmax_agreement']:.2%}" in w and "input[5]" in w and "input[0]" not in w
-    assert "fix: standardize the inputs inside the model" in w
+    assert "fix: standardize each input feature inside the model" in w
 
     # the per-input SQNR is that of the input's QuantizeLinear, as its closed form gives it from the file's grid
     init = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
