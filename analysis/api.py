@@ -131,7 +131,7 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     far as `data` allows: the `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns
     its report. `QuantizeConfig(activation_type="int16")` makes a w8a16 file instead (16-bit activation grids), which
     `verify` certifies on residual nets and transformers where the int8 one stays open, at the cost of CPU speed
-    (docs/architecture.md, "Sixteen-bit activations").
+    (docs/verification.md, "Sixteen-bit activations").
 
     model: an nn.Module (exported first as `export_onnx` does, checked against PyTorch; an input normalization at the
         head of an nn.Sequential is also tried folded into its first Linear and kept so only where that agrees with

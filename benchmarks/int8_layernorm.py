@@ -1,4 +1,4 @@
-"""Where an int8 transformer's LayerNorms lose their rows' spread (issue 41 item 2; docs/architecture.md, "LayerNorm's
+"""Where an int8 transformer's LayerNorms lose their rows' spread (issue 41 item 2; docs/verification.md, "LayerNorm's
 variance from the grid"): one CROWN pass on one property of a run's verify stage (up to where it stops, e.g. an
 `OutOfDomain` softmax), then per LayerNorm (its `Variance` node): the mean interval width of its input, the
 relaxation's lower bound on each row's variance, the exact minimum of each row's variance over the box of its

@@ -166,7 +166,7 @@ class QuantizeConfig:
     per_channel: bool = True  # int8 weights per output channel (activations are per tensor)
     # "int16": 16-bit activation grids (w8a16, opset 21): 257 times finer than int8's, so the verifier's rounding
     # bound is too; onnxruntime's CPU runs such a graph unfused, in float32, so it buys size, not speed
-    # (docs/architecture.md, "Sixteen-bit activations")
+    # (docs/verification.md, "Sixteen-bit activations")
     activation_type: Literal["int8", "uint8", "int16"] = "int8"
     # 7-bit weights: on x86 CPUs without VNNI, onnxruntime's int8 kernels add products in pairs in int16 with
     # saturation, and only 7-bit weights keep those pairs in range; on 8-bit activation grids the verifier reads no
