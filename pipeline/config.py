@@ -252,6 +252,20 @@ class VerifyConfig:
 
 
 @dataclass
+class DownstreamConfig:
+    """The downstream record of every shipped network (pipeline/stages/downstream.py): certified radius per sample by
+    bisection, unstable ReLUs after one CROWN pass at each verify.epsilons, the pruned model's latency beside the
+    unpruned one; with the int8, sparsity and verify stages' own numbers, read from their files."""
+
+    samples: int = 0  # the first N validation examples (those the verify stage poses first); 0 = verify.samples
+    eps_max: float = 0.1  # the bisection's upper end, data units; a radius beyond it is reported as ≥ eps_max
+    tol: float = 0.0  # the final bracket's width; 0 = eps_max / 64 (7 rounds)
+    timeout_s: float = 1.0  # per bisection property (its bound pass, attack and branch and bound)
+    int8: bool = True  # bisect the int8 model too (the verify stage's int8 graph)
+    curve_points: int = 21  # certified accuracy on this many ε, 0..eps_max
+
+
+@dataclass
 class Config:
     name: str = ""  # run directory name under out_dir ("" = derived from data/model/time)
     out_dir: str = "runs"
@@ -275,6 +289,7 @@ class Config:
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

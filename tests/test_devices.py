@@ -26,6 +26,7 @@ def test_a_model_already_there_is_used_as_it_is():
 def test_each_stage_names_where_it_runs():
     want = {"train": "cuda", "harden": "cuda", "swap": "cuda", "export": "cpu", "int8": "cpu",
             "verify": "cpu",  # verify.device=cpu below; its bound passes follow verify.device
+            "downstream": "cpu",
             "report": "cpu", "check": "cuda (per-layer statistics, the float32 Jacobian bound's arithmetic), cpu (the "
                                        "certificate's walks: statements about CPU runs)",
             "sparsity": "cuda (APoZ pass), cpu (pruning, its check and export)"}

@@ -20,7 +20,7 @@ from pipeline.devices import resolve as resolve_device
 from pipeline.errors import PipelineError
 from pipeline.rundir import RunDir
 
-from . import check, export, int8, report, sparsity, swap, train, verify, verify_report
+from . import check, downstream, export, int8, report, sparsity, swap, train, verify, verify_report
 
 Run = Callable[[Config, RunDir], dict[str, Any]]
 Section = Callable[[Config, RunDir], "str | None"]
@@ -93,6 +93,13 @@ STAGES: dict[str, Stage] = {
                     validate=verify.validate_config,
                     where=(("verify.device", "bound passes and branch and bound"),
                            ("cpu", "the MILP, onnxruntime's replays of witnesses"))),
+    "downstream": Stage(downstream.run_downstream, "downstream",
+                        "per shipped network: certified radius per sample by bisection (float ReLU and int8), unstable "
+                        "ReLUs after one CROWN pass per ε, pruned vs unpruned latency; with the int8, sparsity and verify "
+                        "stages' numbers (downstream.json)",
+                        ("variants", "data", "export", "quantize", "sparsity", "verify", "downstream"),
+                        report=downstream.report_section, validate=downstream.validate_config,
+                        where=(("cpu", ""),)),
     "report": Stage(run_report, "report", "report.md with tables and figures from every stage above", _MODEL,
                     where=(("cpu", ""),)),
 }

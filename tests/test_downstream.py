@@ -1,0 +1,78 @@
+"""The downstream record, held to recomputation from the run's own files: the int8, sparsity and verify columns
+equal what those stages wrote (recomputed here from quantize.json, sparsity.json and details.csv with the csv module),
+the radius brackets agree with every verify-stage answer at the same sample and ε (a proof at ε below a falsified ε
+would be unsound), and the certified-accuracy curve equals the share of brackets proved at each ε."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from analysis import downstream as ds_mod
+from pipeline.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXACT = 1e-12  # values copied from one JSON into another: equal up to float formatting
+
+
+def test_verify_columns_count_and_take_the_median_over_decided_properties_only():
+    rows = [{"variant": "a", "verifier": "auto", "eps": "0.1", "result": r, "stage": s, "seconds": str(t)}
+            for r, s, t in (("unsat", "crown", 1.0), ("sat", "pgd", 3.0), ("timeout", "bab", 9.0), ("sat", "clean", 0.0),
+                            ("unsat", "bab", 2.0))]
+    rows.append({"variant": "a", "verifier": "milp", "eps": "0.1", "result": "unsat", "stage": "milp", "seconds": "50"})
+    (c,) = ds_mod.verify_columns(rows, "a", "auto")
+    assert c["properties"] == 5 and c["certified"] == 2 / 5 and c["falsified"] == 2 / 5 and c["decided"] == 4 / 5
+    assert c["median_decided_seconds"] == statistics.median([1.0, 3.0, 2.0])  # the clean and the timeout left out
+
+
+@pytest.mark.slow
+def test_the_record_equals_the_stages_files(tmp_path):
+    out = tmp_path / "runs"
+    assert main(["run", "-c", str(ROOT / "configs" / "digits-tiny.toml"), f"out_dir={out}", "name=r",
+                 "variants=lambda_gelu,relu", "train.epochs=3", "verify.samples=4", "verify.budget_s=10",
+                 "verify.int8_budget_s=5", "downstream.eps_max=0.3", "downstream.timeout_s=0.5"]) == 0
+    run = out / "r"
+    rec = json.loads((run / "downstream" / "downstream.json").read_text())
+    q = json.loads((run / "quantize" / "quantize.json").read_text())
+    sp = json.loads((run / "sparsity" / "sparsity.json").read_text())
+    with open(run / "verify" / "details.csv", newline="") as f:
+        details = list(csv.DictReader(f))
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert set(manifest["stages"]["downstream"]["metrics"]["variants"]) == {"lambda_gelu", "relu"}
+    for v, e in rec["variants"].items():
+        m = q["models"][v]["relu"]
+        assert e["int8"]["test_drop_pt"] == pytest.approx(100 * (m["fp32"]["test_accuracy"] - m["int8"]["test_accuracy"]), abs=1e-9)
+        assert e["int8"]["test_argmax_agreement"] == m["test_argmax_agreement"]
+        assert e["int8"]["output_sqnr_db"] == m["output_sqnr_db"]
+        s = sp["variants"][v]
+        assert e["sparsity"]["apoz_mean"] == s["apoz_mean"]
+        assert e["sparsity"]["pruned_fraction"] == pytest.approx(sum(s["pruning"]["removed"].values()) / s["units"], abs=EXACT)
+        assert e["sparsity"]["bytes_pruned"] == (run / s["pruning"]["onnx"]).stat().st_size
+        assert e["sparsity"]["latency_b1_ms_pruned"] > 0 and e["sparsity"]["latency_b1_ms_unpruned"] > 0
+        for kind, name in (("relu", v), ("int8", f"{v}-int8")):
+            mine = [r for r in details if r["variant"] == name and r["verifier"] == "auto"]
+            for c in e["verify"][kind]:
+                sel = [r for r in mine if float(r["eps"]) == c["eps"]]
+                assert c["properties"] == len(sel) == 4
+                assert c["certified"] == sum(r["result"] == "unsat" for r in sel) / 4
+                assert c["falsified"] == sum(r["result"] == "sat" for r in sel) / 4
+            rad = e["radius"][kind]
+            assert len(rad["brackets"]) == 4
+            for b in rad["brackets"]:
+                proved = b["proved"]
+                top = b["falsified"] if b["falsified"] is not None else float("inf")
+                assert proved < top or (not b["clean"] and proved == 0 == top)
+                for r in mine:  # the verify stage's answers on the same sample never contradict the bracket
+                    if int(r["sample"]) == b["sample"]:
+                        assert not (r["result"] == "unsat" and float(r["eps"]) >= top)
+                        assert not (r["result"] == "sat" and float(r["eps"]) <= proved)
+            for c in rad["curve"]:
+                want = sum(b["clean"] and (b["proved"] >= c["eps"] if c["eps"] > 0 else True) for b in rad["brackets"]) / 4
+                assert c["certified"] == want
+        assert e["unstable"]["relu"][0]["eps"] == 0.002 and e["unstable"]["relu"][0]["samples"] == 4
+    report = (run / "report" / "report.md").read_text()
+    assert "## Downstream" in report and (run / "downstream" / "certified_accuracy.png").is_file()
