@@ -364,6 +364,15 @@ def test_int8_stage(nets, tmp_path):
         rows = list(csv.DictReader(f))
     assert {(r["variant"], r["form"]) for r in rows} == {("lambda_gelu", "relu"), ("lambda_gelu", "smooth"), ("relu", "relu")}
     assert result["models"].keys() == saved["models"].keys()
+    # pixels share one scale: the fold loses no input and is kept, with both forms' records
+    assert relu["input_form"] == "folded" and [r["form"] for r in relu["input_forms"]] == ["folded", "float"]
+    assert relu["input_forms"][0]["inputs_lost"] == 0 and saved["warnings"] == []
+    assert {r["kind"] for r in rows} == {"input", "activation", "weight"}
+    # a model below the floor: its line, under the table
+    saved["warnings"] = ["relu/relu: int8 agrees with fp32 on 90.00% ..."]
+    run.file("quantize", "quantize.json").write_text(json.dumps(saved))
+    section = int8_stage.report_section(run.cfg, run)
+    assert "**Below the agreement floor**" in section and section.endswith("- relu/relu: int8 agrees with fp32 on 90.00% ...")
 
 
 def test_fp32_bias_in_the_file_runs_the_same_integer_graph(nets, quantized, tmp_path):
