@@ -277,7 +277,6 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     from pipeline.config import VerifyConfig
 
     from .verification import harness, registry
-    from .verification.problem import best_margin, open_reason
     from .verification.readers import read
     from .verification.vnnlib import robustness_spec
 
@@ -332,11 +331,10 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
                                device=device or defaults.device, on_plan=planned)
     rows = []
     for o in outcomes:
-        res = o.result
+        res, common = o.result, o.row()
         sat = res.status == "sat" and res.counterexample is not None
-        rows.append({"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]), "result": res.status,
-                     "reason": open_reason(res), "stage": res.stage, "seconds": res.seconds, "message": res.message,
-                     "margin_lb": best_margin(res.info)[0],
+        rows.append({"sample": o.key[1], "eps": o.key[0], "label": int(split.y[o.key[1]]),
+                     **{k: common[k] for k in ("result", "reason", "stage", "seconds", "message", "margin_lb")},
                      "counterexample": np.asarray(res.counterexample, dtype=np.float32).reshape(shape) if sat else None,
                      "output": np.asarray(res.output, dtype=np.float32).reshape(-1) if sat else None})
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}

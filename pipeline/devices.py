@@ -10,28 +10,29 @@ import copy
 import torch
 from torch import nn
 
-from .errors import ConfigError, TrainingError
+from .errors import DeviceError
 
 
-def resolve(name: str, local_rank: int | None = None) -> torch.device:
+def resolve(name: str, local_rank: int | None = None, setting: str = "device=") -> torch.device:
     """`auto|cpu|cuda|cuda:N` to a torch device ("auto": a GPU when there is one); `local_rank`: the GPU a bare `cuda`
     means for one process of several (torchrun's). A name that is no device, or CUDA where there is none, is a one-line
-    error naming the choices."""
+    `DeviceError` naming the choices, in the words of `setting` (how the user wrote it: "device=", "verify.device=",
+    "--device ")."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TrainingError(f"device={name} asked for CUDA but none is available; use device=cpu or device=auto")
+        raise DeviceError(f"{setting}{name} asked for CUDA but none is available; use {setting}cpu or {setting}auto")
     if name == "cuda" and local_rank is not None:
         name = f"cuda:{local_rank}"
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+        raise DeviceError(f"{setting}{name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
-                          f"cuda:{torch.cuda.device_count() - 1} or device=auto")
+        raise DeviceError(f"{setting}{name} but this machine has {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
+                          f"cuda:{torch.cuda.device_count() - 1} or {setting}auto")
     if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
+        raise DeviceError(f"{setting}{name!r} is not supported; use auto, cpu, cuda or cuda:N")
     return dev
 
 

@@ -9,6 +9,11 @@ class ConfigError(PipelineError):
     pass
 
 
+class DeviceError(ConfigError):
+    """A device name that is no device, or one this machine does not have; the message spells the setting as the user
+    wrote it (`device=`, `verify.device=`, `--device `)."""
+
+
 class DataError(PipelineError):
     pass
 

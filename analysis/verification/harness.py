@@ -64,7 +64,7 @@ from pipeline.shards import in_shard, parse_shard
 
 from . import first_pass
 from .graph import Graph
-from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, best_margin, hard_limit
+from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, best_margin, hard_limit, open_reason
 from .readers import read
 from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
@@ -238,6 +238,15 @@ class Outcome:
     prepare_seconds: float
     final: bool = True  # False: a StageBudget round that did not decide it; a later outcome replaces it
 
+    def row(self) -> dict[str, Any]:
+        """The fields every caller's result row shares (the verify stage's details.csv, `api.verify`'s rows, `pipeline
+        vnncomp`'s results.csv): the answer, why it is open, the link that answered, its seconds, the best margin bound
+        and what found it, and the verifier's message."""
+        res = self.result
+        margin, bound = best_margin(res.info)
+        return {"result": res.status, "reason": open_reason(res), "stage": res.stage, "seconds": res.seconds,
+                "margin_lb": margin, "bound": bound, "message": res.message}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -259,6 +268,11 @@ class Plan:
     pass_seconds: float = 0.0
 
 
+def latest_plans(plans: Sequence[Plan]) -> list[Plan]:
+    """Each worker's latest plan, in the order the workers first reported."""
+    return list({p.worker: p for p in plans}.values())
+
+
 def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | None:
     """The limit that would cover one bound pass per property, when the one given does not (None when it does), from
     each worker's latest plan: for a stage budget the seconds in all; for per-task limits the seconds per property
@@ -266,7 +280,7 @@ def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | N
     did not reach every property, counts as not covered)."""
     if not plans:
         return None
-    latest = list({p.worker: p for p in plans}.values())
+    latest = latest_plans(plans)
     short = any(p.reached is not None and p.reached < p.properties for p in latest)
     if isinstance(limits, StageBudget):
         need = max(p.needed for p in latest)
@@ -282,16 +296,13 @@ def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | N
 # solving one task
 
 
-def resolve_device(name: str) -> str:
+def resolve_device(name: str, setting: str = "device=") -> str:
     """"auto" | "cpu" | "cuda" | "cuda:N" → the device the verifiers compute on ("auto": a GPU when there is one);
-    ValueError (one line naming the choices) for anything else or for CUDA on a machine without it."""
+    `pipeline.errors.DeviceError` (one line naming the choices, in the words of `setting`) for anything else or for
+    CUDA on a machine without it."""
     from pipeline.devices import resolve
-    from pipeline.errors import PipelineError
 
-    try:
-        return str(resolve(str(name)))
-    except PipelineError as e:
-        raise ValueError(str(e)) from None
+    return str(resolve(str(name), setting=setting))
 
 
 class _Worker:

@@ -35,11 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, DeviceError, PipelineError
 from pipeline.atomic_io import atomic_write_text
 
 from . import harness
-from .problem import RESULTS, open_reason
+from .problem import RESULTS
 from .registry import get_verifier
 from .vnnlib import format_witness, read_instances_csv
 
@@ -161,9 +161,9 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
         raise BenchmarkError(_problem_line(e)) from None
     get_verifier(verifier, **options)  # an unknown name fails here, before any work
     try:
-        device = harness.resolve_device(device)
-    except ValueError as e:
-        raise BenchmarkError(str(e).replace("device=", "--device ")) from None
+        device = harness.resolve_device(device, setting="--device ")
+    except DeviceError as e:
+        raise BenchmarkError(str(e)) from None
     check_writable(out_csv)  # so does a results file that could not be written
     category = category or folder.name
     rows: dict[int, dict[str, Any]] = {}
@@ -187,10 +187,10 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
 
         def done(o: harness.Outcome) -> None:
             onnx_rel, vnnlib_rel = o.key
-            res = o.result
+            res, common = o.result, o.row()
             rows[o.index] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel, "prepare_time": o.prepare_seconds,
-                             "result": res.status, "run_time": res.seconds, "message": res.message, "stage": res.stage,
-                             "reason": open_reason(res), "info": res.info}
+                             "result": common["result"], "run_time": common["seconds"], "message": common["message"],
+                             "stage": common["stage"], "reason": common["reason"], "info": res.info}
             if res.status == "sat":
                 atomic_write_text(witness_path(out_csv, onnx_rel, vnnlib_rel), format_witness(res.counterexample, res.output))
             elif res.status == "error":

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ from analysis.robustness.chain import CHAIN_FIELDS, chain_rows, conflicts
 from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, is_int8,
                                             relu_properties, smooth_properties)
 from analysis.verification import harness, registry
-from analysis.verification.problem import best_margin, open_reason
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
 from pipeline.atomic_io import atomic_write_csv, atomic_write_json, atomic_write_text
@@ -78,10 +77,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
     if v.jobs < 0:
         raise ConfigError(f"verify.jobs must be >= 0 (0 = the run's thread count), got {v.jobs}")
-    try:
-        harness.resolve_device(v.device)
-    except ValueError as e:
-        raise ConfigError(f"verify.{e}".replace(" device=", " verify.device=")) from None
+    harness.resolve_device(v.device, setting="verify.device=")  # a DeviceError is a ConfigError in the setting's words
     if not v.epsilons or not all(e > 0 for e in v.epsilons):
         raise ConfigError(f"verify.epsilons must be a non-empty list of radii > 0, got {v.epsilons}")
     if not v.verifiers:
@@ -106,8 +102,7 @@ def _r(v: Any) -> Any:
 
 
 def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
-    vcfg = cfg.verify
-    validate_config(cfg)
+    vcfg = cfg.verify  # validated once, by the runner (`validate_config` is the stage's hook)
     out = run.dir("verify")
     ds = dataset_for(cfg)
     info = ds.info
@@ -119,7 +114,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     clock = "cpu" if vcfg.cpu_time else "wall"
     names = list(dict.fromkeys(vcfg.verifiers))
     jobs = vcfg.jobs or torch.get_num_threads()
-    device = harness.resolve_device(vcfg.device)
+    device = harness.resolve_device(vcfg.device, setting="verify.device=")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
     try:
@@ -256,9 +251,8 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
 
     def done(o: harness.Outcome) -> None:
         res = o.result
-        margin, bound = best_margin(res.info)
-        common = dict(result=res.status, reason=open_reason(res), stage=res.stage, seconds=round(res.seconds, 4),
-                      bound=bound, margin_lb=_r(margin), final=int(o.final),
+        common = o.row()
+        common.update(seconds=round(res.seconds, 4), margin_lb=_r(common["margin_lb"]), final=int(o.final),
                       message=_clean(res.message))
         if is_relu[o.key]:
             row = relu.rows[o.key]
@@ -292,30 +286,35 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
                 part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
-                    plans: list[harness.Plan] = []
-                    said: list[str] = []
-
-                    def planned(plan: harness.Plan, budget: float = budget, setting: str = setting,
-                                part: list = part, plans: list = plans, said: list = said) -> None:
-                        # once every worker has measured (before the passes go on), and again once every worker's
-                        # pass has ended (a batch can cost more per property than one alone): one line, once
-                        plans.append(plan)
-                        latest = {p.worker: p for p in plans}
-                        phases = {p.reached is None for p in latest.values()}
-                        if said or len(latest) < plan.workers or len(phases) > 1:
-                            return
-                        line = budget_line(plans, budget, setting, sum(t.known is None for t in part))
-                        if line:
-                            said.append(line)
-                            bar.note(line)
-
+                    watch = _PassWatch(budget, setting, sum(t.known is None for t in part), bar.note)
                     harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
-                                device=device, on_plan=planned)
-                    passes["int8" if int8 else "float"] = pass_record(plans, budget, setting, sum(t.known is None for t in part))
+                                device=device, on_plan=watch)
+                    passes["int8" if int8 else "float"] = pass_record(watch.plans, budget, setting, watch.properties)
                     if int8:
                         int8_seconds = time.perf_counter() - t0
     save()
     return time.perf_counter() - started, int8_seconds, passes
+
+
+class _PassWatch:
+    """One budget part's first-pass plans as the workers send them, and its budget line said once: when every worker
+    has measured (before the passes go on) or every worker's pass has ended (a batch can cost more per property than
+    one alone), whichever first shows the budget short."""
+
+    def __init__(self, budget: float, setting: str, properties: int, note: Callable[[str], None]):
+        self.budget, self.setting, self.properties, self.note = budget, setting, properties, note
+        self.plans: list[harness.Plan] = []
+        self.said = False
+
+    def __call__(self, plan: harness.Plan) -> None:
+        self.plans.append(plan)
+        latest = harness.latest_plans(self.plans)
+        if self.said or len(latest) < plan.workers or len({p.reached is None for p in latest}) > 1:
+            return
+        line = budget_line(self.plans, self.budget, self.setting, self.properties)
+        if line:
+            self.said = True
+            self.note(line)
 
 
 def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> str | None:
@@ -331,7 +330,7 @@ def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, prop
             if c.network not in costs or c.seconds > costs[c.network].seconds:
                 costs[c.network] = c
     each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
-    latest = list({p.worker: p for p in plans}.values())
+    latest = harness.latest_plans(plans)
     if all(p.reached is not None for p in latest):
         reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
         how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
@@ -350,7 +349,7 @@ def pass_record(plans: Sequence[harness.Plan], budget: float, setting: str, prop
     short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
     did not."""
     costs: dict[str, dict[str, Any]] = {}
-    latest = list({p.worker: p for p in plans}.values())
+    latest = harness.latest_plans(plans)
     for plan in latest:
         for c in plan.costs:
             mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
