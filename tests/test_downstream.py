@@ -10,6 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis import downstream as ds_mod
@@ -76,3 +77,35 @@ def test_the_record_equals_the_stages_files(tmp_path):
         assert e["unstable"]["relu"][0]["eps"] == 0.002 and e["unstable"]["relu"][0]["samples"] == 4
     report = (run / "report" / "report.md").read_text()
     assert "## Downstream" in report and (run / "downstream" / "certified_accuracy.png").is_file()
+
+
+def _variant(drop: float, certified: float, radius: float) -> dict:
+    return {"int8": {"test_drop_pt": drop}, "sparsity": None,
+            "verify": {"relu": [{"eps": 0.01, "properties": 100, "certified": certified, "falsified": 0.0,
+                                 "decided": certified, "median_decided_seconds": 0.5}]},
+            "radius": {"relu": {"median_proved": radius, "curve": [{"eps": 0.0, "certified": 1.0},
+                                                                  {"eps": 0.1, "certified": radius}]}},
+            "unstable": {}}
+
+
+def test_the_study_pairs_seeds_and_gives_t_intervals_of_the_differences():
+    from scipy import stats as sps
+
+    from analysis import downstream_study as st
+
+    drops = {"lambda_gelu": [0.1, 0.3, 0.2], "relu": [0.5, 0.4, 0.9], "gelu": [0.2, 0.2, 0.6]}
+    cert = {"lambda_gelu": [0.9, 0.8, 0.95], "relu": [0.7, 0.8, 0.9], "gelu": [0.6, 0.5, 0.9]}
+    study = {"b": {v: {s: _variant(drops[v][s], cert[v][s], 0.05 * s) for s in range(3)} for v in drops}}
+    study["b"]["relu"][3] = _variant(9.0, 0.0, 0.0)  # a seed the annealed variant lacks: not paired
+    t = st.rows(study)["b"]
+    for other in ("relu", "gelu"):
+        d = np.array(drops["lambda_gelu"]) - np.array(drops[other][:3])
+        mean, sd = d.mean(), d.std(ddof=1)
+        half = sps.t.ppf(0.975, 2) * sd / np.sqrt(3)
+        m = t["pairs"][f"lambda_gelu − {other}"]["int8 test drop (pt)"]
+        assert m[0] == pytest.approx(mean, abs=EXACT) and m[2] == pytest.approx(half, abs=EXACT) and m[3] == 3
+    m = t["variants"]["relu"]["float certified @ 0.01"]
+    assert m[3] == 4 and m[0] == pytest.approx(np.mean([0.7, 0.8, 0.9, 0.0]), abs=EXACT)
+    assert "lambda_swish − relu" not in t["pairs"]  # no λ-Swish runs
+    curves = st._curves(study["b"], "relu")
+    assert curves["gelu"][1][1][0] == pytest.approx(np.mean([0.0, 0.05, 0.1]), abs=EXACT)

@@ -16,7 +16,7 @@ from pipeline import lambda_stats, render
 from pipeline.errors import PipelineError
 from pipeline.atomic_io import atomic_write_text
 
-from .. import studies
+from .. import downstream_study, studies
 from ..stats import CONFIDENCE
 from .figures import plot_figure3, plot_table, plot_tc_heatmap
 from .runs import MODES, Record, _by_benchmark, _learned_tc, collect, run_dirs
@@ -118,6 +118,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None,
 
     study_md, numbers["studies"] = studies.sections(run_dirs(paths))
     md += study_md
+    down_md, numbers["downstream"] = downstream_study.sections(run_dirs(paths), out)
+    md += down_md
 
     s1, s2 = side_by_side(t1, t2)
     md += ["## Side by side with the paper", "",

@@ -8,14 +8,19 @@
 #                paired comparisons: configs/sweeps/study-*.toml
 # paper-offline/ the paper's Tables I/II, Figure 3 and λ profiles at 3 seeds: configs/sweeps/offline-*.toml
 # paper-tc-grid/ the paper's Figure 1, the (t, c) grid: configs/sweeps/offline-tc-grid-fmnist.toml
+# downstream/    does hardening pay downstream (int8, pruning, verification, certified radii): 5 benchmarks × 5 seeds ×
+#                5 variants, configs/sweeps/downstream-*.toml; only with ONLY=downstream (docs/results/downstream.md
+#                states its measured cost)
 #
 # Environment (all optional):
-#   ONLY="study paper"   which of the two groups to run (default both)
+#   ONLY="study paper"   which groups to run (default both; "downstream" runs the downstream study)
 #   RUNS=runs-paper      where the run directories go (one folder per sweep below it)
 #   RESULTS=docs/results where the reports go
 #   OPTS=                options for every `pipeline sweep`, e.g. "--grid seed=0,1" or "--shard 0/4"
 #   OVERRIDES=           config overrides for every point, e.g. "train.epochs=2 data.subset=500"
 #   PIPELINE=".venv/bin/python -m pipeline.cli"
+#   LIRPA_PYTHON=.peers/auto_lirpa/bin/python, LIRPA_PATH=   auto_LiRPA's interpreter and an extra PYTHONPATH entry
+#                        for it (ONLY=downstream: its view of the same networks)
 # A smoke test of the whole chain (minutes):
 #   ONLY=study RUNS=/tmp/study RESULTS=/tmp/results OPTS="--grid seed=0,1" OVERRIDES="train.epochs=2 data.subset=500" \
 #     docs/results/regenerate.sh
@@ -46,6 +51,24 @@ if [[ " $ONLY " == *" study "* ]]; then
   done
   report "$RESULTS/study" "λ-GELU → ReLU: Table II with intervals, test split, ReLU from scratch and ablations" \
     "${studies[@]/#/$RUNS/study/}"
+fi
+
+if [[ " $ONLY " == *" downstream "* ]]; then
+  downstream=(digits-mlp breast-cancer-mlp adult-mlp fmnist-mlp fmnist-cnn)
+  for s in "${downstream[@]}"; do
+    sweep "downstream-$s" "downstream/$s"
+  done
+  # auto_LiRPA's view of the same networks (benchmarks/peers/auto_lirpa_setup.sh builds its interpreter)
+  LIRPA_PYTHON=${LIRPA_PYTHON:-.peers/auto_lirpa/bin/python}
+  if [[ -x "$LIRPA_PYTHON" ]]; then
+    # shellcheck disable=SC2086
+    nice -n 19 ${PIPELINE% -m pipeline.cli} benchmarks/peers/lirpa_downstream.py --peer-python "$LIRPA_PYTHON" \
+      --peer-path "${LIRPA_PATH:-}" "$RUNS"/downstream/*/*/
+  else
+    echo "regenerate: no auto_LiRPA interpreter at $LIRPA_PYTHON (benchmarks/peers/auto_lirpa_setup.sh): its columns are left out" >&2
+  fi
+  report "$RESULTS/downstream" "Does hardening pay downstream? int8, pruning and verification of the shipped networks" \
+    "${downstream[@]/#/$RUNS/downstream/}"
 fi
 
 if [[ " $ONLY " == *" paper "* ]]; then
