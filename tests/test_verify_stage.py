@@ -223,16 +223,16 @@ def test_the_line_for_a_budget_that_cannot_cover_one_pass_per_property():
 
     plans = [harness.Plan([Cost("a.onnx", 2.0, True, 20), Cost("b.onnx", 1.0, False, 10)], 1.0, 50.0, 2, worker=1),
              harness.Plan([Cost("a.onnx", 2.5, True, 20)], 1.2, 52.0, 2, worker=2)]
-    line = verify_mod.budget_line(plans, 30.0, "verify.budget_s", 50)
+    line = harness.budget_line(plans, 30.0, "verify.budget_s", 50)
     assert "verify.budget_s=30 cannot cover" in line and "2.5 s on a.onnx" in line and "≥ 1 s on b.onnx" in line
     assert "need at least 52 s" in line and "verify.budget_s=70 would" in line
-    assert verify_mod.budget_line(plans, 60.0, "verify.budget_s", 50) is None
-    rec = verify_mod.pass_record(plans, 30.0, "verify.budget_s", 50)
+    assert harness.budget_line(plans, 60.0, "verify.budget_s", 50) is None
+    rec = harness.pass_record(plans, 30.0, "verify.budget_s", 50)
     assert rec["costs"]["a.onnx"] == {"seconds": 2.5, "finished": True, "properties": 40} and not rec["covered"]
     # the estimate covered the budget, but the pass itself (a batch costlier per property than one alone) did not
     done = [harness.Plan([Cost("a.onnx", 0.2, True, 30)], 25.0, 37.0, 1, worker=1, reached=20, properties=30,
                          pass_seconds=24.0)]
-    line = verify_mod.budget_line(done, 30.0, "verify.budget_s", 30)
+    line = harness.budget_line(done, 30.0, "verify.budget_s", 30)
     assert "the pass reached 20 of 30 properties in 24 s" in line and "verify.budget_s=50 would" in line
 
 

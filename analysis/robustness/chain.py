@@ -112,3 +112,47 @@ def fractions(chain: Sequence[dict[str, Any]]) -> dict[tuple[str, str, float], d
             n = counts.setdefault((kind, c["variant"], float(c["eps"])), {"certified": 0, "falsified": 0, "open": 0})
             n["certified" if res == "unsat" else "falsified" if res == "sat" else "open"] += 1
     return {k: {o: v / sum(n.values()) for o, v in n.items()} for k, n in counts.items()}
+
+
+def not_verified(models: dict[str, Any], smooth_models: dict[str, Any]) -> dict[str, str]:
+    """{model: why} for every network this stage did not verify: a variant whose swap left it smooth, a ReLU or int8
+    graph the engine does not read (the reader's own words: the node, what it met, the fix), a smooth network not
+    certified; the smooth ones as `<variant> (smooth)`."""
+    out = {name: m["note"].removeprefix("not verified: ") for name, m in models.items() if not m.get("onnx")}
+    out.update({f"{name} (smooth)": m["note"].removeprefix("not certified: ")
+                for name, m in smooth_models.items() if not m.get("network")})
+    return out
+
+
+def open_rows(relu_rows: Sequence[dict[str, Any]], smooth_rows: Sequence[dict[str, Any]], verifier: str
+              ) -> list[dict[str, Any]]:
+    """Every open property (the first verifier's rows; a smooth property only when neither route decided it, once per
+    route): its network, why it is open and the best margin bound found (> 0 would have proved it)."""
+    out = []
+    for r in relu_rows:
+        if r["verifier"] == verifier and r["result"] not in ("sat", "unsat"):
+            out.append({"model": r["variant"], "network": "int8" if is_int8(r["variant"]) else "float ReLU",
+                        "sample": int(r["sample"]), "eps": float(r["eps"]), "result": r["result"],
+                        "reason": r.get("reason", ""), "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
+    decided = {(r["variant"], r["sample"], r["eps"]) for r in smooth_rows if r["result"] in ("sat", "unsat")}
+    for r in smooth_rows:
+        if (r["variant"], r["sample"], r["eps"]) not in decided:
+            out.append({"model": r["variant"], "network": f"smooth ({r['route']})", "sample": int(r["sample"]),
+                        "eps": float(r["eps"]), "result": r["result"], "reason": r.get("reason", ""),
+                        "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
+    return out
+
+
+def either_route(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per smooth property (variant, sample, ε): decided when either route decided it."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        key = (r["variant"], r["sample"], r["eps"])
+        if key not in out or r["result"] in ("sat", "unsat"):
+            out[key] = r
+    return list(out.values())
+
+
+def decided(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    d = sum(r["result"] in ("sat", "unsat") for r in rows)
+    return {"properties": len(rows), "decided": d, "fraction": d / len(rows) if rows else None}

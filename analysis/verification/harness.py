@@ -296,6 +296,83 @@ def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | N
 # solving one task
 
 
+BUDGET_ROOM = 1.2  # the budget a short one names: the estimated need with this much room, rounded up to 10 s
+
+
+class PassWatch:
+    """One budget part's first-pass plans as the workers send them, and its budget line said once: when every worker
+    has measured (before the passes go on) or every worker's pass has ended (a batch can cost more per property than
+    one alone), whichever first shows the budget short."""
+
+    def __init__(self, budget: float, setting: str, properties: int, note: Callable[[str], None]):
+        self.budget, self.setting, self.properties, self.note = budget, setting, properties, note
+        self.plans: list[Plan] = []
+        self.said = False
+
+    def __call__(self, plan: Plan) -> None:
+        self.plans.append(plan)
+        latest = latest_plans(self.plans)
+        if self.said or len(latest) < plan.workers or len({p.reached is None for p in latest}) > 1:
+            return
+        line = budget_line(self.plans, self.budget, self.setting, self.properties)
+        if line:
+            self.said = True
+            self.note(line)
+
+
+def budget_line(plans: Sequence[Plan], budget: float, setting: str, properties: int) -> str | None:
+    """One line when `setting` (= `budget` seconds) cannot cover one bound pass per property, with the budget that
+    would (None when it covers them): the measured cost of one pass of each network, on its first property, or, once
+    the pass is over, how many properties it reached."""
+    need = shortfall(plans, StageBudget(budget))
+    if need is None:
+        return None
+    costs: dict[str, Any] = {}
+    for plan in plans:
+        for c in plan.costs:
+            if c.network not in costs or c.seconds > costs[c.network].seconds:
+                costs[c.network] = c
+    each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
+    latest = latest_plans(plans)
+    if all(p.reached is not None for p in latest):
+        reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
+        how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
+               f"CROWN pass took {each} on each network's first property alone)")
+    else:
+        lower = "at least " if not all(c.finished for c in costs.values()) else ""
+        how = (f"one CROWN pass took {each} (each network's first property); {properties} properties on "
+               f"{plans[0].workers} worker(s) need {lower}{need:.0f} s for it")
+    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: {how}; {setting}={would(need)} "
+            f"would. The pass runs for every property first; the properties it leaves open without time say `budget` "
+            f"in details.csv.")
+
+
+def pass_record(plans: Sequence[Plan], budget: float, setting: str, properties: int) -> dict[str, Any]:
+    """What summary.json keeps of the first pass: each network's measured pass, the estimate (or, once the pass ended
+    short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
+    did not."""
+    costs: dict[str, dict[str, Any]] = {}
+    latest = latest_plans(plans)
+    for plan in latest:
+        for c in plan.costs:
+            mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
+            mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
+            mine["finished"] = mine["finished"] and c.finished
+            mine["properties"] += c.properties
+    short = shortfall(plans, StageBudget(budget))
+    done = [p for p in latest if p.reached is not None]
+    return {"setting": setting, "budget_s": budget, "costs": costs,
+            "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
+            "would_s": None if short is None else would(short),
+            "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
+            "line": (budget_line(plans, budget, setting, properties) or "").strip()}
+
+
+def would(need: float) -> int:
+    """The budget a short one names: the need with room, rounded up to 10 s."""
+    return math.ceil(need * BUDGET_ROOM / 10) * 10
+
+
 def resolve_device(name: str, setting: str = "device=") -> str:
     """"auto" | "cpu" | "cuda" | "cuda:N" → the device the verifiers compute on ("auto": a GPU when there is one);
     `pipeline.errors.DeviceError` (one line naming the choices, in the words of `setting`) for anything else or for

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from analysis.robustness.chain import CHAIN_FIELDS, chain_rows, conflicts
+from analysis.robustness.chain import (CHAIN_FIELDS, chain_rows, conflicts, decided, either_route, not_verified,
+                                       open_rows)
 from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, is_int8,
                                             relu_properties, smooth_properties)
 from analysis.verification import harness, registry
@@ -60,7 +60,6 @@ DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "
 SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "reason", "stage",
                  "seconds", "bound", "margin_lb", "gap_max", "final", "message"]
 PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
-BUDGET_ROOM = 1.2  # the budget a short one names: the estimated need with this much room, rounded up to 10 s
 
 
 def validate_config(cfg: Config) -> None:
@@ -159,10 +158,10 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         "first_pass": passes,
         "clock": clock, "verifiers": names, "chains": {v: registry.resolve(v) for v in names},
         "models": relu.models, "smooth_models": smooth.models, "table": table_, "smooth_table": smooth_table,
-        "decided": {"relu": _decided([r for r in relu_rows if not is_int8(r["variant"])]),
-                    "int8": _decided([r for r in relu_rows if is_int8(r["variant"])]),
-                    "smooth": _decided(_either_route(smooth_rows)),
-                    "smooth_routes": {route: _decided([r for r in smooth_rows if r["route"] == route]) for route in ROUTES}},
+        "decided": {"relu": decided([r for r in relu_rows if not is_int8(r["variant"])]),
+                    "int8": decided([r for r in relu_rows if is_int8(r["variant"])]),
+                    "smooth": decided(either_route(smooth_rows)),
+                    "smooth_routes": {route: decided([r for r in smooth_rows if r["route"] == route]) for route in ROUTES}},
         "int8_seconds": round(sum(float(r.get("seconds") or 0) for r in relu_rows if is_int8(r["variant"])), 3),
         "chain": chain_rows(cfg.variants, relu_rows, smooth_rows, names[0]),
         "open": open_rows(relu_rows, smooth_rows, names[0]),
@@ -178,54 +177,10 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
                                  for r in smooth_table}}
 
 
-def not_verified(models: dict[str, Any], smooth_models: dict[str, Any]) -> dict[str, str]:
-    """{model: why} for every network this stage did not verify: a variant whose swap left it smooth, a ReLU or int8
-    graph the engine does not read (the reader's own words: the node, what it met, the fix), a smooth network not
-    certified; the smooth ones as `<variant> (smooth)`."""
-    out = {name: m["note"].removeprefix("not verified: ") for name, m in models.items() if not m.get("onnx")}
-    out.update({f"{name} (smooth)": m["note"].removeprefix("not certified: ")
-                for name, m in smooth_models.items() if not m.get("network")})
-    return out
-
-
 def _eps_units(info) -> str:
     if getattr(info, "feature_names", None):
         return "raw feature units of each input column (the model standardizes inside)"
     return f"the input's own units (valid range {info.input_low} to {info.input_high})"
-
-
-def open_rows(relu_rows: Sequence[dict[str, Any]], smooth_rows: Sequence[dict[str, Any]], verifier: str
-              ) -> list[dict[str, Any]]:
-    """Every open property (the first verifier's rows; a smooth property only when neither route decided it, once per
-    route): its network, why it is open and the best margin bound found (> 0 would have proved it)."""
-    out = []
-    for r in relu_rows:
-        if r["verifier"] == verifier and r["result"] not in ("sat", "unsat"):
-            out.append({"model": r["variant"], "network": "int8" if is_int8(r["variant"]) else "float ReLU",
-                        "sample": int(r["sample"]), "eps": float(r["eps"]), "result": r["result"],
-                        "reason": r.get("reason", ""), "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
-    decided = {(r["variant"], r["sample"], r["eps"]) for r in smooth_rows if r["result"] in ("sat", "unsat")}
-    for r in smooth_rows:
-        if (r["variant"], r["sample"], r["eps"]) not in decided:
-            out.append({"model": r["variant"], "network": f"smooth ({r['route']})", "sample": int(r["sample"]),
-                        "eps": float(r["eps"]), "result": r["result"], "reason": r.get("reason", ""),
-                        "bound": r.get("bound", ""), "margin_lb": r.get("margin_lb", "")})
-    return out
-
-
-def _either_route(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per smooth property (variant, sample, ε): decided when either route decided it."""
-    out: dict[tuple, dict[str, Any]] = {}
-    for r in rows:
-        key = (r["variant"], r["sample"], r["eps"])
-        if key not in out or r["result"] in ("sat", "unsat"):
-            out[key] = r
-    return list(out.values())
-
-
-def _decided(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    d = sum(r["result"] in ("sat", "unsat") for r in rows)
-    return {"properties": len(rows), "decided": d, "fraction": d / len(rows) if rows else None}
 
 
 def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_keys: set[Any], clock: str,
@@ -286,85 +241,13 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
                 part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
-                    watch = _PassWatch(budget, setting, sum(t.known is None for t in part), bar.note)
+                    watch = harness.PassWatch(budget, setting, sum(t.known is None for t in part), bar.note)
                     harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
                                 device=device, on_plan=watch)
-                    passes["int8" if int8 else "float"] = pass_record(watch.plans, budget, setting, watch.properties)
+                    passes["int8" if int8 else "float"] = harness.pass_record(watch.plans, budget, setting, watch.properties)
                     if int8:
                         int8_seconds = time.perf_counter() - t0
     save()
     return time.perf_counter() - started, int8_seconds, passes
 
 
-class _PassWatch:
-    """One budget part's first-pass plans as the workers send them, and its budget line said once: when every worker
-    has measured (before the passes go on) or every worker's pass has ended (a batch can cost more per property than
-    one alone), whichever first shows the budget short."""
-
-    def __init__(self, budget: float, setting: str, properties: int, note: Callable[[str], None]):
-        self.budget, self.setting, self.properties, self.note = budget, setting, properties, note
-        self.plans: list[harness.Plan] = []
-        self.said = False
-
-    def __call__(self, plan: harness.Plan) -> None:
-        self.plans.append(plan)
-        latest = harness.latest_plans(self.plans)
-        if self.said or len(latest) < plan.workers or len({p.reached is None for p in latest}) > 1:
-            return
-        line = budget_line(self.plans, self.budget, self.setting, self.properties)
-        if line:
-            self.said = True
-            self.note(line)
-
-
-def budget_line(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> str | None:
-    """One line when `setting` (= `budget` seconds) cannot cover one bound pass per property, with the budget that
-    would (None when it covers them): the measured cost of one pass of each network, on its first property, or, once
-    the pass is over, how many properties it reached."""
-    need = harness.shortfall(plans, harness.StageBudget(budget))
-    if need is None:
-        return None
-    costs: dict[str, Any] = {}
-    for plan in plans:
-        for c in plan.costs:
-            if c.network not in costs or c.seconds > costs[c.network].seconds:
-                costs[c.network] = c
-    each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
-    latest = harness.latest_plans(plans)
-    if all(p.reached is not None for p in latest):
-        reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
-        how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
-               f"CROWN pass took {each} on each network's first property alone)")
-    else:
-        lower = "at least " if not all(c.finished for c in costs.values()) else ""
-        how = (f"one CROWN pass took {each} (each network's first property); {properties} properties on "
-               f"{plans[0].workers} worker(s) need {lower}{need:.0f} s for it")
-    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: {how}; {setting}={_would(need)} "
-            f"would. The pass runs for every property first; the properties it leaves open without time say `budget` "
-            f"in details.csv.")
-
-
-def pass_record(plans: Sequence[harness.Plan], budget: float, setting: str, properties: int) -> dict[str, Any]:
-    """What summary.json keeps of the first pass: each network's measured pass, the estimate (or, once the pass ended
-    short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
-    did not."""
-    costs: dict[str, dict[str, Any]] = {}
-    latest = harness.latest_plans(plans)
-    for plan in latest:
-        for c in plan.costs:
-            mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
-            mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
-            mine["finished"] = mine["finished"] and c.finished
-            mine["properties"] += c.properties
-    short = harness.shortfall(plans, harness.StageBudget(budget))
-    done = [p for p in latest if p.reached is not None]
-    return {"setting": setting, "budget_s": budget, "costs": costs,
-            "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
-            "would_s": None if short is None else _would(short),
-            "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
-            "line": (budget_line(plans, budget, setting, properties) or "").strip()}
-
-
-def _would(need: float) -> int:
-    """The budget a short one names: the need with room, rounded up to 10 s."""
-    return math.ceil(need * BUDGET_ROOM / 10) * 10
