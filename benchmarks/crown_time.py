@@ -1,25 +1,101 @@
-"""Our side of `benchmarks.peers.crown_side_by_side` alone (no auto_LiRPA venv needed): one CROWN pass (IBP, `crown()`,
-the spec rows) on a run's first 3 properties of verify/onnx/lambda_gelu.onnx, 5 passes each, printing the minimum
-and median seconds, the spec rows' mean lower bound and the unstable ReLUs per site, tagged for side-by-side runs:
+"""One CROWN pass of ours, timed, for comparing two trees of the engine side by side (run one after the other, each
+with its own PYTHONPATH, in one hold of the shared lock):
 
-    flock /tmp/heavy.lock .venv/bin/python -m benchmarks.crown_time runs/preact1632 after
+    python -m benchmarks.crown_time preact RUN TAG      # our side of peers/crown_side_by_side on RUN's first 3
+                                                        # properties of verify/onnx/lambda_gelu.onnx, 5 passes each
+    python -m benchmarks.crown_time mobilenet TAG [EPS] [N]   # a MobileNetV2-style ReLU6 net, N properties at EPS
+
+Each prints `RESULT TAG ...` lines: seconds (min and median for `preact`), the spec rows' bounds, unstable ReLUs.
+The MobileNetV2-style net (random weights, seed 0; inverted residuals with depthwise 3×3 convolutions, BatchNorm,
+ReLU6, 9,994 parameters, 3×32×32 input, 10 classes) is what depthwise convolutions' back-substitution is timed on; its
+properties are robustness of the predicted class at uniform random inputs in [0, 1] (seed 1), decided when CROWN's
+margin bounds are all > 0.
 """
+
+from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
-from benchmarks.peers import crown_side_by_side as c
 
+def preact(run: Path, tag: str) -> None:
+    from benchmarks.peers import crown_side_by_side as c
 
-def main() -> None:
-    torch.set_num_threads(1)
-    for r in c.ours(c.properties(Path(sys.argv[1]), "lambda_gelu.onnx", 3), 5):
-        print(f"RESULT {sys.argv[2]} {r['name']} min {min(r['seconds']):.4f} median {statistics.median(r['seconds']):.4f} "
+    for r in c.ours(c.properties(run, "lambda_gelu.onnx", 3), 5):
+        print(f"RESULT {tag} {r['name']} min {min(r['seconds']):.4f} median {statistics.median(r['seconds']):.4f} "
               f"spec_lower_mean {sum(r['spec_lower']) / len(r['spec_lower']):.10f} unstable {r['unstable']}")
 
 
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, expand: int, stride: int):
+        super().__init__()
+        hid = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hid, 1, bias=False), nn.BatchNorm2d(hid), nn.ReLU6()]
+        layers += [nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
+                   nn.Conv2d(hid, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def mobilenet() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+                      InvertedResidual(8, 8, 1, 1), InvertedResidual(8, 12, 4, 2), InvertedResidual(12, 12, 4, 1),
+                      InvertedResidual(12, 16, 4, 2), InvertedResidual(16, 16, 4, 1),
+                      nn.Conv2d(16, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    for mod in m.modules():  # BatchNorm statistics as a trained net's, not the identity
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.1, 0.1)
+            mod.running_var.uniform_(0.5, 1.5)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.1, 0.3)
+    return m.eval()
+
+
+def mobilenet_pass(tag: str, eps: float, n: int) -> None:
+    from analysis.verification.bounds import Bounder, Spec
+    from analysis.verification.readers import from_torch
+
+    net = from_torch(mobilenet(), (3, 32, 32))
+    gen = torch.Generator().manual_seed(1)
+    times, decided = [], 0
+    for k in range(n):
+        x0 = torch.rand(3 * 32 * 32, generator=gen, dtype=torch.float64)
+        label = int(net.forward(x0[None])[0].argmax())
+        C = -torch.eye(10, dtype=torch.float64)
+        C[:, label] += 1
+        C = torch.cat([C[:label], C[label + 1:]])
+        t0 = time.perf_counter()
+        b = Bounder(net, (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1))
+        b.crown()
+        lower = b.spec_bounds(Spec(C, torch.zeros(9)))
+        times.append(time.perf_counter() - t0)
+        decided += bool((lower > 0).all())
+        print(f"RESULT {tag} mobilenet_{k}_{eps} seconds {times[-1]:.3f} margin_lower {float(lower.min()):.10f} "
+              f"unstable {sum(b.result().unstable())}", flush=True)
+    print(f"RESULT {tag} mobilenet median {statistics.median(times):.3f} s, decided by CROWN {decided}/{n}")
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    if argv[0] == "preact":
+        preact(Path(argv[1]), argv[2])
+    elif argv[0] == "mobilenet":
+        mobilenet_pass(argv[1], float(argv[2]) if len(argv) > 2 else 0.002, int(argv[3]) if len(argv) > 3 else 10)
+    else:
+        raise SystemExit(f"error: unknown mode {argv[0]!r}; use preact RUN TAG or mobilenet TAG [EPS] [N]")
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -251,6 +251,11 @@ def test_back_substitution_of_every_affine_op_is_its_matrix_transpose(conv):
     ops = [n.op for n in _random_dag(11, conv).nodes[1:] if not isinstance(n.op, (ReLU, Gate))]
     model, shape = cnn("relu", seed=4)
     ops += [n.op for n in from_torch(model, shape).merged().nodes if isinstance(n.op, Conv)]
+    gen = torch.Generator().manual_seed(5)
+    # grouped and depthwise convolutions on maps past the dense path (their back-substitution is batched per group)
+    ops += [Conv(torch.randn(co, ci // g, 3, 3, generator=gen, dtype=torch.float64), torch.randn(co, generator=gen, dtype=torch.float64),
+                 (ci, 9, 9), (st, st), (1, 1), (dl, dl), g)
+            for ci, co, g, st, dl in [(6, 6, 6, 1, 1), (6, 12, 6, 2, 1), (6, 9, 3, 1, 2), (4, 8, 2, 2, 1)]]
     for op in ops:
         mats, c = op.sparse()
         mats = [torch.as_tensor(M.toarray()) for M in mats]

@@ -135,6 +135,12 @@ class Conv(Affine):
                 cols = torch.matmul(self.weight.reshape(self.weight.shape[0], -1).T, Ai.reshape(rows, self.weight.shape[0], -1))
                 back = F.fold(cols, (h, w), (kh, kw), self.dilation, self.padding, self.stride)
                 return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
+            # grouped (a depthwise conv): the same per group, W_gᵀ·A_g as one batched product over the groups
+            g, (co, cig) = self.groups, self.weight.shape[:2]
+            Wg = self.weight.reshape(g, co // g, cig * kh * kw).transpose(1, 2)
+            cols = torch.matmul(Wg, Ai.reshape(rows, g, co // g, -1)).reshape(rows, g * cig * kh * kw, -1)
+            back = F.fold(cols, (h, w), (kh, kw), self.dilation, self.padding, self.stride)
+            return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
         back = F.conv_transpose2d(Ai, self.weight, None, self.stride, self.padding, tuple(op), self.groups, self.dilation)
         return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
 
