@@ -57,8 +57,10 @@ def _as_given(model: nn.Module) -> Iterator[nn.Module]:
 
 def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.device | str = "cpu",
          metric: str = "accuracy") -> dict[str, float]:
-    """The metric before and after every gate becomes ReLU, top-1 agreement, max |Δlogit| (`swap_report`). Refuses
-    (SwapError) a model with smooth gate work the swap cannot replace: never a perfect-looking swap of nothing."""
+    """The metric before and after every gate becomes ReLU, top-1 agreement, max |Δlogit|, how many gates were
+    swapped and what was kept, with the reason (`swap_report`). Refuses (SwapError) a model with smooth gate work the
+    swap cannot replace, and says `swapped: 0` with a note where there was nothing to swap: never a perfect-looking
+    swap of nothing."""
     with _as_given(model):
         return swap_report(model, data, batch_size, device, metric)
 

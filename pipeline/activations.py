@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -442,6 +443,21 @@ def gate_of(m: nn.Module) -> tuple[str, torch.Tensor] | None:
     if fam is not None and getattr(m, "approximate", "none") == "none":
         return fam, torch.ones(1, dtype=torch.float64)
     return None
+
+
+# torch modules from nn.modules.activation that are no pointwise activation (attention, normalizations).
+NOT_ACTIVATIONS = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.Identity)
+# A user's leaf module whose class name says "activation": reported when nothing else knows it.
+ACTIVATION_NAME = re.compile(r"gelu|silu|swish|mish|relu|elu\b|sigmoid|tanh|softplus|activation", re.IGNORECASE)
+
+
+def is_activation(m: nn.Module) -> bool:
+    """An activation module: a class the registry or a gate family knows, one of torch's activation modules, or a
+    leaf whose class name says so (timm's HardSigmoid); never a Softmax, an attention or an Identity."""
+    if isinstance(m, NOT_ACTIVATIONS):
+        return False
+    return (isinstance(m, activation_types()) or type(m).__module__ == "torch.nn.modules.activation"
+            or (next(m.children(), None) is None and bool(ACTIVATION_NAME.search(type(m).__name__))))
 
 
 @functools.lru_cache(maxsize=1)

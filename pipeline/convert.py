@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ import torch
 from torch import nn
 
 from . import recognize, render
-from .activations import ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of, s_from_lambda
+from .activations import ACTIVATION_NAME, ACTIVATIONS, NOT_ACTIVATIONS, GateContext, HardenableGate, Linked, activation_types, gate_of, s_from_lambda
 from .gates import channel_axis
 from .config import GateConfig
 from .errors import PipelineError
@@ -57,10 +56,6 @@ __all__ = ["to_gates", "to_relu", "ConvertReport", "Site", "ConvertError", "hard
 
 FilterFn = Callable[[nn.Module, str], bool]
 
-# torch modules from nn.modules.activation that are no pointwise activation (attention, normalizations).
-NOT_ACTIVATIONS = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.Identity)
-# A user's leaf module whose class name says "activation": reported when nothing else knows it.
-ACTIVATION_NAME = re.compile(r"gelu|silu|swish|mish|relu|elu\b|sigmoid|tanh|softplus|activation", re.IGNORECASE)
 
 
 class ConvertError(PipelineError):

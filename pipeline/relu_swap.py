@@ -11,13 +11,15 @@ computes GELU; where no input can be read from the model they ask for `example=`
 from __future__ import annotations
 
 import copy
+import re
+from collections import Counter
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import Gate, Linked, gate_of
+from .activations import Gate, Linked, gate_of, gate_sites, is_activation
 from .affine import set_outputs
 from .data import as_split
 from .errors import PipelineError
@@ -84,12 +86,46 @@ def check_swappable(model: nn.Module, example: Any = None, who: str = "to_relu")
         raise SwapError(smooth_work_error(found.calls, who))
 
 
-def to_relu(model: nn.Module, example: Any = None) -> nn.Module:
+# The owner of a bounded gate that scales another tensor: timm's SqueezeExcite, torchvision's SqueezeExcitation, an SE
+# block by any other name
+SQUEEZE_EXCITE = re.compile(r"squeeze|excit|(^|[^a-z])se([^a-z]|$)", re.IGNORECASE)
+BOUNDED = (nn.Sigmoid, nn.Hardsigmoid, nn.Tanh, nn.Softsign)  # activations with no ReLU limit: gates in [0, 1] or [−1, 1]
+BOUNDED_NAME = re.compile(r"sigmoid|tanh", re.IGNORECASE)
+
+
+def _kept_reason(model: nn.Module, fqn: str, m: nn.Module) -> str:
+    if isinstance(m, BOUNDED) or BOUNDED_NAME.search(type(m).__name__):
+        owner = model.get_submodule(fqn.rpartition(".")[0]) if "." in fqn else model
+        if SQUEEZE_EXCITE.search(type(owner).__name__) or any(SQUEEZE_EXCITE.search(p) for p in fqn.split(".")[:-1]):
+            return "squeeze-excite gates, not activations"
+        return "bounded, with no ReLU form (x·g(λx) → ReLU is what the swap replaces)"
+    return "computes no gate x·g(λx), so it has no ReLU form"
+
+
+def kept_activations(model: nn.Module) -> list[str]:
+    """What the swap keeps as it is, one line per kind and reason: "7 Sigmoid kept: squeeze-excite gates, not
+    activations". Activations that are neither a gate (`gate_of`) nor ReLU (`activations.is_activation`)."""
+    found: Counter = Counter()
+    for fqn, m in model.named_modules():
+        if gate_of(m) is None and not isinstance(m, (nn.ReLU, Linked)) and is_activation(m):
+            found[(type(m).__name__, _kept_reason(model, fqn, m))] += 1
+    return [f"{n} {name} kept: {why}" for (name, why), n in found.items()]
+
+
+def to_relu(model: nn.Module, example: Any = None, allow_unchanged: bool = False) -> nn.Module:
     """Swap every gate (`activations.gate_of`: the project's gates and torch's nn.GELU / nn.SiLU / nn.Mish)
     for its ReLU form, in place; callers pass a copy when they keep the original. A linked pair keeps its
     pairing: its inner gate becomes ReLU, so the pair is CReLU. A model that calls a gate function inside a
-    forward is refused (`check_swappable`, on `example` or an input read from its first layer)."""
+    forward is refused (`check_swappable`, on `example` or an input read from its first layer), and so is one with
+    no gate whose other activations are not ReLU (it would come back unchanged, called ReLU; `kept_activations` says
+    what it keeps) unless `allow_unchanged` (a baseline's swapped model is itself)."""
     check_swappable(model, example)
+    if not gate_sites(model) and not allow_unchanged:
+        kept = kept_activations(model)
+        if kept:
+            raise SwapError(f"to_relu: nothing to swap: the model has no gate, and it is not ReLU ({'; '.join(kept)}); "
+                            "convert its activations first with model, report = to_gates(model) (the report says why "
+                            "each is left), or take it as it is with to_relu(model, allow_unchanged=True)")
     model = replace_modules(model, lambda m, _: _swapped(m), lambda m, _: m.to_relu() if isinstance(m, Gate) else nn.ReLU())
     sync_fused_activation(model)
     return model
@@ -114,19 +150,24 @@ def swap_report(model: nn.Module, data, batch_size: int = 2048, device: torch.de
     models and the largest |Δlogit|. `model` itself is not changed (a copy is swapped). A model with smooth gate
     work the swap cannot replace (found by one forward on the data's first rows) is refused with SwapError. A model
     that returns a Hugging Face ModelOutput, a dict or a tuple is measured on its logits (`pipeline.outputs`), and
-    `output` says which."""
+    `output` says which. `swapped`: how many gates became ReLU (0: nothing was swapped, and `note` says so, never a
+    bare agreement of 1.0); `kept`: what the swap keeps as it is, with the reason (`kept_activations`)."""
     split = as_split(data)
     param = next(model.parameters(), None)
     example = split.x[:2].to(param.device if param is not None else "cpu")
     model, output = logits_view(model, example)
     check_swappable(model, example, "swap_report")
-    swapped = to_relu(copy.deepcopy(model), example)
+    n_gates, kept = len(gate_sites(model)), kept_activations(model)
+    swapped = to_relu(copy.deepcopy(model), example, allow_unchanged=True)
     before = predict(model, split, batch_size, device)
     after = predict(swapped, split, batch_size, device)
     b, a = score(before, split.y, metric), score(after, split.y, metric)
+    said = {"note": "nothing to swap: the model has no gate, so before = after" + ("" if kept else " (it is ReLU already)")
+            } if n_gates == 0 else {}
     return {"before": b["metric"], "after": a["metric"], "loss_before": b["loss"], "loss_after": a["loss"],
             "argmax_agreement": float((before.argmax(-1) == after.argmax(-1)).float().mean()),
-            "max_logit_change": float((before - after).abs().max()), **({"output": output} if output else {})}
+            "max_logit_change": float((before - after).abs().max()), "swapped": n_gates, "kept": kept, **said,
+            **({"output": output} if output else {})}
 
 
 def _mirrored(layer: nn.Module) -> nn.Module:

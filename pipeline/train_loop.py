@@ -311,7 +311,7 @@ def train_variant(cfg: Config, run: RunDir, ds: Dataset, variant: str, record: V
         val = evaluate(model, ds.val, cfg.data.eval_batch_size, device, metric)
         swapped = None
         if cfg.harden.select == "best_swapped":
-            swapped = evaluate(to_relu(copy.deepcopy(model), ds.val.x[:2].to(device)), ds.val, cfg.data.eval_batch_size, device, metric)["metric"]
+            swapped = evaluate(to_relu(copy.deepcopy(model), ds.val.x[:2].to(device), allow_unchanged=True), ds.val, cfg.data.eval_batch_size, device, metric)["metric"]
         lams = hardener.lambdas()
         row = {"variant": variant, "epoch": epoch, "phase": phase, "lr": lr,
                "train_loss": stats["train_loss"], "train_top1": stats["train_top1"],

@@ -242,4 +242,4 @@ def relu_swapped(model: nn.Module, example: Any = None) -> nn.Module:
     `example`: an input batch for its watched forward where none can be read from the model)."""
     from pipeline.relu_swap import to_relu
 
-    return to_relu(copy.deepcopy(model), example)
+    return to_relu(copy.deepcopy(model), example, allow_unchanged=True)  # no gate: its swap is itself
