@@ -6,7 +6,7 @@ and whether branch and bound splits it (`base.Activation` lists what the engine 
 - `affine`: `Linear`, `Conv`, `Scale`, `Sum`, `TokenLinear`, `compose`;
 - `shape`: `Concat`, `Select`, `Permute`;
 - `pooling`: `Pool`, `PairMax`, `average_pool`;
-- `relu`: `ReLU` and the piecewise-linear activations;
+- `relu`: `ReLU` and `HardSwish` (its quadratic piece relaxed with exact intercepts for any slope);
 - `gates`: the λ-gates `Gate` and their relaxations;
 - `curves`: `Exp`, `Reciprocal`, `Sqrt`, `Rsqrt`, `Square`;
 - `products`: `Product`, `BatchMatMul`; `norm`: `Variance`, `LayerNormRounding`; `softmax`: `ExpSums`;
