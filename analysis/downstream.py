@@ -39,7 +39,7 @@ def int8_columns(quantize: dict[str, Any] | None, variant: str) -> dict[str, Any
 def sparsity_columns(sparsity: dict[str, Any] | None, variant: str) -> dict[str, Any] | None:
     """The sparsity stage's numbers of the variant's swapped network, None when it has none."""
     e = ((sparsity or {}).get("variants") or {}).get(variant)
-    if not e:
+    if not e or "units" not in e:  # a variant without ReLU layers has only the stage's note
         return None
     pr = e.get("pruning") or {}
     removed = pr.get("removed_total")
