@@ -294,6 +294,30 @@ def test_a_budget_that_cannot_cover_one_pass_per_property_says_so_and_each_open_
         assert why == ("budget" if b == "ibp" else "" if o.result.status in ("sat", "unsat") else "timeout"), o.result
 
 
+def _seconds_in(message: str, after: str) -> float:
+    import re
+
+    m = re.search(re.escape(after) + r"\s*([0-9.e+-]+) s", message)
+    assert m, (after, message)
+    return float(m.group(1))
+
+
+def test_a_property_whose_limit_went_to_its_first_pass_says_which_limit_and_how_long_the_pass_took(monkeypatch):
+    """A CROWN pass of 0.8 s under a per-property limit of 0.5 s: the property is not run, and its message names the
+    limit that applied (0.5 s) and the pass's seconds, which are the row's seconds."""
+    from analysis.verification.bounds import Bounder
+
+    monkeypatch.setattr(Bounder, "crown", _slow_crown(0.8))
+    net = _relu_net()
+    out = harness.run(_robustness_tasks(net, radii=(0.1,), n=1), harness.PerTask(0.5))
+    r = out[0].result
+    assert r.status == "timeout" and r.message.startswith("not run: its limit of 0.5 s went to its first bound pass"), r.message
+    assert _seconds_in(r.message, "which took") == pytest.approx(r.seconds, abs=SAID_S)
+
+
+SAID_S = 5e-3  # a message's seconds are written to 3 significant digits
+
+
 def test_the_attack_is_a_probe_that_never_starves_the_bound():
     """An attack that would run far past the limit (10⁶ steps) before a bound that proves the property at once: inside
     the chain it gets its share of the limit, and the bound answers within the limit."""
@@ -336,6 +360,10 @@ def test_every_limit_holds_within_a_second_even_for_work_that_ignores_it(busy):
     out = harness.run(tasks, harness.PerTask(0.3))
     took = time.perf_counter() - t0
     assert [o.result.status for o in out] == ["timeout", "timeout"] and "stopped from outside" in out[0].result.message
+    for o in out:  # the times said are the ones that applied: its turn's, what came before it, its limit
+        said = o.result.message
+        assert _seconds_in(said, "its limit:") == 0.3, said
+        assert _seconds_in(said, "after its turn of") + _seconds_in(said, "(after") <= 0.3 + SAID_S, said
     assert all(o.result.seconds <= 0.3 + HARD_GRACE_S + 0.2 for o in out) and took < 2 * (0.3 + 1.0)
     out = harness.run(tasks[:1], harness.StageBudget(0.6, first=0.3))
     assert out[0].result.status == "timeout" and time.perf_counter() - t0 - took < 0.6 + 1.0

@@ -64,7 +64,7 @@ from pipeline.shards import in_shard, parse_shard
 
 from . import first_pass
 from .graph import Graph
-from .problem import DECISIVE, RESULTS, Budget, Overrun, Problem, Result, best_margin, hard_limit, open_reason
+from .problem import DECISIVE, HARD_GRACE_S, RESULTS, Budget, Overrun, Problem, Result, best_margin, hard_limit, open_reason
 from .readers import read
 from .registry import get_verifier, one_line
 from .vnnlib import VnnlibSpec, read_vnnlib_all
@@ -521,10 +521,10 @@ class _Worker:
         return mine
 
     # -- a turn ------------------------------------------------------------------------------
-    def solve(self, i: int, task: Task, seconds: float) -> Result:
+    def solve(self, i: int, task: Task, seconds: float, limit: float = math.inf) -> Result:
         """One turn of task i with `seconds` (its problem kept: the bounds and open domains of earlier turns go on);
-        the time reported is all the task has spent. A turn past its limit by `problem.HARD_GRACE_S` is stopped from
-        outside (`problem.hard_limit`)."""
+        the time reported is all the task has spent. A turn past its time by `problem.HARD_GRACE_S` is stopped from
+        outside (`problem.hard_limit`); its message names the turn's time, what came before it and the task's `limit`."""
         if task.known is not None:
             return task.known
         problem, error = self.problem(i, task)
@@ -535,14 +535,22 @@ class _Worker:
         try:
             with hard_limit(seconds, self.clock):
                 result = verifier.run(problem, Budget(seconds, self.clock))
-        except Overrun as e:
-            result = Result("timeout", Budget.read("wall") - t0, message=f"{verifier.name}: {e}",
+        except Overrun:
+            result = Result("timeout", Budget.read("wall") - t0, message=f"{verifier.name}: {self.overrun(i, seconds, limit)}",
                             cpu_seconds=Budget.read("cpu") - c0, info=dict(problem.info))
         if result.status not in DECISIVE and result.status != "error" and result.seconds > seconds:
             result = replace(result, status="timeout")
         before, cpu = self.spent.get(i, 0.0), self.spent_cpu.get(i, 0.0)
         self.spent[i], self.spent_cpu[i] = before + result.seconds, cpu + result.cpu_seconds
         return replace(result, seconds=self.spent[i], cpu_seconds=self.spent_cpu[i])
+
+    def overrun(self, i: int, seconds: float, limit: float) -> str:
+        """Why a turn was stopped from outside, in the times that applied: the turn's own, what the task spent before it
+        (its share of the first bound pass, earlier turns) and its whole limit."""
+        before = self.spent.get(i, 0.0)
+        whole = f"; its limit: {limit:.3g} s" if math.isfinite(limit) else ""
+        return (f"stopped from outside {HARD_GRACE_S:g} s after its turn of {seconds:.3g} s ran out (after {before:.3g} s "
+                f"spent before the turn{whole})")
 
     def unrun(self, i: int, task: Task, why: str) -> Result:
         """A timeout for a task that gets no turn (or no further one), saying why, with what its bounds found so far
@@ -602,11 +610,11 @@ def _run_per_task(chunks: Iterable[list[tuple[int, Task]]], limits: PerTask, clo
             task = tasks[i]
             seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - Budget.read("wall"))
             if seconds <= 0:
-                why = "its limit went to its first bound pass" if Budget.read("wall") < deadline else \
-                    "the run's wall budget was spent"
+                why = (f"its limit of {limit(task):.3g} s went to its first bound pass, which took {w.spent.get(i, 0.0):.3g} s"
+                       if Budget.read("wall") < deadline else "the run's wall budget was spent")
                 emit(Outcome(i, task.key, w.unrun(i, task, why), w.prepare(i)))
             else:
-                emit(Outcome(i, task.key, w.solve(i, task, seconds), w.prepare(i)))
+                emit(Outcome(i, task.key, w.solve(i, task, seconds, limit(task)), w.prepare(i)))
             w.drop(i)
 
 
@@ -636,7 +644,8 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
         return seconds > 0 and seconds >= ran.get(i, 0.0) * MIN_TURN_SHARE
 
     def spent(i: int, task: Task) -> None:  # its time is spent: its last answer is final
-        why = "its own limit was spent" if cap(task) <= w.spent.get(i, 0.0) else "the stage budget was spent"
+        why = (f"its own limit of {cap(task):.3g} s was spent: it took {w.spent.get(i, 0.0):.3g} s" if cap(task) <= w.spent.get(i, 0.0)
+               else "the stage budget was spent")
         emit(Outcome(i, task.key, last.get(i) or w.unrun(i, task, why), w.prepare(i)))
         w.drop(i)
 
@@ -654,7 +663,7 @@ def _run_rounds(indexed: Sequence[tuple[int, Task]], limits: StageBudget, deadli
             if left <= 0 or not worth(i, seconds):
                 spent(i, task)
                 continue
-            result = w.solve(i, task, seconds)
+            result = w.solve(i, task, seconds, cap(task))
             ran[i] = seconds
             # only a timeout can change with more time: "unknown" means the method ended inside its limit undecided
             final = result.status != "timeout" or task.known is not None
