@@ -195,13 +195,39 @@ def _check_hardenable(model: nn.Module, gates: list[HardenableGate], example: An
                       "example=<an input batch> so that an F.gelu called there is found before training, not at the swap",
                       UserWarning, stacklevel=3)
     if not gates:
-        seen = ("" if found.calls is not None else
-                f"; smooth work inside forward() was not looked for ({found.how}): "
-                "to_gates(model, example=<an input batch>) finds them")
-        raise HardenError("Hardener: the model has no hardenable gate, so there is nothing to anneal: convert it with "
-                          "to_gates(model) first (nn.GELU, nn.SiLU, F.gelu held as an attribute); an F.gelu called "
-                          "inside forward() must become a module, and to_gates(model, example=<an input batch>) lists "
-                          "every such call" + seen)
+        raise HardenError(_nothing_to_anneal(model, example, found))
+
+
+def _nothing_to_anneal(model: nn.Module, example: Any, found: Any) -> str:
+    """Why a model without hardenable gates has nothing to anneal, from what `to_gates` would do to it: convert it first
+    only where to_gates would convert something; else what its activations are and why none can be hardened."""
+    from .convert import to_gates
+
+    _, report = to_gates(model, example=example)
+    seen = ("" if found.calls is not None else
+            f"; smooth work inside forward() was not looked for ({found.how}): to_gates(model, example=<an input batch>) finds it")
+    head = "Hardener: the model has no hardenable gate, so there is nothing to anneal"
+    if report.converted or report.filtered:
+        sites = report.converted or report.filtered
+        return (f"{head}: convert it with to_gates(model) first, which converts {len(sites)} activation(s) "
+                f"({_counted(sites)})" + seen)
+    relus = sum(isinstance(m, nn.ReLU) for m in model.modules())
+    have = [*([f"{relus} nn.ReLU (already the swapped form)"] if relus else []),
+            *([f"{len(report.not_gates)} that compute no gate x·g(λx) ({_counted(report.not_gates)}: no λ form, the swap "
+               "keeps them as they are)"] if report.not_gates else []),
+            *([f"{len(report.left)} smooth gate(s) with no hardenable form ({_counted(report.left)}: "
+               f"{report.left[0].reason})"] if report.left else [])]
+    what = "its activations are " + "; ".join(have) if have else "it has no activation to_gates knows"
+    return (f"{head}, and to_gates(model) converts nothing in it: {what}. Train it as it is; to harden an activation "
+            "to_gates leaves, register a hardenable family for it (pipeline.activations)" + seen)
+
+
+def _counted(sites: list[Any]) -> str:
+    """'19 nn.Hardswish, 9 nn.Hardsigmoid': the sites' types with their counts, most first."""
+    counts: dict[str, int] = {}
+    for s in sites:
+        counts[s.source] = counts.get(s.source, 0) + 1
+    return ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _as_int(v: Any) -> int | None:
