@@ -1,4 +1,4 @@
-"""MaxPool in the verification engine (`readers._maxpool`): each window's max as a tree of max(a, b) = a + ReLU(b − a).
+"""MaxPool in the verification engine (`readers.pooling.maxpool`): each window's max as a tree of max(a, b) = a + ReLU(b − a).
 
 - the graph read from ONNX computes what onnxruntime computes, for every form read (kernel, stride, symmetric and
   asymmetric pads, dilation, GlobalMaxPool, a 1×1 window), and a torch module's nn.MaxPool2d through `from_torch`;

@@ -59,7 +59,7 @@ def _ranges(op, fls) -> tuple[np.ndarray, np.ndarray]:
 def follow(op, fls, flops: int | None, info: dict | None):
     """The `Float` of `op`'s output from its inputs' (None: not followed, e.g. exp or a product, whose handler
     gives its own or leaves the value unbounded). `flops`: float32 operations per unit of an elementwise op; `info`: an
-    affine node's weight scales and bias (`readers._record_affine`)."""
+    affine node's weight scales and bias (`readers.affine.record_affine`)."""
     if not isinstance(op, (Concat, Conv, Linear, Pool, ReLU, Scale, Select, Sum, TokenLinear)):
         return None
     if isinstance(op, ReLU):

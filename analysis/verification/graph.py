@@ -5,7 +5,7 @@ topological order, so back-substitution visits it backwards and each node's coef
 it is reached). Values are flat float64 vectors per example (`ops` says why). A chain of layers is the
 special case where node k reads node k − 1 (`Graph.sequential`).
 
-Readers (`readers.py`) build a Graph from ONNX, and from a torch module through its ONNX export, on the CPU; `to`
+Readers (the `readers` package) build a Graph from ONNX, and from a torch module through its ONNX export, on the CPU; `to`
 moves it to another device, and every tool that works on a graph computes on `Graph.device` (the weights' device).
 """
 

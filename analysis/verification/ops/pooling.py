@@ -26,7 +26,7 @@ def average_pool(in_shape: tuple[int, int, int], kernel: tuple[int, int], stride
 class Pool(Affine):
     """y[group[k]] += weight[k]·x[index[k]] for every entry k: a sparse matrix kept as its entries (row, column, value).
     Without `index` each input unit is one entry (index k = unit k): a ReduceSum or ReduceMean over any axes (weight 1/n),
-    a sum of grouped units. With it, any fixed fan-in: a max's tree (`readers._max_tree`) gathers the differences of a
+    a sum of grouped units. With it, any fixed fan-in: a max's tree (`readers.pooling.max_tree`) gathers the differences of a
     window's elements and its running maxima. Back-substitution is a gather and a scatter-add, never a dense (out, in)
     matrix."""
 
@@ -92,7 +92,7 @@ class Pool(Affine):
 
 @dataclass(eq=False)
 class PairMax(Pool):
-    """One level of a max's tree (`readers._max_tree`): on the concatenation (x, r) of a value x [n] and the ReLUs
+    """One level of a max's tree (`readers.pooling.max_tree`): on the concatenation (x, r) of a value x [n] and the ReLUs
     r = ReLU(x[b] − x[a]) of its pairs, y_j = x[a_j] + r_k = max(x[a_j], x[b_j]), or x[a_j] carried (b_j = −1). Built by
     `of`. As a map it is the Pool of those entries (`back`, `sparse`: exact); its interval and the swap gap's rule
     read the max it computes, which holds wherever r is that ReLU of x (in every network the tree is read into, on

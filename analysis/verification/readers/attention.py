@@ -1,0 +1,113 @@
+"""A transformer's ops as the `nonlinear` ops: a MatMul of two variables as `BatchMatMul`, Softmax as exp and
+reciprocal (softmax_i = 1/Σ_j exp(x_j − x_i)), Sqrt/Exp/Reciprocal/Pow as they are."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..floats import Float, matmul_float, softmax_float
+from ..ops.affine import TokenLinear
+from ..ops.base import numel
+from ..ops.curves import Exp, Reciprocal, Rsqrt, Sqrt, Square
+from ..ops.products import BatchMatMul
+from ..ops.shape import Concat, Permute
+from ..ops.softmax import ExpSums
+from .reader import OnnxReader
+from .values import Value
+
+
+def matmul_variables(r: OnnxReader, x: Value, y: Value) -> None:
+    """A @ B of two variables (attention's q·kᵀ and p·v): `BatchMatMul` over their broadcast batch axes."""
+    if len(x.shape) < 2 or len(y.shape) < 2 or x.shape[-1] != y.shape[-2]:
+        raise r.unsupported(f"a product of variables of shapes {x.shape} and {y.shape}",
+                            what=f"a MatMul of variables of shapes {x.shape} and {y.shape}")
+    try:
+        batch = tuple(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]))
+    except ValueError:
+        raise r.unsupported(f"batch axes {x.shape[:-2]} and {y.shape[:-2]} do not broadcast",
+                            what=f"a MatMul of variables of shapes {x.shape} and {y.shape}") from None
+    m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
+    xa, yb = r.expand(x, batch + (m, k)), r.expand(y, batch + (k, n))
+    nb = numel(batch)
+    cat = r.add(Concat(((numel(xa.shape),), (numel(yb.shape),)), 0), [xa, yb], (numel(xa.shape) + numel(yb.shape),))
+    out = r.add(BatchMatMul(nb, m, k, n, source=r.node.name), [cat], batch + (m, n))
+    if r.int8:
+        out.fl = _follow_matmul(r, xa, yb, nb, m, k, n)
+    r.set(out)
+
+
+def _follow_matmul(r: OnnxReader, a: Value, b: Value, nb: int, m: int, k: int, n: int) -> Float | None:
+    if a.fl is None or b.fl is None:
+        return None
+    return matmul_float(a.fl, b.fl, nb, m, k, n)
+
+
+def curve(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    cls = {"Sqrt": Sqrt, "Reciprocal": Reciprocal, "Exp": Exp}[r.node.op_type]
+    out = r.add(cls(numel(x.shape), source=r.node.name), [x], x.shape)
+    if r.int8:
+        out.fl = None  # exp/sqrt/1/x in float32 before a QuantizeLinear: not followed
+    r.set(out)
+
+
+def power(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    p = np.asarray(r.const(r.node.input[1]), dtype=np.float64)
+    if p.size != 1 or float(p) not in (2.0, 0.5, -0.5, -1.0, 1.0):
+        raise r.unsupported(f"an exponent {p.reshape(-1)[:3].tolist()}; the exponents read are 2, 0.5, -0.5, -1 and 1",
+                            what=f"Pow with exponent {p.reshape(-1)[:3].tolist()}")
+    p = float(p)
+    if p == 1.0:
+        return r.set(x)
+    cls = {2.0: Square, 0.5: Sqrt, -0.5: Rsqrt, -1.0: Reciprocal}[p]
+    out = r.add(cls(numel(x.shape), source=r.node.name), [x], x.shape)
+    if r.int8:
+        out.fl = None
+    r.set(out)
+
+
+def _softmax_rows(r: OnnxReader, x: Value, rows: int, T: int) -> Value:
+    """softmax over the last axis of rows × T values, as 1/Σ_j exp(x_j − x_i) (module docstring), then a Reciprocal.
+    The sums: one `ExpSums` op on the logits where the rows·T² differences would be a wide layer, else the differences
+    as a layer of their own, an Exp on each and a sum (tighter: `ExpSums.MIN_DIFFS`)."""
+    if rows * T * T >= ExpSums.MIN_DIFFS:
+        s = r.add(ExpSums(rows, T, source=r.node.name), [x], (rows, T))
+    else:
+        eye = np.eye(T)
+        diff = (eye[None, :, :] - eye[:, None, :]).reshape(T * T, T)  # row (i, j): e_j − e_i (exactly 0 where j = i)
+        d = r.add(TokenLinear(diff, np.zeros(T * T), rows), [x], (rows, T * T))
+        e = r.add(Exp(rows * T * T, source=r.node.name), [d], (rows, T * T))
+        s = r.add(TokenLinear(np.kron(np.eye(T), np.ones((1, T))), np.zeros(T), rows), [e], (rows, T))
+    return r.add(Reciprocal(rows * T, source=r.node.name), [s], (rows, T))
+
+
+def _to_last(r: OnnxReader, x: Value, axis: int) -> tuple[Value, list[int] | None]:
+    """x with `axis` moved last (a Permute), and the permutation that undoes it (None: it was last)."""
+    rank = len(x.shape)
+    if axis == rank - 1:
+        return x, None
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    index = np.transpose(np.arange(numel(x.shape)).reshape(x.shape), perm)
+    moved = r.add(Permute(index.reshape(-1)), [x], index.shape)
+    return moved, list(np.argsort(perm))
+
+
+def _permute_back(r: OnnxReader, v: Value, inverse: list[int] | None) -> Value:
+    if inverse is None:
+        return v
+    index = np.transpose(np.arange(numel(v.shape)).reshape(v.shape), inverse)
+    return r.add(Permute(index.reshape(-1)), [v], index.shape)
+
+
+def softmax(r: OnnxReader) -> None:
+    x = r.var(r.node.input[0])
+    axis = r.axis(r.attr("axis", -1), len(x.shape))
+    moved, inverse = _to_last(r, x, axis)
+    T = moved.shape[-1]
+    p = _softmax_rows(r, moved, numel(moved.shape) // T, T)
+    out = _permute_back(r, Value(p.node, moved.shape), inverse)
+    out = Value(out.node, x.shape)
+    if r.int8:
+        out.fl = softmax_float(x.fl, numel(x.shape) // T, T, axis == len(x.shape) - 1)
+    r.set(out)
