@@ -78,7 +78,8 @@ TABLE: dict[str, tuple[Handler, str]] = {
     "Where": (shape.where, "a constant condition"),
     "QuantizeLinear": (qdq.quantize, "int8/uint8, read with its DequantizeLinear"),
     "DequantizeLinear": (qdq.dequantize, "of its own QuantizeLinear"),
-    "Conv": (affine.conv, "2-d, symmetric padding"),
+    "Conv": (affine.conv, "2-d, any padding"),
+    "ConvTranspose": (affine.conv_transpose, "2-d (a Conv over the input spread by the stride)"),
     "AveragePool": (pooling.avgpool, "symmetric padding counted in the average"),
     "GlobalAveragePool": (pooling.avgpool, ""),
     "MaxPool": (pooling.maxpool, "2-d, explicit pads, ceil_mode=False (a tree of ReLUs)"),
@@ -98,6 +99,9 @@ TABLE: dict[str, tuple[Handler, str]] = {
     "Softplus": (smooth.standalone, ""),
     "Sigmoid": (smooth.standalone, ""),
     "Mish": (smooth.mish, ""),
+    "Pad": (shape.pad, "constant, reflect, edge or wrap mode; a Pad of nothing disappears"),
+    "Resize": (shape.resize, "nearest mode"),
+    "Upsample": (shape.resize, "nearest mode"),
 }
 HANDLERS: dict[str, Handler] = {op: handler for op, (handler, _) in TABLE.items()}
 

@@ -1,6 +1,6 @@
 """Affine ops on a variable: Gemm and MatMul by a constant (a `Linear`, or a `TokenLinear` on rows), Conv, the
 elementwise Add/Sub/Mul/Div by a constant (a `Scale`) or of two variables (a `Sum`, or a `Product` with `Reciprocal`
-for a divisor), Neg. In an int8 graph each affine node records what onnxruntime's rounding of it depends on."""
+for a divisor), Neg, ConvTranspose (a Conv over the input spread by its stride). In an int8 graph each affine node records what onnxruntime's rounding of it depends on."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from ..ops.base import numel
 from ..ops.curves import Reciprocal
 from ..ops.gates import Gate
 from ..ops.products import Product
-from ..ops.shape import Concat
+from ..ops.shape import Concat, Select
 from .attention import matmul_variables
 from .gates import fold_gate, gate_patterns, lambda_of
 from .pooling import image
 from .reader import OnnxReader
 from .smooth import erf_gelu
+from .shape import padded
 from .values import Pending, Value
 
 
@@ -158,14 +159,77 @@ def conv(r: OnnxReader) -> None:
     if w.ndim != 4:
         raise r.unsupported("only 2-d convolutions are read", what=f"a {w.ndim - 2}-d convolution")
     b = r.const(r.node.input[2]).astype(np.float64) if len(r.node.input) > 2 and r.node.input[2] else np.zeros(w.shape[0])
-    pads = list(r.attr("pads", [0, 0, 0, 0]))
-    if r.attr("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or pads[0] != pads[2] or pads[1] != pads[3]:
-        raise r.unsupported("auto_pad or asymmetric padding", what="a Conv with auto_pad or asymmetric padding")
-    conv = Conv(w, b, in_shape, tuple(r.attr("strides", [1, 1])), (pads[0], pads[1]), tuple(r.attr("dilations", [1, 1])),
-                r.attr("group", 1))
+    strides, dil = tuple(r.attr("strides", [1, 1])), tuple(r.attr("dilations", [1, 1]))
+    pads = _conv_pads(r, in_shape[1:], w.shape[2:], strides, dil)
+    if pads[0] != pads[2] or pads[1] != pads[3]:  # the asymmetric part as a zero Pad of the input (TF's SAME)
+        low = [min(pads[0], pads[2]), min(pads[1], pads[3])]
+        x = padded(r, x, [0, 0, pads[0] - low[0], pads[1] - low[1]], [0, 0, pads[2] - low[0], pads[3] - low[1]])
+        in_shape, pads = x.shape[1:], low * 2
+    conv = Conv(w, b, in_shape, strides, (pads[0], pads[1]), dil, r.attr("group", 1))
     out = r.add(conv, [x], (1,) + conv.out_shape)
     ws = r.const_scales.get(r.node.input[1])
     per_unit = None if ws is None else np.repeat(ws.reshape(ws.shape[0], -1).max(1), numel(conv.out_shape[1:]))
     bias_name = r.node.input[2] if len(r.node.input) > 2 else ""
     record_affine(r, out, x, numel(w.shape[1:]), per_unit, bool(bias_name) and bias_name in r.const_scales)
     r.set(out)
+
+
+def _conv_pads(r: OnnxReader, size: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
+               dil: tuple[int, ...]) -> list[int]:
+    """A Conv's pads (top, left, bottom, right): explicit, or what auto_pad makes of them (SAME: out = ⌈in/stride⌉)."""
+    auto = r.attr("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        return [int(p) for p in r.attr("pads", [0, 0, 0, 0])]
+    if auto == "VALID":
+        return [0, 0, 0, 0]
+    total = [max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0) for n, k, s, d in zip(size, kernel, strides, dil)]
+    small = [t // 2 for t in total]
+    big = [t - t // 2 for t in total]
+    return small + big if auto == "SAME_UPPER" else big + small
+
+
+def conv_transpose(r: OnnxReader) -> None:
+    """ConvTranspose as a Conv with its kernel flipped and its channels swapped, over the input spread out by the
+    stride (zeros between its units) and padded by (k − 1)·d − pads, a `Select` of x and a constant 0."""
+    x = r.var(r.node.input[0])
+    c, h, wd = image(r, x, "ConvTranspose")
+    w = r.const(r.node.input[1]).astype(np.float64)
+    if w.ndim != 4:
+        raise r.unsupported("only 2-d transposed convolutions are read", what=f"a {w.ndim - 2}-d ConvTranspose")
+    g = int(r.attr("group", 1))
+    if w.shape[0] != c or c % g:
+        raise r.unsupported(f"a weight of shape {w.shape} on {c} channels in {g} groups",
+                            what=f"a ConvTranspose weight {w.shape} that does not fit {c} channels")
+    cout = w.shape[1] * g
+    b = r.const(r.node.input[2]).astype(np.float64) if len(r.node.input) > 2 and r.node.input[2] else np.zeros(cout)
+    k, s = w.shape[2:], [int(v) for v in r.attr("strides", [1, 1])]
+    d, extra = [int(v) for v in r.attr("dilations", [1, 1])], [int(v) for v in r.attr("output_padding", [0, 0])]
+    auto = r.attr("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    target = r.attr("output_shape", None)
+    if target is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = [int(v) for v in target][-2:] if target is not None else [h * s[0], wd * s[1]]
+        total = [s[i] * (n - 1) + extra[i] + (k[i] - 1) * d[i] + 1 - out[i] for i, n in enumerate((h, wd))]
+        upper = auto == "SAME_UPPER"
+        pads = [t // 2 if upper else t - t // 2 for t in total] + [t - t // 2 if upper else t // 2 for t in total]
+    else:
+        pads = [0, 0, 0, 0] if auto == "VALID" else [int(p) for p in r.attr("pads", [0, 0, 0, 0])]
+    spread = np.full((c, s[0] * (h - 1) + 1, s[1] * (wd - 1) + 1), -1)
+    spread[:, ::s[0], ::s[1]] = np.arange(c * h * wd).reshape(c, h, wd)
+    full = [(k[i] - 1) * d[i] for i in range(2)]
+    index = spread
+    for i in range(2):  # pad (or crop) each spatial axis by (k − 1)·d − pads, the output padding at its end
+        lo, hi = full[i] - pads[i], full[i] - pads[i + 2] + extra[i]
+        index = np.moveaxis(index, i + 1, 0)
+        index = index[max(-lo, 0): index.shape[0] - max(-hi, 0)]
+        index = np.moveaxis(np.pad(index, [(max(lo, 0), max(hi, 0))] + [(0, 0)] * 2, constant_values=-1), 0, i + 1)
+    if min(index.shape[1:]) < (k[0] - 1) * d[0] + 1 or index.shape[2] < (k[1] - 1) * d[1] + 1:
+        raise r.unsupported(f"pads {pads} that leave no output", what="a ConvTranspose with no output")
+    n = numel(x.shape)
+    both = r.add(Concat(((n,), (1,)), 0, (None, np.zeros(1))), [x], (n + 1,))
+    z = r.add(Select(np.where(index < 0, n, index).reshape(-1), n + 1), [both], (1, *index.shape))
+    ci, co = c // g, cout // g  # per group: W'[o, i] = flip(W[i, o])
+    flipped = np.concatenate([w[j * ci:(j + 1) * ci].transpose(1, 0, 2, 3) for j in range(g)])[:, :, ::-1, ::-1]
+    conv = Conv(np.ascontiguousarray(flipped), b, index.shape, (1, 1), (0, 0), tuple(d), g)
+    r.set(r.add(conv, [z], (1,) + conv.out_shape))

@@ -102,6 +102,14 @@ def _permute_back(r: OnnxReader, v: Value, inverse: list[int] | None) -> Value:
 
 def softmax(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
+    if r.opset < 13:  # before opset 13 the axes from `axis` (default 1) on are flattened into one
+        axis = r.axis(r.attr("axis", 1), len(x.shape))
+        T = numel(x.shape[axis:])
+        p = _softmax_rows(r, Value(x.node, (numel(x.shape) // T, T), x.fl), numel(x.shape) // T, T)
+        out = Value(p.node, x.shape)
+        if r.int8:
+            out.fl = softmax_float(x.fl, numel(x.shape) // T, T, True)
+        return r.set(out)
     axis = r.axis(r.attr("axis", -1), len(x.shape))
     moved, inverse = _to_last(r, x, axis)
     T = moved.shape[-1]

@@ -22,6 +22,14 @@ def reshape_target(target: np.ndarray, shape: tuple[int, ...], allowzero: int) -
     return t
 
 
+def slice_args(r: OnnxReader, args: list[Any]) -> list[Any]:
+    """(starts, ends, axes, steps) of a Slice node whose inputs after the data are `args`: attributes before opset 10,
+    inputs from it on."""
+    if r.opset < 10:
+        return [r.attr("starts"), r.attr("ends"), r.attr("axes", None), None]
+    return list(args) + [None] * (4 - len(args))
+
+
 def slice_index(x: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
     axes = range(len(starts)) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
@@ -79,7 +87,7 @@ CONSTANT_OPS: dict[str, ConstantOp] = {
     "Squeeze": lambda r, a: [np.squeeze(a[0], axes_of(r, a, np.ndim(a[0])))],
     "Concat": lambda r, a: [np.concatenate(a, axis=r.attr("axis"))],
     "Gather": lambda r, a: [np.take(a[0], a[1], axis=r.attr("axis", 0))],
-    "Slice": lambda r, a: [slice_index(a[0], *[v for v in a[1:]])],
+    "Slice": lambda r, a: [slice_index(a[0], *slice_args(r, a[1:]))],
     "Split": split_parts,
     "Add": lambda r, a: [a[0] + a[1]],
     "Sub": lambda r, a: [a[0] - a[1]],

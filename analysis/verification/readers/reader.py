@@ -61,6 +61,9 @@ class OnnxReader:
 
         self.onnx = onnx
         self.graph = model.graph
+        # the default domain's opset: some ops changed their inputs or meaning (Slice's attributes before 10, Softmax's
+        # flattening before 13, Pad's attributes before 11)
+        self.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
         # the op tables (the package's `HANDLERS`, `CONSTANT_OPS`); the handler of an op of a gate's chain, that of a
         # smooth activation read alone (which an op of a gate's chain defers to the gate's), and the reading of a gate's
         # inner chain that no gate takes
@@ -186,6 +189,19 @@ class OnnxReader:
         e.onnx_node, e.why = node, ""  # type: ignore[attr-defined]
         return e
 
+    def _check_arity(self, node: Any) -> None:
+        """A node with fewer inputs than its op's schema at this opset requires is refused before it is read."""
+        from onnx.defs import SchemaError, get_schema
+
+        try:
+            least = get_schema(node.op_type, self.opset, node.domain or "").min_input
+        except SchemaError:
+            return
+        given = len([i for i in node.input if i])
+        if given < least:
+            raise self.unsupported(f"{given} input(s) where opset {self.opset}'s {node.op_type} takes at least {least}",
+                                   what=f"a {node.op_type} with {given} of its {least} inputs")
+
     # -- the walk -----------------------------------------------------------------------------
     def _starts_gate(self, node: Any) -> bool:
         """Whether `node` begins the op chain of a gate pattern of two or more ops (Exp → Tanh), each next op the only
@@ -207,19 +223,28 @@ class OnnxReader:
             if node.op_type == "Constant":
                 self.consts[node.output[0]] = constant(self, node)
                 continue
-            if all(i in self.consts or i == "" for i in node.input) and node.op_type in self.constant_ops:
-                for k, v in enumerate(self.constant_ops[node.op_type](self, [self.consts.get(i) if i else None for i in node.input])):
-                    self.consts[node.output[k]] = np.asarray(v)
-                continue
+            folds = all(i in self.consts or i == "" for i in node.input) and node.op_type in self.constant_ops
             handler = self.handlers.get(node.op_type)
-            # an op of a gate's chain is read as one (a plain activation where no gate takes it), unless it has a handler
-            # of its own (Exp) and begins no chain here
-            if any(node.op_type in ops for ops in gate_patterns()) and (
+            if not folds and any(node.op_type in ops for ops in gate_patterns()) and (
                     handler in (None, self.smooth) or (node.op_type in self.chains and self._starts_gate(node))):
                 handler = self.gate
-            if handler is None:
+            if not folds and handler is None:
                 raise self.unknown_op()
-            handler(self)
+            self._check_arity(node)
+            try:
+                if folds:
+                    for k, v in enumerate(self.constant_ops[node.op_type](self, [self.consts.get(i) if i else None for i in node.input])):
+                        self.consts[node.output[k]] = np.asarray(v)
+                else:
+                    handler(self)
+            except UnsupportedModel:
+                raise
+            except (ArithmeticError, AttributeError, LookupError, RuntimeError, TypeError, ValueError) as e:
+                # a form no handler anticipates (a missing input, an attribute of another type, shapes that do not
+                # fit): refused in one line naming this node, as any other form not read
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise self.unsupported(f"a form the reader does not take ({type(e).__name__}: {first})",
+                                       what=f"a {node.op_type} in a form the reader does not take") from None
         self.node = None
         out = self.vals.get(self.graph.output[0].name)
         if isinstance(out, Value) and out.node in self.grids and not isinstance(self.nodes[out.node].op, QuantizedInput):
@@ -228,9 +253,16 @@ class OnnxReader:
             E = U * torch.maximum(g.lo.abs(), g.hi.abs()).numpy()
             out = self.add(Rounding(E, None, source=self.graph.output[0].name), [out], out.shape)
         if isinstance(out, Pending):
+            self.node = out.onnx_node  # a refusal names the chain's last node
             out = self.alone(self, out)
         if not isinstance(out, Value):
-            raise UnsupportedModel("the graph output is not computed from its input", what="an output that is a constant")
+            name = self.graph.output[0].name
+            node = next((n for n in self.graph.node if name in n.output), None)
+            if node is None:
+                raise UnsupportedModel("the graph output is not computed from its input", what="an output that is a constant")
+            self.node = node
+            raise self.unsupported("its output, the graph's, is a constant, not computed from the graph's input",
+                                   what="an output that is a constant")
         return Graph(self.input_shape, self.nodes, out.node).pruned()
 
 

@@ -1,6 +1,7 @@
 """Data movement on a variable: Identity/Dropout/Cast, Flatten/Reshape/Squeeze/Unsqueeze (a new shape for the same
 units), Transpose (a `Permute`), Gather, Slice, Split, Expand, Tile, Where on a constant condition (a `Select`),
-Concat with constant inputs such as a class token; Shape and Size of a variable are constants."""
+Concat with constant inputs such as a class token, Pad (constant pads as a constant part of a `Concat`), Resize and
+Upsample in nearest mode; Shape and Size of a variable are constants."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from ..ops.base import numel
 from ..ops.shape import Concat, Permute, Select
-from .constants import reshape_target, slice_index, split_parts
+from .constants import reshape_target, slice_args, slice_index, split_parts
 from .reader import OnnxReader
 from .values import Value
 
@@ -104,7 +105,7 @@ def gather(r: OnnxReader) -> None:
 def slice_(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
     args = [r.const(i) if i else None for i in r.node.input[1:]]
-    r.set(take(r, x, slice_index(positions(x), *args)))
+    r.set(take(r, x, slice_index(positions(x), *slice_args(r, args))))
 
 
 def split(r: OnnxReader) -> None:
@@ -139,3 +140,84 @@ def where(r: OnnxReader) -> None:
     consts = tuple(None if v is not None else np.broadcast_to(p, shape).reshape(-1) for v, p in zip(vals, parts))
     both = r.add(Concat(((n,), (n,)), 0, consts), [v for v in vals if v is not None], (2 * n,))
     r.set(r.add(Select(np.where(cond, np.arange(n), n + np.arange(n)), 2 * n), [both], shape))
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def padded(r: OnnxReader, x: Value, begins: list[int], ends: list[int], mode: str = "constant", value: float = 0.0) -> Value:
+    """x padded by `begins`/`ends` units per axis (negative: cropped): in constant mode the padding is `value`, the
+    constant part of a `Concat` that a `Select` places; reflect, edge and wrap pick units of x (numpy's modes, as
+    ONNX defines them). No padding: x itself."""
+    if not any(begins) and not any(ends):
+        return x
+    pos = positions(x)
+    pos = pos[tuple(slice(max(-b, 0), d - max(-e, 0)) for b, e, d in zip(begins, ends, x.shape))]
+    widths = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends)]
+    if min(pos.shape, default=1) < 1:
+        raise r.unsupported(f"pads {begins + ends} that crop a tensor of shape {x.shape} to nothing",
+                            what=f"a Pad that crops shape {x.shape} to nothing")
+    if mode != "constant":
+        return take(r, x, np.pad(pos, widths, mode=mode))
+    index = np.pad(pos, widths, constant_values=-1)
+    n = numel(x.shape)
+    if not (index < 0).any():
+        return take(r, x, index)
+    both = r.add(Concat(((n,), (1,)), 0, (None, np.array([float(value)]))), [x], (n + 1,))
+    return r.add(Select(np.where(index < 0, n, index).reshape(-1), n + 1), [both], index.shape)
+
+
+def pad(r: OnnxReader) -> None:
+    """Pad in any mode, of any opset (pads and value as attributes before 11, as inputs from it on, axes from 18)."""
+    x = r.var(r.node.input[0])
+    rank = len(x.shape)
+    mode = _text(r.attr("mode", "constant"))
+    inputs = list(r.node.input) + [""] * 3
+    if r.opset < 11:
+        pads, value, axes = r.attr("pads"), float(r.attr("value", 0.0)), None
+    else:
+        pads = r.const(inputs[1])
+        value = float(np.asarray(r.const(inputs[2])).reshape(-1)[0]) if inputs[2] else 0.0
+        axes = r.const(inputs[3]) if inputs[3] else None
+    axes = list(range(rank)) if axes is None else [r.axis(a, rank) for a in np.asarray(axes).reshape(-1)]
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise r.unsupported(f"{len(pads)} pads for {len(axes)} axes", what=f"a Pad of {len(pads)} pads on {len(axes)} axes")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise r.unsupported(f"mode {mode!r}", what=f"a Pad in mode {mode!r}", fix="use mode constant, reflect, edge or wrap")
+    begins, ends = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begins[a], ends[a] = pads[k], pads[len(axes) + k]
+    r.set(padded(r, x, begins, ends, mode, value))
+
+
+def resize(r: OnnxReader) -> None:
+    """Resize (and the older Upsample) in nearest mode: each output unit is a unit of x, which onnx's reference
+    implementation of this very node, run on x's flat positions, says (every coordinate mode and rounding of it)."""
+    x = r.var(r.node.input[0])
+    mode = _text(r.attr("mode", "nearest"))
+    if mode != "nearest":
+        raise r.unsupported(f"mode {mode!r}", what=f"a {r.node.op_type} in mode {mode!r}", fix="use mode='nearest'")
+    if len(r.node.output) > 1:
+        raise r.unsupported("more than one output", what=f"a {r.node.op_type} with more than one output")
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    inits = [onnx.numpy_helper.from_array(np.asarray(r.const(i)), i) for i in r.node.input[1:] if i]
+    node = helper.make_node(r.node.op_type, ["x", *r.node.input[1:]], ["y"])
+    node.attribute.extend(r.node.attribute)
+    graph = helper.make_graph([node], "moves", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", r.opset)])
+    try:
+        moved = np.asarray(ReferenceEvaluator(model).run(None, {"x": positions(x).astype(np.float64)})[0])
+    except Exception as e:  # noqa: BLE001 - the reference's own refusal of this node's form, said in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise r.unsupported(f"onnx's reference implementation does not run this form ({first})",
+                            what=f"a {r.node.op_type} form the reference does not run") from None
+    index = moved.astype(np.int64)
+    if not np.array_equal(index, moved) or index.size == 0:
+        raise r.unsupported("an output that is not a unit of its input", what=f"a {r.node.op_type} that is not a selection")
+    r.set(take(r, x, index))
