@@ -91,8 +91,10 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
                     "note": "no gates and no smooth gate work (one forward watched): the swap leaves this model unchanged",
                     **said}
         cert = bounds_check.swap_certificate(net, split, batch_size, split.x[:1])
-    return {"layers": layers, "certificate": cert, "verdict": bounds_check.verdict(layers, cert),
-            "predictions": bounds_check.predictions(layers), **said}
+    v = bounds_check.verdict(layers, cert)
+    if v["certificate"] != "holds":  # a refused or failed certificate is said, not left in a dict to be found
+        print(f"api.check: the swap certificate {v['certificate']}: {v['why']}")
+    return {"layers": layers, "certificate": cert, "verdict": v, "predictions": bounds_check.predictions(layers), **said}
 
 
 def _on_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

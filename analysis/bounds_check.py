@@ -334,8 +334,11 @@ def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any
                          *([f"gate layer(s) {', '.join(map(str, sup_failed))} farther from ReLU than c/λ"] if sup_failed else [])])
         return {"certificate": "fails", "statements": violated, "why": why}
     if not sound:
+        reasons: dict[str, list[str]] = {}  # one reason often refuses every statement: said once, naming them
+        for k in CERTIFIED:
+            reasons.setdefault(cert[k]["reason"], []).append(k)
         return {"certificate": "refused", "statements": [],
-                "why": "; ".join(f"{k}: {cert[k]['reason']}" for k in CERTIFIED)}
+                "why": "; ".join(f"{', '.join(ks)}: {r}" for r, ks in reasons.items())}
     return {"certificate": "holds", "statements": list(sound),
             "why": f"{', '.join(sound)} held on every sample; every gate within c/λ of ReLU"}
 

@@ -76,3 +76,18 @@ def test_a_gate_that_breaks_the_premise_fails():
     x = torch.randn(32, 4)
     out = api.check(model, (x, torch.zeros(32, dtype=torch.long)))
     assert out["verdict"]["certificate"] == "fails" and "c/λ" in out["verdict"]["why"]
+
+
+def test_a_refused_certificate_is_one_printed_line_giving_its_reason_once(capsys):
+    """The TinyViT's mean after a gate has no rule: api.check prints one line saying the certificate is refused, the
+    reason (which names `mean` and the module) appears once for the statements it refuses, and it does not point into
+    the project's own source."""
+    torch.manual_seed(0)
+    model = _hardened_gates(TinyViT())
+    x = torch.randn(16, 32)
+    out = api.check(model, (x, torch.zeros(16, dtype=torch.long)))
+    why = out["verdict"]["why"]
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("api.check:")]
+    assert len(lines) == 1 and "refused" in lines[0] and why in lines[0]
+    assert why.count("`mean`") == 1 and "float32, float32_global" in why
+    assert "analysis/theory" not in why

@@ -74,9 +74,9 @@ class _Walk:
             else:
                 try:
                     if rule is None:
-                        raise _NoRule(f"no rule for the torch function `{name}` on a tensor that differs between the networks "
-                                      "(after a gate, or with float32 rounding); the rules are analysis/theory/certificate/"
-                                      "rules/ (add one there, or write the op with a function that has one)")
+                        raise _NoRule(f"the certificate has no rule for `{name}` on a value that differs between the "
+                                      "networks (after a gate, or with float32 rounding): write that step with functions "
+                                      "it has rules for (`analysis.theory.certificate.RULES` lists them)")
                     r = rule(_Call(self, ci, ch, name, func, args, kwargs, out))
                     b = list(r) if isinstance(r, (tuple, list)) else [r]
                     b = [torch.broadcast_to(x, o.shape) for x, o in zip(b, outs)]
