@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import attack, bounds, marabou, milp
+from . import attack, bounds, marabou, milp, smooth_bab
 from .gap import swap_gap
 from .graph import Graph
 from .ops.rounding import Rounding
@@ -520,6 +520,11 @@ class BabVerifier(Verifier):
         problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
         opn = st.open
         b, spec = st.bounder, problem.specs[k]
+        if problem.network.num_relus == 0 and smooth_bab.sites(b):  # a network of smooth activations: split their intervals
+            status, x, msg, stats = smooth_bab.search(b, spec, opn, budget.expired,
+                                                      lambda x: problem.confirm(k, x, budget.expired)[0])
+            problem.info["bab_domains"] = stats["domains"]
+            return status, x, f"{len(opn)} open disjuncts: {msg}"
         refiner = None
         auto = b.device.type == "cuda" and (os.cpu_count() or 1) >= 2 * self.sharers
         if (self.refine if self.refine is not None else auto) and Refiner.worth_it(b):

@@ -201,14 +201,14 @@ def lines(fn: Function, l: torch.Tensor, u: torch.Tensor, slopes: tuple[torch.Te
           steps: int = BISECT_STEPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(al, bl, au, bu) with al·y + bl ≤ f(y) ≤ au·y + bu on [l, u]: CROWN's slopes, or the given (lower, upper) slopes.
     A unit with an infinite end gets slope 0 through f's range."""
-    l, u = torch.broadcast_tensors(l, u)
+    if slopes is None:
+        l, u = torch.broadcast_tensors(l, u)
+    else:  # per row: [rows, n] slopes on [n] intervals
+        a_lo, a_up, l, u = torch.broadcast_tensors(*slopes, l, u)
     finite = torch.isfinite(l) & torch.isfinite(u)
     L, U = torch.where(finite, l, torch.zeros_like(l)), torch.where(finite, u, torch.zeros_like(u))
     if slopes is None:
         a_lo, a_up = default_slopes(fn, L, U)
-    else:
-        a_lo, a_up = torch.broadcast_tensors(*slopes)
-        a_lo, a_up = a_lo.expand_as(L), a_up.expand_as(L)
     ends = torch.stack([L, L]), torch.stack([U, U])
     lo, hi = intercepts(fn, *ends, torch.stack([a_lo, a_up]), steps)  # one call for both lines
     bl, bu = lo[0], hi[1]
