@@ -4,7 +4,8 @@ through their ONNX export (so anything the exporter writes in ops listed here ca
 The package: `reader` is the driver (`OnnxReader` walks the nodes, folds constant ones, hands each other node to its
 op's handler and refuses in one line); `values` the values a tensor takes; `constants` the numpy folding of constant
 subgraphs (shape arithmetic, weights behind Cast/Transpose/DequantizeLinear, masks); one module per op family:
-`affine` (Gemm, MatMul by a constant, Conv, elementwise arithmetic), `activations` (Relu, Clip), `gates` (the smooth
+`affine` (Gemm, MatMul by a constant, Conv, elementwise arithmetic), `activations` (Relu, Clip, LeakyRelu,
+PRelu, Abs, Max/Min, HardSigmoid, HardSwish), `gates` (the smooth
 gates' export patterns), `smooth` (Sigmoid, Tanh, Softplus, Elu, Selu, Softsign, Erf read alone; Mish; Erf-written GELU), `attention` (products of variables, Softmax, Exp/Sqrt/Reciprocal/Pow), `norm`
 (BatchNormalization, LayerNormalization), `pooling` (average and max pooling, ReduceMean/ReduceSum), `shape` (data
 movement), `qdq` (int8 QuantizeLinear/DequantizeLinear). Adding an op is one handler in its family's module and one
@@ -61,7 +62,14 @@ TABLE: dict[str, tuple[Handler, str]] = {
     "Div": (affine.arith, "by a constant or a variable provably positive on the box"),
     "Neg": (affine.neg, ""),
     "Relu": (activations.relu, ""),
-    "Clip": (activations.clip, "with a lower bound"),
+    "Clip": (activations.clip, "any bounds (ReLUs)"),
+    "LeakyRelu": (activations.leaky_relu, "a·x + (1 − a)·ReLU(x)"),
+    "PRelu": (activations.prelu, "a constant slope (a·x + (1 − a)·ReLU(x))"),
+    "Abs": (activations.abs_, "2·ReLU(x) − x"),
+    "Max": (activations.max_min, "variables and constants (b + ReLU(a − b))"),
+    "Min": (activations.max_min, "variables and constants (a − ReLU(a − b))"),
+    "HardSigmoid": (activations.hard_sigmoid, "a clamp of α·x + β to [0, 1] (ReLUs)"),
+    "HardSwish": (activations.hard_swish, ""),
     "Sqrt": (attention.curve, ""),
     "Reciprocal": (attention.curve, ""),
     "Exp": (attention.curve, ""),
