@@ -67,5 +67,6 @@ def make_run(out, nets: dict[str, tuple[nn.Module, dict]], **quantize) -> RunDir
     for variant, (net, spec) in nets.items():
         checkpoint.save(run.file("train", variant, "best.pt"), net, spec, epoch=1)
         swapped_to = run.variant(variant).swapped_to or spec["activation"]  # a non-gate keeps its own
-        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(copy.deepcopy(net)), relu_spec(spec, swapped_to))
+        checkpoint.save(run.file("swap", variant, "relu.pt"), to_relu(copy.deepcopy(net), allow_unchanged=True),
+                        relu_spec(spec, swapped_to))
     return run

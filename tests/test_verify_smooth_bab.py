@@ -17,6 +17,7 @@ from analysis.verification.registry import get_verifier
 from analysis.verification.vnnlib import robustness_spec, write_vnnlib
 
 GRID = 2001  # points per axis of the reference grid
+COARSE = 201  # the fast suite's grid: its Lipschitz error is 10× GRID's, so its unsat radius is smaller
 X0 = np.array([0.3, -0.2])
 BUDGET_S = 20.0
 
@@ -46,8 +47,8 @@ def _lipschitz(net: nn.Module) -> float:
     return 2 * L
 
 
-def _grid_margin(net: nn.Module, eps: float, label: int) -> float:
-    g = torch.linspace(-1, 1, GRID, dtype=torch.float64)
+def _grid_margin(net: nn.Module, eps: float, label: int, grid: int = GRID) -> float:
+    g = torch.linspace(-1, 1, grid, dtype=torch.float64)
     xs = torch.stack(torch.meshgrid(X0[0] + eps * g, X0[1] + eps * g, indexing="ij"), -1).reshape(-1, 2)
     with torch.no_grad():
         y = net(xs)
@@ -58,14 +59,15 @@ EPS = np.geomspace(0.005, 2.0, 60)  # the radii the reference scans
 
 
 @pytest.mark.parametrize("expect", ["unsat", "sat"])
-def test_sigmoid_net_branch_and_bound_agrees_with_a_dense_grid(tmp_path, expect):
+@pytest.mark.parametrize("grid", [pytest.param(GRID, marks=pytest.mark.slow), COARSE])
+def test_sigmoid_net_branch_and_bound_agrees_with_a_dense_grid(tmp_path, expect, grid):
     """unsat: the largest radius whose grid margin exceeds 3× the grid's Lipschitz error (here the bounds before the
     search decide it); sat: the smallest radius with an unsafe grid point, found by the smooth search's minimizers."""
     net = _net(tmp_path / "n.onnx")
     with torch.no_grad():
         label = int(net(torch.tensor(X0)[None]).argmax())
     L = _lipschitz(net)
-    margins = [(float(e), _grid_margin(net, float(e), label), L * float(e) * 2 / (GRID - 1)) for e in EPS]
+    margins = [(float(e), _grid_margin(net, float(e), label, grid), L * float(e) * 2 / (grid - 1)) for e in EPS]
     if expect == "unsat":
         eps = [m for m in margins if m[1] > 3 * m[2]][-1][0]
         write_vnnlib(tmp_path / "p.vnnlib", robustness_spec(X0, eps, -10, 10, label, 2))
