@@ -167,13 +167,21 @@ def slope_range(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[tor
 
 def default_slopes(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(lower, upper) slopes of least area among secant, F'(L), F'(mid), F'(U)."""
+    return least_area_slopes(gate.F, gate.dF, lambda l, u, a: intercepts(gate, l, u, a, OPT_BISECT_STEPS), L, U)
+
+
+def least_area_slopes(f: Callable[[torch.Tensor], torch.Tensor], df: Callable[[torch.Tensor], torch.Tensor],
+                      bounds: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                      L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper) slopes of least area among the secant and the tangents at L, the middle and U (CROWN's choice);
+    `bounds(L, U, a)` gives (min, max) of f − a·y on [L, U] (a coarse one is enough to choose: the chosen lines get
+    exact intercepts where they are used)."""
     width = U - L
     mid = 0.5 * (L + U)
-    secant = torch.where(width > 1e-12 * (1 + L.abs()), (gate.F(U) - gate.F(L)) / width.clamp(min=1e-300), gate.dF(mid))
-    cands = torch.stack([secant, gate.dF(L), gate.dF(mid), gate.dF(U)])
-    # a coarse bisection is enough to choose (the chosen lines get exact intercepts where they are used)
-    lo, hi = intercepts(gate, L.expand_as(cands), U.expand_as(cands), cands, OPT_BISECT_STEPS)
-    # the area between line and curve is width·(line(mid)) − ∫F: compare the lines at the midpoint
+    secant = torch.where(width > 1e-12 * (1 + L.abs()), (f(U) - f(L)) / width.clamp(min=1e-300), df(mid))
+    cands = torch.stack([secant, df(L), df(mid), df(U)])
+    lo, hi = bounds(L.expand_as(cands), U.expand_as(cands), cands)
+    # the area between a line and the curve is width·line(mid) − ∫f: compare the lines at the middle
     up = torch.argmin(cands * mid + hi, dim=0, keepdim=True)
     dn = torch.argmax(cands * mid + lo, dim=0, keepdim=True)
     return cands.gather(0, dn)[0], cands.gather(0, up)[0]

@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from .base import DTYPE, Activation, UnsupportedModel
-from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY
+from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY, least_area_slopes
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -186,15 +186,7 @@ def slope_range(fn: Function, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.T
 
 def default_slopes(fn: Function, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(lower, upper) slopes of least area among the secant and the tangents at L, the middle and U (finite ends)."""
-    width = U - L
-    mid = 0.5 * (L + U)
-    secant = torch.where(width > 1e-12 * (1 + L.abs()), (fn.f(U) - fn.f(L)) / width.clamp(min=1e-300), fn.df(mid))
-    cands = torch.stack([secant, fn.df(L), fn.df(mid), fn.df(U)])
-    lo, hi = intercepts(fn, L.expand_as(cands), U.expand_as(cands), cands, OPT_BISECT_STEPS)
-    # the area between a line and the curve is width·line(mid) − ∫f: compare the lines at the middle
-    up = torch.argmin(cands * mid + hi, dim=0, keepdim=True)
-    dn = torch.argmax(cands * mid + lo, dim=0, keepdim=True)
-    return cands.gather(0, dn)[0], cands.gather(0, up)[0]
+    return least_area_slopes(fn.f, fn.df, lambda l, u, a: intercepts(fn, l, u, a, OPT_BISECT_STEPS), L, U)
 
 
 def lines(fn: Function, l: torch.Tensor, u: torch.Tensor, slopes: tuple[torch.Tensor, torch.Tensor] | None = None,
