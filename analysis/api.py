@@ -33,6 +33,7 @@ from pipeline.activations import gate_of
 from pipeline.outputs import logits_view, traceable
 from pipeline.probe import smooth_calls
 from pipeline.relu_swap import SwapError, smooth_work_error, swap_report, to_relu
+from pipeline.opset import OPSET
 from quantize import export as export_mod
 from quantize import ort as ort_util
 
@@ -103,7 +104,7 @@ def _on_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check_inputs: torch.Tensor | None = None,
-                opset: int = 20, simplify: bool = True, atol: float = export_mod.FP32_ATOL, rtol: float = export_mod.FP32_RTOL,
+                opset: int = OPSET, simplify: bool = True, atol: float = export_mod.FP32_ATOL, rtol: float = export_mod.FP32_RTOL,
                 dynamic_batch: bool = True, metadata: dict[str, str] | None = None,
                 bound_samples: int | None = export_mod.BOUND_SAMPLES) -> dict[str, Any]:
     """`model` to one self-contained fp32 ONNX file at `path`, as the export stage writes it (`quantize.export`:
@@ -129,7 +130,7 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
 
 def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, data: Any = None,
              config: QuantizeConfig | None = None, seed: int = 0, example: torch.Tensor | None = None,
-             opset: int = 20) -> dict[str, Any]:
+             opset: int = OPSET) -> dict[str, Any]:
     """`model` as the int8 stage quantizes it (`quantize.int8.quantize_file`: onnxruntime static quantization, QDQ,
     per-channel 7-bit weights, int8 activations calibrated by percentile on `calibration_samples` inputs and clipped as
     far as `data` allows: the `QuantizeConfig` defaults unless `config` says otherwise), written to `path`; returns
@@ -298,7 +299,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
         if isinstance(model, nn.Module):
             with _as_given(model):
                 net = read(model, shape)  # first: an unreadable module is refused with the op and module named
-                proto, _ = export_mod.to_onnx(copy.deepcopy(model).cpu().float(), torch.zeros(1, *shape), opset=20,
+                proto, _ = export_mod.to_onnx(copy.deepcopy(model).cpu().float(), torch.zeros(1, *shape), opset=OPSET,
                                               dynamic_batch=False)
                 export_mod.save(proto, onnx_path)
         elif isinstance(model, (str, Path)):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from .errors import ConfigError
+from .opset import OPSET
 
 
 @dataclass
@@ -133,7 +134,7 @@ class CheckConfig:
 class ExportConfig:
     """fp32 ONNX export (the stage: pipeline/stages/export.py; the library: quantize/export.py)."""
 
-    opset: int = 20  # the TorchScript exporter's highest; first with a native Gelu (λ-GELU = Mul → Gelu → Div)
+    opset: int = OPSET
     # onnxruntime and PyTorch are each checked against float64 with the bound float32 rounding can account for in
     # the network (quantize/rounding.py); atol + rtol·max|logit| is slack on top, for ops that bound has no rule for
     atol: float = 0.0
@@ -535,7 +536,7 @@ def validate(cfg: Config) -> Config:
          and cfg.model.mlp_ratio > 0, "model.resnet_width, dim, depth, heads, patch_size and mlp_ratio must be positive")
     need(cfg.model.dim % cfg.model.heads == 0, f"model.dim={cfg.model.dim} must be divisible by model.heads={cfg.model.heads}")
     need(0 <= cfg.model.dropout < 1, f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
-    need(13 <= cfg.export.opset <= 20, f"export.opset must be in 13..20 (the TorchScript exporter's range), got {cfg.export.opset}")
+    need(13 <= cfg.export.opset <= OPSET, f"export.opset must be in 13..{OPSET} (the TorchScript exporter's range), got {cfg.export.opset}")
     need(cfg.export.atol >= 0 and cfg.export.rtol >= 0 and cfg.export.check_samples > 0,
          "export.check_samples must be > 0, export.atol and export.rtol >= 0")
     need(cfg.quantize.calibration_samples > 0, "quantize.calibration_samples must be > 0")

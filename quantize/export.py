@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from pipeline.atomic_io import atomic_path
+from pipeline.opset import OPSET
 from pipeline.devices import cpu_model
 # The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
 from pipeline.onnx_io import ExportError, check_graph, to_onnx  # noqa: F401
@@ -146,7 +147,7 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
 
 
 def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,
-                         opset: int = 20, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
+                         opset: int = OPSET, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
                          metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """`verifier_model(model)` to a batch-1 ONNX at `path` in the form other verifiers' loaders read
     (`quantize.verifier_form`: Flatten/Gemm/Conv/Relu, a Mul/Add prologue only where no fold is exact), checked

@@ -20,7 +20,7 @@ PACKAGES = ("pipeline", "quantize", "analysis")
 # The top layer: the stages and what runs them. They may import every package; nothing below imports them.
 TOP = {"pipeline.stages", "pipeline.runner", "pipeline.sweep", "pipeline.cli"}
 LAYERS = ("pipeline", "quantize", "analysis", "top")  # bottom to top
-GROUND = {"pipeline.errors", "pipeline.config"}  # config imports nothing of the project but its errors
+GROUND = {"pipeline.errors", "pipeline.opset", "pipeline.config"}  # config imports nothing of the project but its errors and the opset
 REGISTRY = "pipeline.stages"  # the one module that registers a stage
 
 
@@ -150,7 +150,7 @@ def test_dependencies_run_one_way():
 
 
 def test_config_is_the_ground_floor():
-    assert GRAPH["pipeline.config"] <= GROUND and GRAPH["pipeline.errors"] == set()
+    assert GRAPH["pipeline.config"] <= GROUND and GRAPH["pipeline.errors"] == set() and GRAPH["pipeline.opset"] == set()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -444,7 +444,7 @@ def test_the_engine_depends_only_on_itself_and_its_leaves():
     it shares with the stages; nothing of the stages, the registries or quantize."""
     # pipeline.distributed: `device=auto|cpu|cuda|cuda:N` resolved as a run resolves it (harness.resolve_device)
     leaves = {"pipeline.numerics", "pipeline.gates", "pipeline.errors", "pipeline.atomic_io", "pipeline.onnx_io",
-              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed"}
+              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed", "pipeline.opset"}
     engine = {m for m in MODULES if m == "analysis.verification" or m.startswith("analysis.verification.")}
     bad = sorted((m, t) for m in engine for t in GRAPH[m] if t not in engine and t not in leaves)
     assert bad == []

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from pipeline.opset import OPSET
+
 from ..graph import Graph
 from ..ops.base import UnsupportedModel
 from . import activations, affine, attention, norm, pooling, qdq, shape, smooth
@@ -183,7 +185,7 @@ def module_path(onnx_node_name: str) -> str:
 
 def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
     """A Graph from a torch module (eval semantics) through its ONNX export (`pipeline.onnx_io.to_onnx`, fixed batch
-    1, opset 20). `input_shape` excludes the batch axis. A module the exporter cannot write, or that exports to an op
+    1, the pipeline's opset). `input_shape` excludes the batch axis. A module the exporter cannot write, or that exports to an op
     no handler reads, raises UnsupportedModel naming the op and the module path."""
     from pipeline.onnx_io import to_onnx  # the exporter (torch.onnx, onnxsim), imported on first use
 
@@ -196,7 +198,7 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
                                f"verifier's properties are boxes over a float input; {fix}",
                                what="an integer input (token ids into an nn.Embedding)", fix=fix)
     try:
-        proto, _ = to_onnx(m, torch.zeros(1, *shape), opset=20, simplify=True, dynamic_batch=False)
+        proto, _ = to_onnx(m, torch.zeros(1, *shape), opset=OPSET, simplify=True, dynamic_batch=False)
     except Exception as e:  # the exporter's own errors are long; the first line says what failed
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UnsupportedModel(f"{type(model).__name__} could not be exported to ONNX for verification: {first[:300]}",
