@@ -1,19 +1,20 @@
 """Verification tools, one file per concept (the verify stage itself is `pipeline/stages/verify.py`):
 
-- ops, graph: the graph IR (affine ops, ReLU and the smooth gates, the int8 roundings; a DAG of nodes);
-- nonlinear: a transformer's ops (exp, reciprocal, rsqrt, sqrt, square, a LayerNorm's variance, products of two
-  variables, the int8 LayerNorm's float32 error) with their relaxations;
+- ops, graph: the op layer, one module per op family, each op owning its forward, interval, CROWN lines, α and how
+  branch and bound splits it (`ops/affine.py` linear and conv, `relu.py` ReLU and HardSwish, `gates.py` the smooth
+  gates, `smooth.py` standalone sigmoid/tanh/..., `curves.py`, `products.py`, `norm.py`, `softmax.py` a transformer's
+  ops, `pooling.py`, `shape.py`, `rounding.py` the int8 roundings); `graph` the DAG of nodes;
 - readers: ONNX graphs (a table from op type to handler, `supported_ops()`) and torch modules (through their ONNX
   export), float and int8;
 - quantized: which execution an int8 graph's reading covers and how far it strays (the roundings' bounds, float32
   values between a DequantizeLinear and a QuantizeLinear, LayerNorm's box-dependent bound); floats: those float32
   values as the reader follows them op by op;
-- relaxations: the smooth gates' linear relaxations and the closed-form swap gap per unit;
-- bounds: IBP, CROWN, α-CROWN over the DAG, the swap gap |smooth − ReLU| over a box;
+- bounds: the driver that walks the graph (IBP; CROWN's back-substitution in `crown`, α-CROWN in `alpha`, float32
+  convolutions with their rounding in `float32`), with no per-op switches; gap: the swap gap |smooth − ReLU| over a box;
 - attack: PGD on a property's margin, and a gradient-free search of the box's corners scored on the model itself (an
   int8 model in onnxruntime);
 - bab: branch and bound on unstable ReLUs and an int8 graph's few-valued grid indices (β-CROWN-style bounds), its open
-  domains batched tensors on the device;
+  domains batched tensors on the device; smooth_bab: branch and bound on smooth activations' input intervals;
 - refine: MILP refinement of a deep net's early sites beside branch and bound (α,β-CROWN's bab-refine);
 - milp: the big-M MILP (scipy/HiGHS) on the tight bounds;
 - marabou: Marabou 2.0 in a child process;
