@@ -137,20 +137,28 @@ def intercepts(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor, a: torch.Tens
     a·y + min and the upper line a·y + max are sound on [L, U]. Differentiable in `a` (envelope theorem)."""
     L, U, a = torch.broadcast_tensors(L, U, a)
     with torch.no_grad():
-        ad = a.detach()
-        root, slack = _roots(gate, L, U, ad, steps)
+        root, slack = _roots(gate, L, U, a.detach(), steps)
         P = torch.cat([L[None], U[None], torch.where(torch.isnan(root), L, root)])  # [5 candidates, ...]
         S = torch.cat([torch.zeros_like(L)[None].expand(2, *L.shape), slack])
-        FP = gate.F(P)
+    return extremes(gate.F, P, S, a)
+
+
+def extremes(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torch.Tensor,
+             a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of f(y) − a·y over the candidate points P (stacked on dim 0, every point where the extremes may
+    lie), each widened by f's rounding and the candidate's own slack S. Differentiable in `a` (envelope theorem)."""
+    with torch.no_grad():
+        ad = a.detach()
+        FP = f(P)
         E = FP - ad * P
         tol = G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
         i_max = torch.argmax(E + tol, dim=0, keepdim=True)
         i_min = torch.argmin(E - tol, dim=0, keepdim=True)
         y_max, y_min = P.gather(0, i_max)[0], P.gather(0, i_min)[0]
         t_max, t_min = tol.gather(0, i_max)[0], tol.gather(0, i_min)[0]
-    # recomputed with `a` attached: d/da (F(y*) − a·y*) = −y*
-    hi = gate.F(y_max) - a * y_max + t_max
-    lo = gate.F(y_min) - a * y_min - t_min
+    # recomputed with `a` attached: d/da (f(y*) − a·y*) = −y*
+    hi = f(y_max) - a * y_max + t_max
+    lo = f(y_min) - a * y_min - t_min
     return lo, hi
 
 

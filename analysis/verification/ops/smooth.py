@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from .base import DTYPE, Activation, UnsupportedModel
-from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY, least_area_slopes
+from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY, extremes, least_area_slopes
 
 SQRT_PI = math.sqrt(math.pi)
 
@@ -145,8 +145,7 @@ def intercepts(fn: Function, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor,
     a·y + min and a·y + max hold on [L, U]. Differentiable in `a` (envelope theorem)."""
     L, U, a = torch.broadcast_tensors(L, U, a)
     with torch.no_grad():
-        ad = a.detach()
-        root, slack = _roots(fn, L, U, ad, steps)
+        root, slack = _roots(fn, L, U, a.detach(), steps)
         cands = [L[None], U[None], torch.where(torch.isnan(root), L, root)]
         slacks = [torch.zeros_like(L)[None].expand(2, *L.shape), slack]
         if fn.breaks:  # a kink's value (elu's jump of f'), where no root of f' = a need be
@@ -154,16 +153,7 @@ def intercepts(fn: Function, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor,
             cands.append(torch.minimum(torch.maximum(b, L), U))
             slacks.append(torch.zeros_like(cands[-1]))
         P, S = torch.cat(cands), torch.cat(slacks)
-        FP = fn.f(P)
-        E = FP - ad * P
-        tol = G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
-        i_max = torch.argmax(E + tol, dim=0, keepdim=True)
-        i_min = torch.argmin(E - tol, dim=0, keepdim=True)
-        y_max, y_min = P.gather(0, i_max)[0], P.gather(0, i_min)[0]
-        t_max, t_min = tol.gather(0, i_max)[0], tol.gather(0, i_min)[0]
-    hi = fn.f(y_max) - a * y_max + t_max  # recomputed with `a` attached: d/da (f(y*) − a·y*) = −y*
-    lo = fn.f(y_min) - a * y_min - t_min
-    return lo, hi
+    return extremes(fn.f, P, S, a)
 
 
 def interval(fn: Function, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
