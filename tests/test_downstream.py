@@ -35,9 +35,10 @@ def test_the_record_equals_the_stages_files(tmp_path):
     out = tmp_path / "runs"
     assert main(["run", "-c", str(ROOT / "configs" / "digits-tiny.toml"), f"out_dir={out}", "name=r",
                  "variants=lambda_gelu,relu", "train.epochs=3", "verify.samples=4", "verify.budget_s=10",
-                 "verify.int8_budget_s=5", "downstream.eps_max=0.3", "downstream.timeout_s=0.5"]) == 0
+                 "verify.int8_budget_s=5", "downstream.eps_max=0.3", "downstream.timeout_s=0.5", "threads=2"]) == 0
     run = out / "r"
     rec = json.loads((run / "downstream" / "downstream.json").read_text())
+    assert rec["workers"] == 2  # the bisections ran in the verify stage's two worker processes
     q = json.loads((run / "quantize" / "quantize.json").read_text())
     sp = json.loads((run / "sparsity" / "sparsity.json").read_text())
     with open(run / "verify" / "details.csv", newline="") as f:
@@ -77,6 +78,15 @@ def test_the_record_equals_the_stages_files(tmp_path):
         assert e["unstable"]["relu"][0]["eps"] == 0.002 and e["unstable"]["relu"][0]["samples"] == 4
     report = (run / "report" / "report.md").read_text()
     assert "## Downstream" in report and (run / "downstream" / "certified_accuracy.png").is_file()
+
+
+def test_each_network_job_is_answered_once_under_its_own_key_in_worker_processes():
+    from pipeline.stages.downstream import _each
+
+    keys = [("a", "relu"), ("a", "int8"), ("b", "relu")]
+    kwargs = [{"k": i} for i in range(3)]
+    for workers in (1, 2):  # dict(**kw) is picklable by reference, so a spawned worker runs it without our imports
+        assert dict(_each(dict, keys, workers, kwargs)) == {k: kw for k, kw in zip(keys, kwargs)}
 
 
 def _variant(drop: float, certified: float, radius: float) -> dict:

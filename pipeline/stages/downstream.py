@@ -6,7 +6,8 @@ the export stage's `export/export.json`, the verify stage's `verify/summary.json
 `verify/onnx/` graphs; measures only what no stage records: each sample's certified radius by bisection on the float
 ReLU network and its int8 model (`analysis.robustness.radius`), the unstable ReLUs after one CROWN pass at each
 verify.epsilons (`analysis.robustness.unstable`), and the pruned model's latency beside the unpruned one (timed
-round-robin in onnxruntime). Writes `downstream/downstream.json` (the record, per-sample brackets and per-layer shares
+round-robin in onnxruntime). Each network's bisection is an independent job, run in the verify stage's worker
+processes on its device and clock. Writes `downstream/downstream.json` (the record, per-sample brackets and per-layer shares
 included), `downstream/certified_accuracy.png` and the compact record into the manifest; and its section of report.md.
 """
 
@@ -73,45 +74,78 @@ def run_downstream(cfg: Config, run: RunDir) -> dict[str, Any]:
     tol = d.tol or d.eps_max / 64
     verifier = summary["verifiers"][0]
     grid = [float(e) for e in np.linspace(0.0, d.eps_max, d.curve_points)]
-    record: dict[str, Any] = {}
+    # each network's bisection is an independent job, run where the verify stage ran its properties (its worker count,
+    # device and clock), so that a bisection property gets what a verify property got
+    networks = [(v, kind, name) for v in cfg.variants for kind, name in _models(summary, v).items()
+                if kind == "relu" or d.int8]
+    # on a GPU the bisections go one after another: the device does the parallel work, and workers would each plan
+    # with all of its memory
+    workers = 1 if str(summary.get("device", "cpu")).startswith("cuda") else int(summary.get("jobs") or 1)
+    common = dict(xs=xs, labels=labels, lo=lo, hi=hi, eps_max=d.eps_max, tol=tol, verifier=verifier,
+                  timeout_s=d.timeout_s, clock=summary.get("clock", "wall"), device=summary.get("device", "cpu"),
+                  epsilons=list(cfg.verify.epsilons), grid=grid)
+    measured: dict[tuple[str, str], dict[str, Any]] = {}
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: one thread, as the verify stage
     try:
-        with Progress("downstream", len(cfg.variants), "variant") as bar:
-            for v in cfg.variants:
-                models = _models(summary, v)
-                entry: dict[str, Any] = {"int8": ds_mod.int8_columns(quantize, v),
-                                         "sparsity": ds_mod.sparsity_columns(sparsity, v),
-                                         "verify": {net: ds_mod.verify_columns(details, name, verifier)
-                                                    for net, name in models.items()},
-                                         "radius": {}, "unstable": {}}
-                for net_kind, name in models.items():
-                    if net_kind == "int8" and not d.int8:
-                        continue
-                    path = run.file("verify", summary["models"][name]["onnx"])
-                    net = read(path)
-                    radii = radius_mod.bisect(net, harness.OnnxRecheck(path), xs, labels, d.eps_max, low=lo, high=hi,
-                                              tol=tol, verifier=verifier, timeout_s=d.timeout_s, network=name)
-                    entry["radius"][net_kind] = ds_mod.radius_columns(
-                        [radius_mod.record(r) for r in radii], radius_mod.certified_curve(radii, grid), d.eps_max, tol)
-                    if net_kind == "relu":
-                        entry["unstable"]["relu"] = ds_mod.unstable_columns(
-                            unstable_sweep(net, xs, cfg.verify.epsilons, lo, hi))
-                if entry["sparsity"] and entry["sparsity"]["pruned_onnx"] and (exported.get(v) or {}).get("relu"):
-                    entry["sparsity"].update(_pruned_speed(cfg, run, data, run.path / exported[v]["relu"]["path"],
-                                                           run.path / entry["sparsity"]["pruned_onnx"]))
-                record[v] = entry
-                bar.step(line=f"    downstream {v}: " + ", ".join(
-                    f"{k} median radius ≥ {r['median_proved']:.4g}" for k, r in entry["radius"].items()))
+        with Progress("downstream", len(networks), "network") as bar:
+            for (v, kind, name), rec in _each(_network_record, networks, workers, [
+                    dict(kind=kind, name=name, path=str(run.file("verify", summary["models"][name]["onnx"])), **common)
+                    for v, kind, name in networks]):
+                measured[(v, kind)] = rec
+                bar.step(line=f"    downstream {v} ({kind}): median radius ≥ {rec['radius']['median_proved']:.4g}")
     finally:
         torch.set_num_threads(threads)
+    record: dict[str, Any] = {}
+    for v in cfg.variants:
+        models = _models(summary, v)
+        entry: dict[str, Any] = {"int8": ds_mod.int8_columns(quantize, v), "sparsity": ds_mod.sparsity_columns(sparsity, v),
+                                 "verify": {net: ds_mod.verify_columns(details, name, verifier)
+                                            for net, name in models.items()},
+                                 "radius": {k: m["radius"] for (v_, k), m in measured.items() if v_ == v},
+                                 "unstable": {k: m["unstable"] for (v_, k), m in measured.items() if v_ == v and "unstable" in m}}
+        if entry["sparsity"] and entry["sparsity"]["pruned_onnx"] and (exported.get(v) or {}).get("relu"):
+            entry["sparsity"].update(_pruned_speed(cfg, run, data, run.path / exported[v]["relu"]["path"],
+                                                   run.path / entry["sparsity"]["pruned_onnx"]))
+        record[v] = entry
     out = {"samples": n, "sample_selection": f"the first {n} validation examples (the verify stage's first)",
-           "verifier": verifier, "eps_max": d.eps_max, "tol": tol, "timeout_s": d.timeout_s,
+           "verifier": verifier, "eps_max": d.eps_max, "tol": tol, "timeout_s": d.timeout_s, "workers": workers,
            "epsilons": list(cfg.verify.epsilons), "input_range": [data.info.input_low, data.info.input_high],
            "variants": record}
     atomic_write_json(run.file("downstream", "downstream.json"), out)
     _plot(run.file("downstream", CURVE_FILE), record)
     return {"samples": n, "eps_max": d.eps_max, "variants": ds_mod.compact(record)}
+
+
+def _network_record(*, kind: str, name: str, path: str, xs: np.ndarray, labels: list[int], lo, hi, eps_max: float,
+                    tol: float, verifier: str, timeout_s: float, clock: str, device: str, epsilons: list[float],
+                    grid: list[float]) -> dict[str, Any]:
+    """One network's measured columns: its radii by bisection (and for the float ReLU network its unstable ReLUs per ε).
+    A module-level function of plain values, so that a worker process can run it."""
+    torch.set_num_threads(1)  # small matrices: one thread, as the verify stage
+    net = read(Path(path))
+    radii = radius_mod.bisect(net, harness.OnnxRecheck(Path(path)), xs, labels, eps_max, low=lo, high=hi, tol=tol,
+                              verifier=verifier, timeout_s=timeout_s, clock=clock, device=device, network=name)
+    out = {"radius": ds_mod.radius_columns([radius_mod.record(r) for r in radii], radius_mod.certified_curve(radii, grid),
+                                           eps_max, tol)}
+    if kind == "relu":
+        out["unstable"] = ds_mod.unstable_columns(unstable_sweep(net, xs, epsilons, lo, hi))
+    return out
+
+
+def _each(fn, keys: list[Any], workers: int, kwargs: list[dict[str, Any]]):
+    """(key, fn(**kw)) for every job, as each finishes: in this process when one worker is asked for, else in
+    `workers` spawned processes (the bisections are independent, each a long serial loop of short properties)."""
+    if workers <= 1 or len(kwargs) <= 1:
+        for key, kw in zip(keys, kwargs):
+            yield key, fn(**kw)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(kwargs)), mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, **kw): key for key, kw in zip(keys, kwargs)}
+        for f in as_completed(futures):
+            yield futures[f], f.result()
 
 
 def _pruned_speed(cfg: Config, run: RunDir, data, unpruned: Path, pruned: Path) -> dict[str, Any]:
