@@ -7,8 +7,9 @@ the export stage's `export/export.json`, the verify stage's `verify/summary.json
 ReLU network and its int8 model (`analysis.robustness.radius`), the unstable ReLUs after one CROWN pass at each
 verify.epsilons (`analysis.robustness.unstable`), and the pruned model's latency beside the unpruned one (timed
 round-robin in onnxruntime). Each network's bisection is an independent job, run in the verify stage's worker
-processes on its device and clock. Writes `downstream/downstream.json` (the record, per-sample brackets and per-layer shares
-included), `downstream/certified_accuracy.png` and the compact record into the manifest; and its section of report.md.
+processes on its device and clock. Writes `downstream/downstream.json` (the record, per-sample brackets and per-layer
+shares included), `downstream/certified_accuracy.png` and the compact record into the manifest; and its section of
+report.md.
 """
 
 from __future__ import annotations
