@@ -273,3 +273,56 @@ def test_every_op_of_opsets_9_to_21_is_read_or_refused_in_one_line_naming_its_no
         except Exception as e:  # noqa: BLE001 - what is asserted is that nothing else escapes
             crashed.append(f"{op}@{opset}/{variant}: {type(e).__name__}: {str(e)[:160]}")
     assert not crashed, "\n".join(crashed)
+
+
+SOUND_TOL = 1e-5  # onnxruntime's float32 outputs against CROWN's float64 bounds
+
+
+def _bounds_hold(model, shape, radius=0.5, n=2000, seed=0):
+    """The graph read from `model` equals onnxruntime on `n` points of a box, and CROWN's bounds over the box hold at
+    them, each side apart (and are finite)."""
+    import torch
+
+    from analysis.verification.bounds import Bounder, Spec
+
+    net = from_onnx(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    size = int(np.prod(shape))
+    center = rng.uniform(-1, 1, size)
+    xs = (center - radius + 2 * radius * rng.uniform(size=(n, size))).astype(np.float32)
+    ref = np.stack([sess.run(None, {"x": x.reshape(shape)})[0].ravel() for x in xs])
+    ours = net.forward(torch.tensor(xs, dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=FLOAT32_ATOL * max(1.0, np.abs(ref).max()))
+    b = Bounder(net, torch.tensor(center - radius), torch.tensor(center + radius))
+    b.crown()
+    k = ref.shape[1]
+    eye = torch.eye(k, dtype=torch.float64)
+    lower = b.spec_bounds(Spec(torch.cat([eye, -eye]), torch.zeros(2 * k))).numpy()
+    assert np.isfinite(lower).all()
+    assert (ref >= lower[:k] - SOUND_TOL).all(), (ref - lower[:k]).min()  # lower bounds
+    assert (-ref >= lower[k:] - SOUND_TOL).all(), (-ref - lower[k:]).min()  # upper bounds
+    return net
+
+
+@pytest.mark.parametrize("kw,out_len", [(dict(), 6), (dict(pads=[1, 2], strides=[2]), 5), (dict(dilations=[2], pads=[2, 2]), 8),
+                                        (dict(auto_pad="SAME_UPPER", strides=[2]), 4), (dict(group=2), 6)])
+def test_conv_1d_is_a_2d_conv_of_height_1(kw, out_len):
+    """A 1-d Conv (nn4sys' pensieve nets), then a ReLU and a Gemm: read and bounded as a 2-d one over a height of 1."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(4, 4 // kw.get("group", 1), 3)).astype(np.float32)
+    inits = {"w": w, "b": rng.normal(size=4).astype(np.float32), "W2": rng.normal(size=(3, 4 * out_len)).astype(np.float32),
+             "shape": np.array([1, -1], dtype=np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv1d", **kw), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["f"]), helper.make_node("Gemm", ["f", "W2"], ["y"], transB=1)]
+    _bounds_hold(_model(nodes, inits, [1, 4, 8], 17), (1, 4, 8))
+
+
+def test_pow_3_is_read_as_a_product_and_bounded():
+    """x³ (nn4sys' pensieve_*_parallel nets) through Gemm → Pow 3 → Gemm, on a box across 0 (x³ changes curvature)."""
+    rng = np.random.default_rng(6)
+    inits = {"W1": rng.normal(size=(5, 3)).astype(np.float32), "W2": rng.normal(size=(2, 5)).astype(np.float32),
+             "p": np.array(3.0, dtype=np.float32)}
+    nodes = [helper.make_node("Gemm", ["x", "W1"], ["h"], transB=1), helper.make_node("Pow", ["h", "p"], ["c"], name="cube"),
+             helper.make_node("Gemm", ["c", "W2"], ["y"], transB=1)]
+    _bounds_hold(_model(nodes, inits, [1, 3], 17), (1, 3), radius=0.8)

@@ -75,7 +75,7 @@ TABLE: dict[str, tuple[Handler, str]] = {
     "Sqrt": (attention.curve, ""),
     "Reciprocal": (attention.curve, ""),
     "Exp": (attention.curve, ""),
-    "Pow": (attention.power, "exponents 2, 0.5, -0.5, -1, 1"),
+    "Pow": (attention.power, "exponents 3, 2, 0.5, -0.5, -1, 1"),
     "Softmax": (attention.softmax, "any axis"),
     "LayerNormalization": (norm.layer_norm, "its first output"),
     "ReduceMean": (pooling.reduce, ""),

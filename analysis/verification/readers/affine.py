@@ -153,14 +153,22 @@ def neg(r: OnnxReader) -> None:
 
 
 def conv(r: OnnxReader) -> None:
+    """A 2-d Conv; a 1-d one as a 2-d one over a height of 1 (the same units in the same order)."""
     x = r.var(r.node.input[0])
-    in_shape = image(r, x, "Conv")
     w = r.const(r.node.input[1]).astype(np.float64)
+    one_d = w.ndim == 3 and len(x.shape) == 3 and x.shape[0] == 1
+    if one_d:
+        x, w = Value(x.node, (1, x.shape[1], 1, x.shape[2]), x.fl), w[:, :, None, :]
+    in_shape = image(r, x, "Conv")
     if w.ndim != 4:
-        raise r.unsupported("only 2-d convolutions are read", what=f"a {w.ndim - 2}-d convolution")
+        raise r.unsupported("only 1-d and 2-d convolutions are read", what=f"a {w.ndim - 2}-d convolution")
     b = r.const(r.node.input[2]).astype(np.float64) if len(r.node.input) > 2 and r.node.input[2] else np.zeros(w.shape[0])
     strides, dil = tuple(r.attr("strides", [1, 1])), tuple(r.attr("dilations", [1, 1]))
+    if one_d:
+        strides, dil = (1, *r.attr("strides", [1])), (1, *r.attr("dilations", [1]))
     pads = _conv_pads(r, in_shape[1:], w.shape[2:], strides, dil)
+    if one_d and r.attr("pads") is not None:
+        pads = [0, pads[0], 0, pads[1]]
     if pads[0] != pads[2] or pads[1] != pads[3]:  # the asymmetric part as a zero Pad of the input (TF's SAME)
         low = [min(pads[0], pads[2]), min(pads[1], pads[3])]
         x = padded(r, x, [0, 0, pads[0] - low[0], pads[1] - low[1]], [0, 0, pads[2] - low[0], pads[3] - low[1]])
@@ -171,7 +179,7 @@ def conv(r: OnnxReader) -> None:
     per_unit = None if ws is None else np.repeat(ws.reshape(ws.shape[0], -1).max(1), numel(conv.out_shape[1:]))
     bias_name = r.node.input[2] if len(r.node.input) > 2 else ""
     record_affine(r, out, x, numel(w.shape[1:]), per_unit, bool(bias_name) and bias_name in r.const_scales)
-    r.set(out)
+    r.set(Value(out.node, (1, conv.out_shape[0], conv.out_shape[2]), out.fl) if one_d else out)
 
 
 def _conv_pads(r: OnnxReader, size: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],

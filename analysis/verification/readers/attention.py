@@ -9,7 +9,7 @@ from ..floats import Float, matmul_float, softmax_float
 from ..ops.affine import TokenLinear
 from ..ops.base import numel
 from ..ops.curves import Exp, Reciprocal, Rsqrt, Sqrt, Square
-from ..ops.products import BatchMatMul
+from ..ops.products import BatchMatMul, Product
 from ..ops.shape import Concat, Permute
 from ..ops.softmax import ExpSums
 from .reader import OnnxReader
@@ -54,12 +54,17 @@ def curve(r: OnnxReader) -> None:
 def power(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
     p = np.asarray(r.const(r.node.input[1]), dtype=np.float64)
-    if p.size != 1 or float(p) not in (2.0, 0.5, -0.5, -1.0, 1.0):
-        raise r.unsupported(f"an exponent {p.reshape(-1)[:3].tolist()}; the exponents read are 2, 0.5, -0.5, -1 and 1",
+    if p.size != 1 or float(p) not in (3.0, 2.0, 0.5, -0.5, -1.0, 1.0):
+        raise r.unsupported(f"an exponent {p.reshape(-1)[:3].tolist()}; the exponents read are 3, 2, 0.5, -0.5, -1 and 1",
                             what=f"Pow with exponent {p.reshape(-1)[:3].tolist()}")
     p = float(p)
     if p == 1.0:
         return r.set(x)
+    if p == 3.0:  # x³ as the product of x and x², which the products' relaxation bounds
+        n = numel(x.shape)
+        sq = r.add(Square(n, source=r.node.name), [x], x.shape)
+        cat = r.add(Concat(((n,), (n,)), 0), [x, sq], (2 * n,))
+        return r.set(r.add(Product(n, source=r.node.name), [cat], x.shape))
     cls = {2.0: Square, 0.5: Sqrt, -0.5: Rsqrt, -1.0: Reciprocal}[p]
     out = r.add(cls(numel(x.shape), source=r.node.name), [x], x.shape)
     if r.int8:
