@@ -30,7 +30,7 @@ from torch import nn
 from pipeline.config import CheckConfig, QuantizeConfig
 from pipeline.data import as_split
 from pipeline.activations import gate_of
-from pipeline.outputs import logits_view, traceable
+from pipeline.outputs import logits_view
 from pipeline.probe import smooth_calls
 from pipeline.relu_swap import SwapError, smooth_work_error, swap_report, to_relu
 from pipeline.opset import OPSET
@@ -116,16 +116,13 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path, check
     run through both engines (`argmax_agreement`, `max_abs_diff`). A model that returns a Hugging Face ModelOutput,
     a dict or a tuple is exported with its logits as the one output (`pipeline.outputs`; `output` says which).
     Returns the facts (nodes, ops, bytes) and the check's numbers."""
-    path = Path(path)
     x = example if check_inputs is None else check_inputs
     with _as_given(model):
         net, output = logits_view(model, _on_device(model, example))
-        with traceable(net):
-            proto, facts = export_mod.to_onnx(net, example, opset, simplify, metadata, dynamic_batch)
-        export_mod.save(proto, path)
-        checked = export_mod.compare(path, net, x.cpu(), atol, rtol, bound_samples=bound_samples)
-    return {"path": str(path), "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **checked,
-            **({"output": output} if output else {})}
+        written = export_mod.write_checked(net, example, Path(path), x.cpu(), opset=opset, simplify=simplify, atol=atol,
+                                           rtol=rtol, bound_samples=bound_samples, metadata=metadata,
+                                           dynamic_batch=dynamic_batch)
+    return {**written.record(), **({"output": output} if output else {})}
 
 
 def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, data: Any = None,
@@ -197,9 +194,7 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
         logits = {p: ort_util.infer(ort_util.session(f, threads), xe.cpu().numpy()) for p, f in (("fp32", src), ("int8", path))}
         facts = {}
         for p, f in (("fp32", src), ("int8", path)):
-            counts = ort_util.optimized_op_counts(f, threads)
-            facts[p] = {"bytes": ort_util.file_bytes(f), "ops": ort_util.op_counts(f), "optimized_ops": counts,
-                        "float_ops": ort_util.float_ops(counts), "integer_only": ort_util.integer_only(counts)}
+            facts[p] = ort_util.file_facts(f, threads)
             if split is not None:
                 facts[p]["accuracy"] = ort_util.accuracy(logits[p], split.y.numpy())
         xq = xe[:cfg.quantize.sqnr_samples].cpu().numpy()
@@ -299,9 +294,9 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
         if isinstance(model, nn.Module):
             with _as_given(model):
                 net = read(model, shape)  # first: an unreadable module is refused with the op and module named
-                proto, _ = export_mod.to_onnx(copy.deepcopy(model).cpu().float(), torch.zeros(1, *shape), opset=OPSET,
-                                              dynamic_batch=False)
-                export_mod.save(proto, onnx_path)
+                # the file counterexamples are replayed on, checked against the module on the samples verified
+                export_mod.write_checked(copy.deepcopy(model).cpu().float(), torch.zeros(1, *shape), onnx_path,
+                                         split.x[:n].reshape(n, *shape).cpu(), dynamic_batch=False)
         elif isinstance(model, (str, Path)):
             onnx_path = Path(model)
             net = read(onnx_path)

@@ -1,6 +1,7 @@
-"""A model to one self-contained fp32 ONNX file, checked against a float64 run of it: what the export stage
-(`pipeline/stages/export.py`), the int8 and sparsity stages, the verify stage's ReLU files (`export_for_verifiers`) and
-`analysis.api.export_onnx` write.
+"""A model to one self-contained fp32 ONNX file, checked against a float64 run of it: `write_checked`, the one
+sequence (trace → onnxsim → checks → save → onnxruntime and PyTorch against float64 → facts) behind every ONNX file
+the pipeline writes: the export stage (`pipeline/stages/export.py`), the int8 stage's folded form, the sparsity stage's
+pruned model, the verify stage's ReLU files (`export_for_verifiers`) and `analysis.api.export_onnx`/`verify`.
 
 Decisions (see also docs/architecture.md, "Pitfalls"):
 - Exporter: `torch.onnx.export(..., dynamo=False)`, the TorchScript tracer. The dynamo exporter
@@ -25,6 +26,8 @@ from __future__ import annotations
 import copy
 import json
 import warnings
+from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +37,12 @@ import torch
 from torch import nn
 
 from pipeline.atomic_io import atomic_path
+from pipeline.config import ExportConfig
 from pipeline.opset import OPSET
 from pipeline.devices import cpu_model
 # The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
 from pipeline.onnx_io import ExportError, check_graph, to_onnx  # noqa: F401
+from pipeline.outputs import traceable
 
 from . import ort as ort_util
 from . import rounding
@@ -146,19 +151,59 @@ def verifier_model(model: nn.Module, input_shape: tuple[int, ...]) -> nn.Module:
     return fold_normalization(net, tuple(input_shape)) or net
 
 
+@dataclass(frozen=True)
+class Written:
+    """An ONNX file `write_checked` wrote: its path, facts about the file (bytes, nodes before and after onnxsim, op
+    counts, and what a `form` added) and its check against PyTorch (`compare`'s numbers)."""
+
+    path: Path
+    facts: dict[str, Any]
+    check: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        """Path, facts and check in one flat dict, as export.json and the API report them."""
+        return {"path": str(self.path), **self.facts, **self.check}
+
+
+def settings(ecfg: ExportConfig, threads: int = 1) -> dict[str, Any]:
+    """`write_checked`'s options as a run's export section sets them (`threads`: onnxruntime's, the quantize section's)."""
+    return {"opset": ecfg.opset, "simplify": ecfg.simplify, "atol": ecfg.atol, "rtol": ecfg.rtol, "threads": threads}
+
+
+def write_checked(model: nn.Module, example: torch.Tensor, path: Path, check_inputs: torch.Tensor, *,
+                  reference: nn.Module | None = None, opset: int = OPSET, simplify: bool = True, atol: float = FP32_ATOL,
+                  rtol: float = FP32_RTOL, threads: int = 1, bound_samples: int | None = None,
+                  metadata: dict[str, str] | None = None, dynamic_batch: bool = True,
+                  form: Callable[[onnx.ModelProto], tuple[onnx.ModelProto, dict[str, Any]]] | None = None) -> Written:
+    """The one way a model becomes an ONNX file: `model` traced on `example` (`to_onnx`, a Hugging Face model made
+    traceable first), rewritten by `form` where one is given (its facts kept, the graph checked again), saved to
+    `path`, then onnxruntime and PyTorch each against a float64 run of `reference` (default: `model` itself) on
+    `check_inputs` (`compare`: ExportError where onnxruntime leaves the float32 rounding bound)."""
+    path = Path(path)
+    with traceable(model):
+        proto, facts = to_onnx(model, example, opset, simplify, metadata, dynamic_batch)
+    if form is not None:
+        proto, extra = form(proto)
+        check_graph(proto, dynamic_batch)
+        facts.update(extra)
+    save(proto, path)
+    check = compare(path, model if reference is None else reference, check_inputs, atol, rtol, threads, bound_samples)
+    return Written(path, {"bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto)}, check)
+
+
 def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: Path, x: torch.Tensor,
                          opset: int = OPSET, atol: float = FP32_ATOL, rtol: float = FP32_RTOL,
                          metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """`verifier_model(model)` to a batch-1 ONNX at `path` in the form other verifiers' loaders read
     (`quantize.verifier_form`: Flatten/Gemm/Conv/Relu, a Mul/Add prologue only where no fold is exact), checked
-    against `model` itself on the inputs `x` like every export."""
-    net = verifier_model(model, input_shape)
-    proto, facts = to_onnx(net, x[:1], min(opset, verifier_form.OPSET), simplify=True, metadata=metadata, dynamic_batch=False)
-    proto, form = verifier_form.to_verifier_form(proto, tuple(input_shape))
-    check_graph(proto, dynamic_batch=False)
-    save(proto, path)
-    check = compare(path, model, x, atol, rtol)
-    return {"path": str(path), **facts, "verifier_form": form, "ops": ort_util.op_counts(proto), **check}
+    against `model` itself on the inputs `x` like every export (`write_checked`)."""
+    def to_form(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, Any]]:
+        proto, made = verifier_form.to_verifier_form(proto, tuple(input_shape))
+        return proto, {"verifier_form": made}
+
+    return write_checked(verifier_model(model, input_shape), x[:1], path, x, reference=model,
+                         opset=min(opset, verifier_form.OPSET), metadata=metadata, dynamic_batch=False, atol=atol,
+                         rtol=rtol, form=to_form).record()
 
 
 def metadata_for(payload: dict[str, Any], variant: str, form: str, info) -> dict[str, str]:

@@ -464,9 +464,7 @@ def evaluate_file(path: Path, ds, cfg: Config) -> tuple[dict[str, Any], dict[str
     threads, metric = cfg.quantize.threads, ds.info.metric
     sess = ort_util.session(path, threads)
     logits = {split: ort_util.infer(sess, getattr(ds, split).x.numpy(), cfg.data.eval_batch_size) for split in ("val", "test")}
-    counts = ort_util.optimized_op_counts(path, threads)
     facts = {f"{split}_{metric}": score(torch.from_numpy(logits[split]), getattr(ds, split).y, metric)["metric"]
              for split in ("val", "test")}
-    facts.update({"bytes": ort_util.file_bytes(path), "ops": ort_util.op_counts(path), "optimized_ops": counts,
-                  "float_ops": ort_util.float_ops(counts), "integer_only": ort_util.integer_only(counts)})
+    facts.update(ort_util.file_facts(path, threads))
     return facts, logits

@@ -121,6 +121,14 @@ def file_bytes(path: Path) -> int:
     return Path(path).stat().st_size
 
 
+def file_facts(path: Path, threads: int = 1) -> dict[str, Any]:
+    """A model file's size and op counts, raw and as onnxruntime optimizes them, with the float ops left and whether
+    it runs integer-only: what the int8 stage and `api.quantize` report for each precision."""
+    counts = optimized_op_counts(path, threads)
+    return {"bytes": file_bytes(path), "ops": op_counts(path), "optimized_ops": counts, "float_ops": float_ops(counts),
+            "integer_only": integer_only(counts)}
+
+
 def describe_speed_setup(threads: int = 1) -> dict[str, Any]:
     return {"intra_op_threads": threads, "inter_op_threads": 1, "spinning": False, "execution_mode": "sequential",
             "graph_optimization_level": "ORT_ENABLE_ALL", "provider": "CPUExecutionProvider",

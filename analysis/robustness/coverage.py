@@ -39,7 +39,6 @@ from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch
 from pipeline.config import Config, GateConfig, ModelConfig
 from pipeline.models import MODELS, build_model
-from pipeline.onnx_io import to_onnx
 from quantize import export as export_mod
 from quantize.int8 import quantize_file
 from quantize.verifier_form import signature
@@ -111,8 +110,7 @@ def row(name: str, workdir: Path) -> dict[str, str]:
         from_onnx(relu_path)
 
     def int8():
-        proto, _ = to_onnx(export_mod.fold_normalization(relu, shape) or relu, x[:2], 20, True, None)
-        export_mod.save(proto, fp32_path)
+        export_mod.write_checked(export_mod.fold_normalization(relu, shape) or relu, x[:2], fp32_path, x, reference=relu)
         quantize_file(fp32_path, int8_path, x.numpy(), Config(), workdir)  # float32 inputs, or int64 token ids
         from_onnx(int8_path)
 

@@ -20,8 +20,7 @@ from pipeline.atomic_io import atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.rundir import RunDir
-from quantize import ort as ort_util
-from quantize.export import EXPORTER, compare, metadata_for, save, to_onnx
+from quantize.export import EXPORTER, metadata_for, settings, write_checked
 
 
 def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
@@ -43,14 +42,11 @@ def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
     models: dict[str, dict[str, Any]] = {}
     for variant, form, src in sources(cfg, run):
         model, payload = checkpoint.load_model(src)
-        proto, facts = to_onnx(model, xval[:2], ecfg.opset, ecfg.simplify, metadata_for(payload, variant, form, ds.info))
         path = run.file("export", variant, form, "model.onnx")
-        save(proto, path)
-        check = compare(path, model, xval, ecfg.atol, ecfg.rtol, cfg.quantize.threads)
-        models.setdefault(variant, {})[form] = {
-            "path": str(path.relative_to(run.path)), "source": str(Path(src).relative_to(run.path)),
-            "bytes": ort_util.file_bytes(path), **facts, "ops": ort_util.op_counts(proto), **check,
-        }
+        written = write_checked(model, xval[:2], path, xval, **settings(ecfg, cfg.quantize.threads),
+                                metadata=metadata_for(payload, variant, form, ds.info))
+        models.setdefault(variant, {})[form] = {**written.record(), "path": str(path.relative_to(run.path)),
+                                                "source": str(Path(src).relative_to(run.path))}
     result = {"exporter": EXPORTER, "opset": ecfg.opset, "simplified": ecfg.simplify, "atol": ecfg.atol, "rtol": ecfg.rtol,
               "torch": torch.__version__, "onnx": onnx.__version__, "models": models}
     atomic_write_json(run.file("export", "export.json"), result)

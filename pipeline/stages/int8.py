@@ -40,11 +40,10 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
         folded = export_mod.fold_normalization(model, tuple(payload["spec"]["input_shape"]))
         if folded is not None:
             xval = ds.val.x[:cfg.export.check_samples]
-            proto, _ = export_mod.to_onnx(folded, xval[:2], cfg.export.opset, cfg.export.simplify,
-                                          export_mod.metadata_for(payload, variant, form, ds.info))
             sources = {"folded": workdir / "folded.fp32.onnx", **sources}
-            export_mod.save(proto, sources["folded"])
-            fold_check = export_mod.compare(sources["folded"], model, xval, cfg.export.atol, cfg.export.rtol, qcfg.threads)
+            fold_check = export_mod.write_checked(
+                folded, xval[:2], sources["folded"], xval, reference=model, **export_mod.settings(cfg.export, qcfg.threads),
+                metadata=export_mod.metadata_for(payload, variant, form, ds.info)).check
             fold_into = list(folded._modules)[1]
     int8_path = out_dir / "model.int8.onnx"
     # the input form and the clip are chosen on the validation split, as the checkpoint was (the test split stays for

@@ -107,11 +107,10 @@ def _prune_variant(cfg: Config, run: RunDir, ds, variant: str, relu: nn.Sequenti
                     source=f"swap/{variant}/relu.pt", removed=removed)  # relative: identical runs, identical bytes
     rebuilt, _ = checkpoint.load_model(run.file("sparsity", variant, "pruned.pt"))  # the spec really rebuilds it
     xval = ds.val.x[:cfg.export.check_samples]
-    proto, _ = export_mod.to_onnx(rebuilt, xval[:2], cfg.export.opset, cfg.export.simplify,
-                                  {**export_mod.metadata_for({"spec": spec}, variant, "relu_pruned", ds.info)})
     onnx_path = run.file("sparsity", variant, "pruned.onnx")
-    export_mod.save(proto, onnx_path)
-    check = export_mod.compare(onnx_path, rebuilt, xval, cfg.export.atol, cfg.export.rtol, cfg.quantize.threads)
+    check = export_mod.write_checked(rebuilt, xval[:2], onnx_path, xval,
+                                     **export_mod.settings(cfg.export, cfg.quantize.threads),
+                                     metadata=export_mod.metadata_for({"spec": spec}, variant, "relu_pruned", ds.info)).check
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     return {"removed": removed, "removed_total": sum(removed.values()), "params_before": params(relu),
             "params_after": params(pruned), "widths_after": widths(spec["model"]),
