@@ -12,7 +12,8 @@ from pipeline.activations import GELU, LambdaGELU, lambda_gelu
 
 
 class TinyViT(nn.Module):
-    """Tokens → nn.MultiheadAttention → a λ-GELU feed-forward → mean pool → logits (the trial's ViT, smaller)."""
+    """Tokens → nn.MultiheadAttention → a λ-GELU feed-forward → pool → logits (the trial's ViT, smaller); its pool is a
+    log-sum-exp (a soft max pool), which the certificate has no rule for."""
 
     def __init__(self, dim: int = 8, tokens: int = 4):
         super().__init__()
@@ -25,7 +26,7 @@ class TinyViT(nn.Module):
     def forward(self, x):
         h = self.embed(x.view(len(x), self.tokens, self.dim))
         h = h + self.attn(h, h, h, need_weights=False)[0]
-        return self.head((h + self.ff(h)).mean(1))
+        return self.head(torch.logsumexp(h + self.ff(h), 1))
 
 
 def _hardened_gates(model: nn.Module, lam: float = 160.0) -> nn.Module:
@@ -79,8 +80,8 @@ def test_a_gate_that_breaks_the_premise_fails():
 
 
 def test_a_refused_certificate_is_one_printed_line_giving_its_reason_once(capsys):
-    """The TinyViT's mean after a gate has no rule: api.check prints one line saying the certificate is refused, the
-    reason (which names `mean` and the module) appears once for the statements it refuses, and it does not point into
+    """The TinyViT's log-sum-exp after a gate has no rule: api.check prints one line saying the certificate is refused, the
+    reason (which names `logsumexp` and the module) appears once for the statements it refuses, and it does not point into
     the project's own source."""
     torch.manual_seed(0)
     model = _hardened_gates(TinyViT())
@@ -89,5 +90,5 @@ def test_a_refused_certificate_is_one_printed_line_giving_its_reason_once(capsys
     why = out["verdict"]["why"]
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("api.check:")]
     assert len(lines) == 1 and "refused" in lines[0] and why in lines[0]
-    assert why.count("`mean`") == 1 and "float32, float32_global" in why
+    assert why.count("`logsumexp`") == 1 and "float32, float32_global" in why
     assert "analysis/theory" not in why

@@ -42,7 +42,14 @@ the boxes compound |W| per layer, ~15× per 256-wide layer, and keep no predicti
 - Linear / Conv: |W(v − z)| ≤ |W|·d. Affine ops with constants: |c|·d; a sum of two deviated tensors
   (residual add): d + d'; a product of two (per sample): |z|·d' + |z'|·d + d·d'. Reshapes, views,
   indexing, concatenation, negation, max-pooling: the same op on the box (max is 1-Lipschitz per window);
-  average pooling: the same op (non-negative weights). BatchNorm (eval): |γ/√(var + eps)|·d per channel.
+  average pooling, means and sums over dims: the same op (non-negative weights: a mean never grows the largest
+  deviation). BatchNorm (eval): |γ/√(var + eps)|·d per channel.
+- Powers and roots (RMSNorm's x·rsqrt(mean(x²) + eps), per sample only): |v^k − z^k| ≤ (|z| + d)^k − |z|^k for a
+  positive integer k; √ and 1/√ by their interval image, ∞ where the interval reaches 0. The squeeze-excite product
+  x·σ(W·pool(x)) is the product rule above.
+- Floating casts (`to`, `float`, ...): the identity in real arithmetic, so the walk keeps its float64 value and the
+  exact boxes pass; the float32 network's cast down to float32 adds one rounding (below), a cast below float32
+  (float16, bfloat16) refuses the float32 statements.
 - Gate (swap): |ReLU(v) − f_λ(z)| ≤ |ReLU(v) − ReLU(z)| + |ReLU(z) − f_λ(z)| ≤ d + c/λ (global, c of
   `pipeline.gates`); per sample exactly max(|ReLU(z ± d) − f_λ(z)|), ReLU being monotone. A linked pair
   is cat(g(z), g(−z)): both halves get the rule, through the real cat and neg.

@@ -130,6 +130,11 @@ INPLACE = {"add_": torch.add, "__iadd__": torch.add, "sub_": torch.sub, "__isub_
            "__imul__": torch.mul, "div_": torch.div, "__itruediv__": torch.div}
 
 
+# Casts: the walk keeps its float64 value through a floating cast (real arithmetic has no dtypes); `rules.shape._to`
+# adds what the float32 network rounds there
+CASTS = ("to", "float", "double", "half", "bfloat16", "type", "type_as")
+
+
 def _name(func: Callable) -> str:
     name = getattr(func, "__name__", repr(func))
     if name in ("__get__", "__set__"):  # a property of Tensor (shape, dtype, ...)
@@ -181,6 +186,9 @@ class _Dev(torch.Tensor):
             args[0].boxes = res.boxes
             return args[0]
         out = func(*_map(args, plain), **_map(kwargs, plain))
+        if (name in CASTS and isinstance(args[0], _Dev) and args[0].value.is_floating_point()
+                and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != args[0].value.dtype):
+            out = args[0].value.to(device=out.device, copy=True)
         if name in METADATA or not devs:
             return out
         return devs[0].walk.apply(name, func, args, kwargs, out, devs)

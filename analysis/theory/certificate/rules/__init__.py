@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core import _Call
+from ..core import CASTS, _Call
 from .affine import _addmm, _conv, _linear
 from .arithmetic import _add, _div, _mul
 from .attention import _mha, _sdpa
 from .compare import COMPARISONS, _compare
+from .elementwise import POWERS, ROOTS, _pow, _root
 from .embedding import _embedding
 from .normalization import _batch_norm, _layer_norm
 from .pooling import _avg_pool, _pool_same
+from .reduction import REDUCTIONS, _reduce
 from .shape import _STRUCTURAL, _pad, _same, _structural, _to
 from .stochastic import _dropout
 
@@ -28,7 +30,10 @@ RULES: dict[str, Callable[[_Call], Any]] = {
     "addmm": _addmm,
     **{n: _conv for n in ("conv1d", "conv2d", "conv3d")},
     "pad": _pad,
-    "to": _to,
+    **{n: _to for n in CASTS},
+    **{n: _reduce for n in REDUCTIONS},
+    **{n: _pow for n in POWERS},
+    **{n: _root for n in ROOTS},
     "batch_norm": _batch_norm,
     "layer_norm": _layer_norm,
     **{n: _dropout for n in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")},

@@ -41,12 +41,43 @@ _STRUCTURAL = ("flatten", "view", "reshape", "transpose", "permute", "contiguous
                "swapaxes", "flip", "roll")
 
 
-def _to(c: _Call):
-    """`.to(device)` (HF models move their logits): the same values, as between integer types (a mask made a count); a
-    change of floating dtype is a rounding with no rule."""
-    src = c.value(c.args[0]).dtype
-    if src != c.out.dtype and (src.is_floating_point or c.out.dtype.is_floating_point):
-        from ..core import _NoRule
+def cast_target(name: str, args: tuple, kwargs: dict) -> torch.dtype | None:
+    """The dtype a cast asks for (`x.to(torch.float32)`, `x.float()`, `x.type_as(y)`), or None for a move alone."""
+    named = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
+    if name in named:
+        return named[name]
+    if name == "type_as":
+        return args[1].dtype
+    for a in (*args[1:], kwargs.get("dtype")):
+        if isinstance(a, torch.dtype):
+            return a
+        if isinstance(a, torch.Tensor) and name == "to":  # x.to(other): other's dtype
+            return a.dtype
+    return None
 
-        raise _NoRule(f"`to` changes the dtype ({c.value(c.args[0]).dtype} → {c.out.dtype})")
-    return c.box(c.args[0])
+
+def _to(c: _Call):
+    """A cast between floating dtypes. The walk keeps its float64 value (`core._Dev`): in real arithmetic a cast is the
+    identity, so the exact boxes pass unchanged. The float32 network rounds where it casts down to float32 (from a
+    float64 it computed in): one rounding, u·|x| + UNDERFLOW, added whatever it cast from. A cast below float32 (float16,
+    bfloat16) makes the float32 statements' premise false after it, and is refused there. `.to(device)` and casts
+    between integer types move the same values."""
+    from ..core import SAFETY, U32, UNDERFLOW, _NoRule
+
+    src = c.value(c.args[0]).dtype
+    dst = cast_target(c.name, c.args, c.kwargs) or c.out.dtype
+    if src == dst or not (src.is_floating_point or dst.is_floating_point):
+        return c.box(c.args[0])
+    if not (src.is_floating_point and dst.is_floating_point):  # integers that agree are exact in both (mask counts)
+        if bool(c.box(c.args[0]).any()):
+            raise _NoRule(f"`{c.name}` changes the dtype between floating point and integers ({src} → {dst}) on values "
+                          "that differ between the networks")
+        return c.box(c.args[0])
+    if not c.ch.rounding:
+        return c.box(c.args[0])
+    if torch.finfo(dst).eps > torch.finfo(torch.float32).eps:
+        raise _NoRule(f"`{c.name}` casts to {dst}: the float32 statements assume float32 arithmetic after it")
+    box = c.box(c.args[0])
+    if dst == torch.float32:
+        box = box + SAFETY * (U32 * c.mag(c.args[0]) + UNDERFLOW)
+    return box
