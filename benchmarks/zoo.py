@@ -1,5 +1,5 @@
-"""The models people already have, tiny, through every stage (issue 42): timm's ConvNeXt, ViT and ResNet (SiLU),
-Hugging Face's BERT and GPT-2 (its default `gelu_new`), built from configs with random weights (no hub), converted with
+"""The models people already have, tiny, through every stage: timm's ConvNeXt, ViT, ResNet (SiLU) and MobileNetV3
+(HardSwish), Hugging Face's BERT and GPT-2 (its default `gelu_new`), built from configs with random weights (no hub), converted with
 no declaration, hardened in a plain loop, swapped, exported and quantized; tests/test_zoo.py asserts on the same runs.
 
     flock /tmp/heavy.lock python -m benchmarks.zoo        # writes benchmarks/zoo-results/zoo.json; ZOO.md quotes it
@@ -24,6 +24,8 @@ from pipeline.extras import import_timm, import_transformers
 
 VOCAB, TOKENS, CLASSES = 32, 8, 3
 FAMILIES = ("convnext", "vit", "resnet_silu", "bert", "gpt2")
+# Families measured by `main` but too slow for the fast suite's fixtures (tests/test_zoo.py runs them as slow tests)
+SLOW_FAMILIES = ("mobilenetv3",)
 
 
 def build(name: str) -> torch.nn.Module:
@@ -46,6 +48,8 @@ def build(name: str) -> torch.nn.Module:
         cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=TOKENS,
                                       num_labels=CLASSES, pad_token_id=0, bos_token_id=1, eos_token_id=1)
         return transformers.GPT2ForSequenceClassification(cfg)
+    if name == "mobilenetv3":  # nn.Hardswish activations, squeeze-excite nn.Hardsigmoid gates, ReLU stem blocks
+        return timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=10)
     raise ValueError(name)
 
 
@@ -91,7 +95,7 @@ class SmoothOps(TorchFunctionMode):
     """Counts the smooth elementwise functions a forward calls, by the class of the module that called them: the
     reference for "no smooth op is left in the swapped forward"."""
 
-    NAMES = {"gelu", "silu", "mish", "erf", "erfc", "tanh", "sigmoid", "softplus", "exp"}
+    NAMES = {"gelu", "silu", "mish", "erf", "erfc", "tanh", "sigmoid", "softplus", "exp", "hardswish", "hardsigmoid"}
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -145,7 +149,7 @@ def main() -> None:
     out = Path(__file__).resolve().parent / "zoo-results" / "zoo.json"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FAMILIES:
+        for name in FAMILIES + SLOW_FAMILIES:
             rows.append(stages(name, Path(tmp)))
             r = rows[-1]
             print(f"{name}: swap max|Δlogit| {r['swap']['max_logit_change']:.2e}, int8 {r['int8_accuracy']:.4f} vs fp32 "

@@ -174,17 +174,22 @@ class LambdaGELU(HardenableGate):
 
 
 # ---------------------------------------------------------------------------------------------
-# The other self-gated activations x·g(λx): σ (Swish/SiLU), erf∘softplus (SERF), tanh∘softplus (Mish).
+# The other self-gated activations x·g(λx): σ (Swish/SiLU), erf∘softplus (SERF), tanh∘softplus (Mish), hardsigmoid
+# (HardSwish).
 # Each is a step as λ → ∞ (g(−∞) = 0, g(+∞) = 1), so the same hardening and swap apply.
 
 
 def lambda_gate(x: torch.Tensor, lam: torch.Tensor | float, gate: str) -> torch.Tensor:
     """x·g(λx) for the family `gate`, kept as a product: autograd's ∂/∂λ of F(λx)/λ is a difference of two terms
     ≈ x/λ that cancel for λx ≫ 1, while the product gives x²·g'(λx) directly. Traced for ONNX as Mul → g's ops →
-    Mul (`GateFamily.onnx`); otherwise with its limits at λx = ±∞ (`with_limits`)."""
+    Mul (`GateFamily.onnx`), or Mul → F's op → Div where the pattern names F; otherwise with its limits at λx = ±∞
+    (`with_limits`)."""
     lam = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
-    g = GATES[gate].g
+    fam = GATES[gate]
+    g = fam.g
     if torch.jit.is_tracing():
+        if fam.onnx is not None and fam.onnx.F is not None:  # one op the verifier reads exactly: HardSwish(λx)/λ
+            return fam.onnx.F(lam * x) / lam
         return x * g(lam * x)
     return with_limits(x, lam, g)
 
@@ -227,6 +232,13 @@ class Mish(Gate):
         return F.mish(x)
 
 
+class HardSwish(Gate):
+    GATE = "hardsigmoid"  # x·hardsigmoid(x) (torch's nn.Hardswish): λ-HardSwish at λ = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardswish(x)
+
+
 class LambdaSwish(HardenableGate):
     GATE = "sigmoid"  # x·σ(λx)
     expression = staticmethod(lambda x, lam: lambda_swish(x, lam))
@@ -235,6 +247,11 @@ class LambdaSwish(HardenableGate):
 class LambdaSERF(HardenableGate):
     GATE = "serf"  # x·erf(softplus(λx))
     expression = staticmethod(lambda x, lam: lambda_serf(x, lam))
+
+
+class LambdaHardSwish(HardenableGate):
+    GATE = "hardsigmoid"  # x·hardsigmoid(λx) = hardswish(λx)/λ, exported as Mul → HardSwish → Div
+    expression = staticmethod(lambda x, lam: lambda_gate(x, lam, "hardsigmoid"))
 
 
 class PReLU(nn.PReLU):
@@ -348,6 +365,8 @@ ACTIVATIONS: dict[str, ActivationSpec] = {
     "mish": gate_spec(Mish),
     "lambda_swish": gate_spec(LambdaSwish),
     "lambda_serf": gate_spec(LambdaSERF),
+    "hardswish": gate_spec(HardSwish),
+    "lambda_hardswish": gate_spec(LambdaHardSwish),
 }
 
 # The GELU analysis paper's zoo (torch defaults). Not gates: the swap leaves them unchanged. PReLU has
@@ -357,7 +376,6 @@ ACTIVATIONS.update({name: ActivationSpec(build=lambda ctx, cls=cls, kw=kw: cls(*
     "hardshrink": (nn.Hardshrink, lambda ctx: {}),
     "hardsigmoid": (nn.Hardsigmoid, lambda ctx: {}),
     "hardtanh": (nn.Hardtanh, lambda ctx: {}),
-    "hardswish": (nn.Hardswish, lambda ctx: {}),
     "leaky_relu": (nn.LeakyReLU, lambda ctx: {}),
     "logsigmoid": (LogSigmoid, lambda ctx: {}),
     "prelu": (PReLU, lambda ctx: {"num_parameters": ctx.channels}),

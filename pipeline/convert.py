@@ -9,9 +9,10 @@ Like torchao's `quantize_(model, config, filter_fn)`: `filter_fn(module, fqn)` c
 `GateConfig` sets each gate's granularity (layer / channel / global), initial λ and temperature, and the one
 walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What becomes what:
 
-- a gate of family g (`activations.gate_of`: torch's nn.GELU in its exact erf form, nn.SiLU, nn.Mish, the
-  registry's GELU / SiLU / SERF / Mish, a user's module declaring `GATE`) becomes the registry's hardenable
-  activation of that family (λ-GELU, λ-Swish, λ-SERF; `hardenable_for`), with λ(0) from the GateConfig. A
+- a gate of family g (`activations.gate_of`: torch's nn.GELU in its exact erf form, nn.SiLU, nn.Mish, nn.Hardswish,
+  the registry's GELU / SiLU / SERF / Mish / HardSwish, a user's module declaring `GATE`) becomes the registry's
+  hardenable activation of that family (λ-GELU, λ-Swish, λ-SERF, λ-HardSwish; `hardenable_for`), with λ(0) from the
+  GateConfig. A
   family without one (Mish today) is left and reported; a plug-in that registers one makes it convert;
 - an activation module of any other class that computes a registered gate, recognized by what it computes
   (`pipeline.recognize`: timm's GELU, GPT-2's NewGELUActivation, QuickGELU, nn.GELU(approximate='tanh'), HF's
@@ -25,8 +26,8 @@ walker (`pipeline.relu_swap.replace_modules`) puts the new modules in. What beco
 Every other activation is listed, never skipped silently: in `report.left` what stays smooth through the anneal and
 the swap (a family with no hardenable gate, F.gelu / F.silu / F.mish called inside some forward, found by one watched
 forward, `pipeline.probe`, on `example` or on an input read from the model; when none can run, `report.probe` says so
-and names `example=`), and in `report.not_gates` the activations that compute no gate x·g(λx) (Tanh, ELU, Hardswish,
-a clipped GELU: the swap keeps them as they are). `strict=True` raises `ConvertError` when anything is left (and when
+and names `example=`), and in `report.not_gates` the activations that compute no gate x·g(λx) (Tanh, ELU, ReLU6,
+Hardsigmoid, a clipped GELU: the swap keeps them as they are). `strict=True` raises `ConvertError` when anything is left (and when
 the forward could not be watched).
 
 The converted model is not the same function: λ starts at `gate.init_lambda` (λ = 1 + softplus(s/t) is
@@ -85,7 +86,7 @@ class ConvertReport:
     kept: list[Site] = field(default_factory=list)  # hardenable already
     # smooth gates that were not converted, with the reason: they would stay smooth through the anneal and the swap
     left: list[Site] = field(default_factory=list)
-    # activations that compute no gate x·g(λx) (Tanh, ELU, Hardswish, ...): no λ form, and the swap keeps them as they are
+    # activations that compute no gate x·g(λx) (Tanh, ELU, Hardsigmoid, ...): no λ form, and the swap keeps them as they are
     not_gates: list[Site] = field(default_factory=list)
     filtered: list[Site] = field(default_factory=list)  # convertible, excluded by filter_fn
     # how gate functions called inside forward() were looked for (`pipeline.probe`), or why they were not

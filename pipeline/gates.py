@@ -84,6 +84,9 @@ class OnnxPattern:
 
     ops: tuple[str, ...]
     whole: bool = False
+    # With `whole`, F(y) = y·g(y) as one torch function that exports as `ops` (F.hardswish → HardSwish): the family's
+    # hardenable gate then traces as F(λx)/λ, ops the verifier reads exactly, instead of a product of two variables.
+    F: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class GateFamily:
     functions: tuple[Callable, ...] = ()  # torch functions that do (a module attribute `self.act = F.gelu`)
     # The registry name of its hardenable activation; `register` adds one (`pipeline.activations`) where none exists.
     hardenable: str | None = None
+    # The points y where F' = g + y·g' jumps (a clipped gate: F is not C¹ there); `curvature` has no bound on F''
+    # within their reach, so the float32 certificate takes its first-order term there.
+    kinks: tuple[float, ...] = ()
 
     def f(self, x: torch.Tensor, lam: torch.Tensor | float = 1.0) -> torch.Tensor:
         """f_λ(x) = x·g(λx)."""
@@ -183,6 +189,23 @@ def _mish(y: torch.Tensor) -> torch.Tensor:
     return torch.tanh(_softplus_t(y))
 
 
+def _sym_hardsigmoid(y):
+    """hardsigmoid(y) = clip(y/6 + 1/2, 0, 1)."""
+    import sympy as sp
+
+    return sp.Piecewise((0, y <= -3), (y / 6 + sp.Rational(1, 2), y < 3), (1, True))
+
+
+def _hardsigmoid(y: torch.Tensor) -> torch.Tensor:
+    """clip(y/6 + 1/2, 0, 1) as a clamp, which autograd differentiates twice (`curvature`); F.hardsigmoid's
+    backward has no derivative."""
+    return (y / 6.0 + 0.5).clamp(0.0, 1.0)
+
+
+def _hardsigmoid_tail(u: float) -> float:
+    return max(0.0, 0.5 - u / 6.0)
+
+
 def _mish_dF(y: torch.Tensor) -> torch.Tensor:
     s = _softplus_t(y)
     return torch.tanh(s) + y * 4.0 * torch.sigmoid(2.0 * s) * torch.sigmoid(-2.0 * s) * torch.sigmoid(y)
@@ -220,6 +243,14 @@ GATES: dict[str, GateFamily] = {
                        relaxation=Relaxation(_mish_dF, lambda y: 2.0 + y * (1.0 - torch.sigmoid(y) - 2.0 * _mish(y) * torch.sigmoid(y)),
                                              ((-4.0, -1.0), (1.0, 2.0))),
                        onnx=OnnxPattern(("Softplus", "Tanh")), modules=(nn.Mish,), functions=(F.mish,)),
+    # hardsigmoid(y) = clip(y/6 + 1/2, 0, 1), the hard gate of HardSwish (MobileNetV3): both tails are (1/2 − u/6)₊, so
+    # a = 2∫₀³(1/2 − u/6) = 3/2, b = 2∫₀³u(1/2 − u/6) = 3/2, c = max u(1/2 − u/6) = 3/8 at u = 3/2. F is piecewise
+    # quadratic (F'' = 1/3 on |y| < 3, 0 outside) with F' jumping at ±3 (0 → −1/2, 3/2 → 1): no relaxation data, as
+    # the verifier reads its export HardSwish(λx)/λ through its own HardSwish op
+    "hardsigmoid": GateFamily("hardsigmoid", "λ-HardSwish  x·hardsigmoid(λx)", _hardsigmoid, _sym_hardsigmoid,
+                              _hardsigmoid_tail, _hardsigmoid_tail, l1=lambda: (1.5, 1.5),
+                              onnx=OnnxPattern(("HardSwish",), whole=True, F=F.hardswish), modules=(nn.Hardswish,),
+                              functions=(F.hardswish,), hardenable="lambda_hardswish", kinks=(-3.0, 3.0)),
 }
 
 
@@ -334,8 +365,8 @@ CURVATURE_STEP = 1e-3  # their grid's step on |y| ≤ 60 (beyond it the tails ha
 
 class Curvature(NamedTuple):
     """Bounds on the derivatives of F(y) = y·g(y) (f_λ(x) = x·g(λx) = F(λx)/λ, so f_λ' = F'(λx), f_λ'' = λ·F''(λx)).
-    `envelope[i]` ≥ sup |F''(y)| over |y| ≥ i·CURVATURE_STEP (non-increasing; envelope[0] = C2 = sup |F''|);
-    `slope_range` ≥ sup F' − inf F'."""
+    `envelope[i]` ≥ sup |F''(y)| over |y| ≥ i·CURVATURE_STEP (non-increasing; envelope[0] = C2 = sup |F''|), ∞ where
+    that range holds a kink of F (`GateFamily.kinks`); `slope_range` ≥ sup F' − inf F'."""
 
     envelope: torch.Tensor
     slope_range: float
@@ -355,6 +386,9 @@ def curvature(gate: str = "phi") -> Curvature:
     a = d2.detach().abs()
     both = torch.maximum(a[n:], a[:n + 1].flip(0))  # |y| = i·step, either sign
     envelope = both.flip(0).cummax(0).values.flip(0) * (1 + CURVATURE_MARGIN)  # sup over |y| ≥ i·step
+    kinks = family(gate).kinks
+    if kinks:  # a jump of F' is no bounded F'': every range |y| ≥ i·step that reaches a kink has none
+        envelope[:int(max(abs(k) for k in kinks) / CURVATURE_STEP) + 1] = math.inf
     d1 = d1.detach()
     return Curvature(envelope, float(d1.max() - d1.min()) * (1 + CURVATURE_MARGIN))
 

@@ -37,7 +37,10 @@ PROBE_SIZES = (32, 64, 224)
 # Elementwise functions that carry a gate's smooth work inside an activation's own code (as the function mode names
 # them: torch.*, Tensor methods, F.*)
 SMOOTH_WORK = frozenset({"tanh", "tanh_", "sigmoid", "sigmoid_", "erf", "erf_", "erfc", "exp", "exp_", "expm1", "softplus",
-                         "gelu", "silu", "mish", "logistic", "special_expit", "expit", "ndtr", "log_ndtr", "erfcx"})
+                         "gelu", "silu", "mish", "logistic", "special_expit", "expit", "ndtr", "log_ndtr", "erfcx",
+                         # a hard gate's clip: timm's own hard_swish is x·relu6(x + 3)/6
+                         "hardswish", "hardswish_", "hardsigmoid", "hardsigmoid_", "relu6", "hardtanh", "hardtanh_",
+                         "clamp", "clamp_", "clip", "clip_"})
 
 
 def gate_function(fn: Any) -> str | None:

@@ -462,17 +462,17 @@ def test_the_verification_figure_counts_each_network_kind():
 
 
 def test_the_hardener_names_to_gates_only_where_to_gates_would_convert_something():
-    """A model already through to_gates with nothing it converts (ReLU6, Hardswish, ReLU) is not told to convert it
+    """A model already through to_gates with nothing it converts (ReLU6, Hardsigmoid, ReLU) is not told to convert it
     first: the message counts what its activations are and why none is hardened; a model to_gates would convert is
     told so, with what it would convert."""
-    done, report = to_gates(nn.Sequential(nn.Linear(4, 8), nn.ReLU6(), nn.Linear(8, 8), nn.Hardswish(), nn.Linear(8, 8),
+    done, report = to_gates(nn.Sequential(nn.Linear(4, 8), nn.ReLU6(), nn.Linear(8, 8), nn.Hardsigmoid(), nn.Linear(8, 8),
                                           nn.ReLU(), nn.Linear(8, 2)))
     assert not report.converted
     with pytest.raises(HardenError) as e:
         Hardener(done, epochs=3)
     msg = str(e.value)
     assert "to_gates(model) first" not in msg and "converts nothing" in msg and "\n" not in msg
-    assert "1 nn.ReLU (already the swapped form)" in msg and "1 nn.ReLU6, 1 nn.Hardswish" in msg
+    assert "1 nn.ReLU (already the swapped form)" in msg and "1 nn.ReLU6, 1 nn.Hardsigmoid" in msg
     with pytest.raises(HardenError) as e:
         Hardener(nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 2)), epochs=3)
     assert "convert it with to_gates(model) first, which converts 2 activation(s) (1 nn.GELU, 1 nn.SiLU)" in str(e.value)

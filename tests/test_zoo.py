@@ -42,10 +42,12 @@ MATCH_ATOL = 2e-3  # pipeline.recognize.MATCH_ATOL, the tolerance of a match (he
 GATE = {"gelu": ("phi", 1.0), "gelu_tanh": ("phi", 1.0), "gelu_new": ("phi", 1.0), "gelu_fast": ("phi", 1.0),
         "gelu_accurate": ("phi", 1.0), "gelu_python": ("phi", 1.0), "gelu_python_tanh": ("phi", 1.0),
         "gelu_pytorch_tanh": ("phi", 1.0), "quick_gelu": ("sigmoid", 1.702), "silu": ("sigmoid", 1.0),
-        "swish": ("sigmoid", 1.0), "mish": ("mish", 1.0)}
-NO_GATE = {"celu", "elu", "hard_mish", "hard_sigmoid", "hard_swish", "hardsigmoid", "hardswish", "identity", "leaky_relu",
-           "prelu", "relu", "relu6", "selu", "sigmoid", "tanh", "gelu_10", "laplace", "linear", "relu2", "sqrtsoftplus",
-           "xielu"}
+        "swish": ("sigmoid", 1.0), "mish": ("mish", 1.0),
+        # HardSwish is x·hardsigmoid(x), λ-HardSwish at λ = 1 (torch's nn.Hardswish under both names)
+        "hard_swish": ("hardsigmoid", 1.0), "hardswish": ("hardsigmoid", 1.0)}
+# hard_mish is x·clip(x/2 + 1, 0, 1): its gate is 1 at x = 0, so no λ makes it x·hardsigmoid(λx) (≥ 0.5 apart at x = −1)
+NO_GATE = {"celu", "elu", "hard_mish", "hard_sigmoid", "hardsigmoid", "identity", "leaky_relu", "prelu", "relu", "relu6",
+           "selu", "sigmoid", "tanh", "gelu_10", "laplace", "linear", "relu2", "sqrtsoftplus", "xielu"}
 
 
 def _registry() -> list[tuple[str, str, type]]:
@@ -64,6 +66,7 @@ def _instance(cls) -> nn.Module:
 
 def _reference(family: str, lam: float, x: np.ndarray) -> np.ndarray:
     return x * (special.ndtr(lam * x) if family == "phi" else special.expit(lam * x) if family == "sigmoid"
+                else np.clip(lam * x / 6 + 0.5, 0.0, 1.0) if family == "hardsigmoid"
                 else np.tanh(np.logaddexp(0.0, lam * x)))
 
 
@@ -85,7 +88,7 @@ def test_every_registered_activation_class(lib, name, cls):
         assert "'mish' has no hardenable activation" in sites["left"][0].reason
         return
     (site,) = sites["converted"]
-    assert site.target == {"phi": "lambda_gelu", "sigmoid": "lambda_swish"}[family]
+    assert site.target == {"phi": "lambda_gelu", "sigmoid": "lambda_swish", "hardsigmoid": "lambda_hardswish"}[family]
     if site.match_lambda is None:  # known by class (nn.GELU, nn.SiLU): exact
         return
     assert abs(site.match_lambda - lam) <= LAMBDA_ATOL

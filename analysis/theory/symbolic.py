@@ -171,7 +171,9 @@ def _bracketed_roots(expr: sp.Expr, sym: sp.Symbol, lo: float, hi: float) -> lis
 
     The scan runs in float64 on the erfc form (1 − erf cancels to noise in the tails); sign
     changes where both neighbours are below SCAN_NOISE × the largest value are rounding noise in
-    a tail that tends to 0, not roots, and are skipped.
+    a tail that tends to 0, not roots, and are skipped. A root that falls on a grid point (an exact 0 between
+    neighbours of opposite signs: a piecewise-linear expression crosses at a round number) is one too. A sign change
+    across a jump of a piecewise expression is no root (nsolve finds no zero there) and is skipped.
     """
     f = _lambdify(sp.simplify(expr.rewrite(sp.erfc)), sym)
     grid = np.linspace(lo, hi, SCAN_POINTS)
@@ -179,10 +181,67 @@ def _bracketed_roots(expr: sp.Expr, sym: sp.Symbol, lo: float, hi: float) -> lis
         vals = np.asarray(f(grid), dtype=float) * np.ones_like(grid)
     floor = SCAN_NOISE * np.nanmax(np.abs(vals))
     big = np.abs(vals) > floor
+    sign = np.sign(vals)
+    brackets = [(grid[i], grid[i + 1]) for i in np.nonzero((sign[:-1] * sign[1:] < 0) & (big[:-1] | big[1:]))[0]]
+    brackets += [(grid[i - 1], grid[i + 1]) for i in np.nonzero((vals[1:-1] == 0) & (sign[:-2] * sign[2:] < 0))[0] + 1]
     roots = []
-    for i in np.nonzero((np.sign(vals[:-1]) * np.sign(vals[1:]) < 0) & (big[:-1] | big[1:]))[0]:
-        roots.append(sp.nsolve(expr, sym, (grid[i], grid[i + 1]), solver="bisect", prec=NSOLVE_PREC))
+    for a, b in brackets:
+        try:
+            r = sp.nsolve(expr, sym, (a, b), solver="bisect", prec=NSOLVE_PREC)
+        except ValueError:  # no zero in the bracket: a jump of a piecewise expression across 0
+            continue
+        if abs(float(expr.subs(sym, r).evalf(NSOLVE_PREC))) <= SCAN_NOISE * max(1.0, float(np.nanmax(np.abs(vals)))):
+            roots.append(r)
     return sorted(roots)
+
+
+def _pieces(expr: sp.Expr, sym: sp.Symbol) -> list[tuple[sp.Expr, sp.Set]]:
+    """(expression, the set of `sym` where it applies) of each piece of a piecewise expression (a clipped gate),
+    in order, each set without the earlier pieces' (a Piecewise takes its first true condition); one piece on the
+    reals for any other expression."""
+    pw = sp.piecewise_fold(expr)
+    if not isinstance(pw, sp.Piecewise):
+        return [(expr, sp.S.Reals)]
+    out, taken = [], sp.S.EmptySet
+    for e, cond in pw.args:
+        where = sp.Intersection(cond.as_set() if cond is not sp.true else sp.S.Reals, sp.S.Reals) - taken
+        taken = sp.Union(taken, where)
+        if where is not sp.S.EmptySet:
+            out.append((e, where))
+    return out
+
+
+def _edges(expr: sp.Expr, sym: sp.Symbol) -> list[tuple[sp.Expr, sp.Expr]]:
+    """(point, value) for each finite end of each piece of a piecewise expression: the piece's one-sided limit there,
+    so that a supremum approached at a breakpoint and not attained (hardswish' → 3/2 as u → 3⁻) is a candidate; []
+    for an expression that is not piecewise."""
+    out = []
+    for e, where in _pieces(expr, sym):
+        if where is sp.S.Reals:
+            continue
+        for part in (where.args if isinstance(where, sp.Union) else (where,)):
+            for p, side in ((part.inf, "+"), (part.sup, "-")):
+                if p.is_finite:
+                    out.append((p, sp.limit(e, sym, p, side)))
+    return out
+
+
+def _limit(expr: sp.Expr, sym: sp.Symbol, point: sp.Expr, side: str = "+") -> sp.Expr:
+    """sp.limit, taken on the piece of a piecewise expression that applies next to `point` on `side` (sympy's limit
+    of a Piecewise at ∞ compares its conditions with zoo and fails)."""
+    for e, where in _pieces(expr, sym):
+        if where is sp.S.Reals:
+            break
+        if point is sp.oo:
+            near = where.sup is sp.oo
+        elif point is -sp.oo:
+            near = where.inf is -sp.oo
+        else:  # the piece holds an interval starting (side "+") or ending ("−") at the point
+            near = any(part.inf <= point < part.sup if side == "+" else part.inf < point <= part.sup
+                       for part in (where.args if isinstance(where, sp.Union) else (where,)))
+        if near:
+            return sp.limit(e, sym, point, side if point.is_finite else "+" if point is -sp.oo else "-")
+    return sp.limit(expr, sym, point, side) if point.is_finite else sp.limit(expr, sym, point)
 
 
 @dataclass(frozen=True)
@@ -215,16 +274,20 @@ def sup_constant(gate: str = "phi") -> SupConstant:
     h = sp.simplify(LAM * gap.subs(X, UP / LAM))
     if LAM in h.free_symbols:
         raise AssertionError(f"scaled gap of gate {gate!r} still depends on λ: {h}")
-    if sp.limit(h, UP, 0, "+") != 0 or sp.limit(h, UP, sp.oo) != 0:
+    if _limit(h, UP, sp.Integer(0), "+") != 0 or _limit(h, UP, sp.oo) != 0:
         raise AssertionError(f"gap of gate {gate!r} does not vanish at 0 and ∞")
     dh = sp.diff(h, UP)
     crit = _bracketed_roots(dh, UP, 1e-9, U_SCAN)
     if not crit:
         raise AssertionError(f"no stationary point of the gap of gate {gate!r} on (0, {U_SCAN}]")
-    vals = [h.subs(UP, r).evalf(NSOLVE_PREC) for r in crit]
+    # a piecewise gap's one-sided values at its breakpoints are candidates too (a maximum at a kink of h)
+    points = crit + [p for p, _ in _edges(h, UP) if 0 < p <= U_SCAN]
+    vals = [h.subs(UP, r).evalf(NSOLVE_PREC) for r in crit] + [v.evalf(NSOLVE_PREC) for p, v in _edges(h, UP)
+                                                               if 0 < p <= U_SCAN]
     i = int(np.argmax([float(v) for v in vals]))
-    d2 = float(sp.diff(h, UP, 2).subs(UP, crit[i]).evalf())
-    return SupConstant(c=sp.Float(vals[i], NSOLVE_PREC), u=crit[i], n_critical=len(crit), second_derivative=d2)
+    d2 = float(sp.diff(h, UP, 2).subs(UP, points[i]).evalf()) if i < len(crit) else float("nan")
+    return SupConstant(c=sp.Float(vals[i], NSOLVE_PREC), u=sp.Float(points[i], NSOLVE_PREC), n_critical=len(crit),
+                       second_derivative=d2)
 
 
 def act_sup_bound(gate: str = "phi") -> sp.Expr:
@@ -288,9 +351,12 @@ def activation_minimum(gate: str = "phi") -> ActivationMinimum:
         raise AssertionError(f"f' of gate {gate!r} depends on λ after scaling: {d1}")
     roots = [r for r in _bracketed_roots(d1, U, -U_SCAN, U_SCAN) if r < 0]
     scaled = sp.simplify(LAM * f.subs(X, U / LAM))  # λ·f(u/λ) = u·g(u)
-    vals = [scaled.subs(U, r).evalf(NSOLVE_PREC) for r in roots]
+    # and a piecewise f's one-sided values at its breakpoints (an infimum at a kink)
+    edges = [(p, v) for p, v in _edges(scaled, U) if p < 0]
+    points = roots + [p for p, _ in edges]
+    vals = [scaled.subs(U, r).evalf(NSOLVE_PREC) for r in roots] + [v.evalf(NSOLVE_PREC) for _, v in edges]
     i = int(np.argmin([float(v) for v in vals]))
-    return ActivationMinimum(u=roots[i], value_scaled=sp.Float(vals[i], NSOLVE_PREC))
+    return ActivationMinimum(u=sp.Float(points[i], NSOLVE_PREC), value_scaled=sp.Float(vals[i], NSOLVE_PREC))
 
 
 @dataclass(frozen=True)
@@ -322,11 +388,23 @@ def lipschitz_constant(gate: str = "phi") -> LipschitzConstant:
     d2 = sp.simplify(sp.diff(f, X, 2).subs(X, U / LAM) / LAM)
     if LAM in d1.free_symbols or LAM in d2.free_symbols:
         raise AssertionError(f"derivatives of gate {gate!r} depend on λ after scaling")
-    sol = sp.solveset(d2, U, sp.S.Reals)
-    exact = isinstance(sol, sp.FiniteSet)
-    crit = sorted(sol, key=lambda r: float(r)) if exact else _bracketed_roots(d2, U, -U_SCAN, U_SCAN)
-    lim = (sp.limit(d1, U, -sp.oo), sp.limit(d1, U, sp.oo))
-    slopes = [sp.simplify(d1.subs(U, r)) for r in crit]
+    # a piecewise f' (a clipped gate): each piece's zeros of f'' on its own set, and f''s one-sided values at the
+    # breakpoints, where |f'| may be largest without being attained
+    edges = _edges(d1, U)
+    if edges:
+        sols = [sp.solveset(e2, U, where) for (e2, where) in _pieces(d2, U)]
+        # a piece where f'' ≡ 0 has f' constant: its values are its edges'
+        exact = all(isinstance(sol, sp.FiniteSet) or sol in (where, sp.S.EmptySet) for sol, (_, where) in zip(sols, _pieces(d2, U)))
+        crit = sorted((r for sol in sols if isinstance(sol, sp.FiniteSet) for r in sol), key=lambda r: float(r))
+        if not exact:
+            crit = _bracketed_roots(d2, U, -U_SCAN, U_SCAN)
+    else:
+        sol = sp.solveset(d2, U, sp.S.Reals)
+        exact = isinstance(sol, sp.FiniteSet)
+        crit = sorted(sol, key=lambda r: float(r)) if exact else _bracketed_roots(d2, U, -U_SCAN, U_SCAN)
+    lim = (_limit(d1, U, -sp.oo), _limit(d1, U, sp.oo))
+    slopes = [sp.simplify(d1.subs(U, r)) for r in crit] + [v for _, v in edges]
+    crit = crit + [p for p, _ in edges]
     nums = [float(s.evalf(NSOLVE_PREC)) for s in slopes]
     i = int(np.argmax(np.abs(nums)))
     if max(abs(float(v)) for v in lim) > abs(nums[i]):

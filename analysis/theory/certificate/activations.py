@@ -76,7 +76,6 @@ ACTIVATION_RULES: dict[type[nn.Module], ActivationRule] = {
     nn.Softplus: ActivationRule(lambda m: 1.0, lambda m: False, ULP_ELEMENTWISE + 2, lambda m: 1.0 / m.beta,
                                 jumps=lambda m: [(m.threshold / m.beta, math.log1p(math.exp(-m.threshold)) / m.beta)]),
     nn.Hardsigmoid: ActivationRule(lambda m: 1 / 6, lambda m: True, 2, lambda m: 0.5),
-    nn.Hardswish: ActivationRule(lambda m: 1.5, lambda m: False, 4),  # (2x + 3)/6 at x → 3⁻
     nn.Sigmoid: ActivationRule(lambda m: 0.25, lambda m: True, ULP_ELEMENTWISE + 2, lambda m: 1.0),
     nn.Tanh: ActivationRule(lambda m: 1.0, lambda m: True, ULP_ELEMENTWISE + 2, lambda m: 1.0),
     nn.Tanhshrink: ActivationRule(lambda m: 1.0, lambda m: True, ULP_ELEMENTWISE + 3, lambda m: 1.0),  # h' = tanh² ≤ 1
