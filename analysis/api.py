@@ -39,7 +39,7 @@ from quantize import ort as ort_util
 
 from . import bounds_check
 
-__all__ = ["swap", "check", "export_onnx", "quantize", "verify", "to_relu"]
+__all__ = ["swap", "check", "CheckResult", "export_onnx", "quantize", "verify", "to_relu"]
 
 
 @contextlib.contextmanager
@@ -66,13 +66,39 @@ def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.devi
         return swap_report(model, data, batch_size, device, metric)
 
 
+class CheckResult(dict):
+    """What `check` found: the keys it always had (`layers`, `certificate`, `verdict`: {"certificate", "statements",
+    "why"}, `predictions`, `output`, `note`), with the verdict as fields: `verdict` ("holds" | "refused" | "fails", None
+    for a model with nothing to swap), `why` (one sentence), `statements` (the float32 statements that held) and
+    `certified` (the verdict holds)."""
+
+    @property
+    def verdict(self) -> str | None:
+        v = self["verdict"]
+        return None if v is None else v["certificate"]
+
+    @property
+    def why(self) -> str:
+        v = self["verdict"]
+        return self.get("note", "") if v is None else v["why"]
+
+    @property
+    def statements(self) -> list[str]:
+        v = self["verdict"]
+        return [] if v is None else list(v["statements"])
+
+    @property
+    def certified(self) -> bool:
+        return self.verdict == "holds"
+
+
 def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_size: int = 2048,
-          device: torch.device | str = "cpu") -> dict[str, Any]:
+          device: torch.device | str = "cpu") -> CheckResult:
     """The check stage for one model: per gate layer, the measured gap to ReLU against its bounds
     (`analysis.bounds_check.empirical_check`), and the swap certificate against the measured logit change on `data`
     (`analysis.bounds_check.swap_certificate`).
 
-    `verdict`: {"certificate": "holds" | "refused" | "fails", "statements", "why"} (`analysis.bounds_check.verdict`): holds
+    `verdict` (a field of the `CheckResult`, and its dict under the key "verdict": `analysis.bounds_check.verdict`): holds
     when every float32 statement that could be proved held on every sample and every gate is within c/λ of ReLU;
     refused when none could be proved; fails otherwise. `predictions`: the closed-form predictions of per-layer
     means, a separate diagnostic (`analysis.bounds_check.predictions`). A model without gates: verdict None (the swap
@@ -88,14 +114,13 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
         layers = bounds_check.empirical_check(net, split, batch_size, device, cfg.soft_delta, cfg.band, cfg.sup_rtol)
         said = {"output": output} if output else {}
         if not layers:
-            return {"layers": [], "certificate": None, "verdict": None, "predictions": None,
-                    "note": "no gates and no smooth gate work (one forward watched): the swap leaves this model unchanged",
-                    **said}
+            return CheckResult(layers=[], certificate=None, verdict=None, predictions=None, **said,
+                               note="no gates and no smooth gate work (one forward watched): the swap leaves this model unchanged")
         cert = bounds_check.swap_certificate(net, split, batch_size, split.x[:1])
     v = bounds_check.verdict(layers, cert)
     if v["certificate"] != "holds":  # a refused or failed certificate is said, not left in a dict to be found
         print(f"api.check: the swap certificate {v['certificate']}: {v['why']}")
-    return {"layers": layers, "certificate": cert, "verdict": v, "predictions": bounds_check.predictions(layers), **said}
+    return CheckResult(layers=layers, certificate=cert, verdict=v, predictions=bounds_check.predictions(layers), **said)
 
 
 def _on_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

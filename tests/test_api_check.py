@@ -4,11 +4,14 @@ because a closed-form prediction (a diagnostic of the pre-activation density) mi
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from analysis import api
-from pipeline.activations import GELU, LambdaGELU, lambda_gelu
+from pipeline import to_gates
+from pipeline.activations import GELU, LambdaGELU, gate_of, lambda_gelu
+from pipeline.extras import import_timm, import_transformers
 
 
 class TinyViT(nn.Module):
@@ -30,8 +33,9 @@ class TinyViT(nn.Module):
 
 
 def _hardened_gates(model: nn.Module, lam: float = 160.0) -> nn.Module:
+    """Every gate frozen at λ (what the Hardener's annealing ends with)."""
     for m in model.modules():
-        if isinstance(m, LambdaGELU):
+        if gate_of(m) is not None and hasattr(m, "freeze"):
             m.freeze(torch.tensor([lam]))
     return model.eval()
 
@@ -45,6 +49,8 @@ def test_every_certificate_refused_is_refused_not_a_pass():
     assert all(cert[k]["status"] == "refused" for k in ("float32", "float32_global"))
     assert out["verdict"]["certificate"] == "refused" and out["verdict"]["statements"] == []
     assert "float32" in out["verdict"]["why"] and "pass" not in out
+    # the verdict as fields, the same as the dict says
+    assert out.verdict == "refused" and out.why == out["verdict"]["why"] and out.statements == [] and not out.certified
 
 
 def test_a_held_certificate_holds_whatever_the_predictions_say():
@@ -56,6 +62,7 @@ def test_a_held_certificate_holds_whatever_the_predictions_say():
     out = api.check(model, (x, torch.zeros(400, dtype=torch.long)))
     assert out["certificate"]["float32"]["status"] == "sound" and out["certificate"]["float32"]["pass"]
     assert out["verdict"]["certificate"] == "holds" and "float32" in out["verdict"]["statements"]
+    assert out.verdict == "holds" and out.certified and "float32" in out.statements and "held" in out.why
     assert not out["predictions"]["pass"] and {o["check"] for o in out["predictions"]["off"]} == {"gate_l1", "act_l1"}
 
 
@@ -77,6 +84,7 @@ def test_a_gate_that_breaks_the_premise_fails():
     x = torch.randn(32, 4)
     out = api.check(model, (x, torch.zeros(32, dtype=torch.long)))
     assert out["verdict"]["certificate"] == "fails" and "c/λ" in out["verdict"]["why"]
+    assert out.verdict == "fails" and not out.certified and "c/λ" in out.why
 
 
 def test_a_refused_certificate_is_one_printed_line_giving_its_reason_once(capsys):
@@ -92,3 +100,41 @@ def test_a_refused_certificate_is_one_printed_line_giving_its_reason_once(capsys
     assert len(lines) == 1 and "refused" in lines[0] and why in lines[0]
     assert why.count("`logsumexp`") == 1 and "float32, float32_global" in why
     assert "analysis/theory" not in why
+
+
+def test_a_model_with_nothing_to_swap_has_no_verdict_and_says_why():
+    out = api.check(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), (torch.randn(8, 4), torch.zeros(8, dtype=torch.long)))
+    assert out.verdict is None and not out.certified and "unchanged" in out.why
+
+
+def _tiny_llama() -> nn.Module:
+    transformers = import_transformers()
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=16))
+
+
+def test_a_tiny_llama_gets_the_float32_certificate(capsys):
+    """LlamaRMSNorm casts to float32 and takes x·rsqrt(mean(x²) + eps); SwiGLU multiplies two values that both move;
+    attention follows the first layer's gates: each has a rule, so the per-sample float32 statement is proved and holds
+    (the global one is refused: a product of two moving values has no global bound)."""
+    model, _ = to_gates(_tiny_llama())
+    model = _hardened_gates(model, 200.0)
+    ids = torch.randint(0, 32, (8, 6), generator=torch.Generator().manual_seed(0))
+    out = api.check(model, (ids, torch.zeros(8, dtype=torch.long)))
+    assert out.verdict == "holds" and out.statements == ["float32"], out.why
+    assert out["certificate"]["float32"]["pass"] and "product" in out["certificate"]["global"]["reason"]
+    assert not [l for l in capsys.readouterr().out.splitlines() if l.startswith("api.check:")]
+
+
+@pytest.mark.slow  # ~7 s: the LLaMA above covers the same code path in the fast suite
+def test_efficientnet_b0_gets_the_float32_certificate():
+    """timm's efficientnet_b0 (random weights, 32×32): its squeeze-excite blocks (mean over the image, x·σ(...)) and
+    head have rules, so the per-sample float32 statement is proved and holds."""
+    torch.manual_seed(0)
+    model, _ = to_gates(import_timm().create_model("efficientnet_b0", pretrained=False, num_classes=3))
+    model = _hardened_gates(model, 200.0)
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    out = api.check(model, (x, torch.zeros(4, dtype=torch.long)))
+    assert out.verdict == "holds" and out.statements == ["float32"], out.why
