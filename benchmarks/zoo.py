@@ -3,6 +3,7 @@
 no declaration, hardened in a plain loop, swapped, exported and quantized; tests/test_zoo.py asserts on the same runs.
 
     flock /tmp/heavy.lock python -m benchmarks.zoo        # writes benchmarks/zoo-results/zoo.json; ZOO.md quotes it
+    flock /tmp/heavy.lock python -m benchmarks.zoo mobilenetv3     # one family: zoo-results/zoo-mobilenetv3.json
 """
 
 from __future__ import annotations
@@ -145,11 +146,17 @@ def stages(name: str, folder: Path) -> dict:
             "fp32_accuracy": int8["fp32"]["accuracy"], "int8_accuracy": int8["int8"]["accuracy"]}
 
 
-def main() -> None:
-    out = Path(__file__).resolve().parent / "zoo-results" / "zoo.json"
+def main(names: list[str] | None = None) -> None:
+    """Every family (zoo-results/zoo.json), or those named (zoo-results/zoo-<names>.json)."""
+    names = names or list(FAMILIES + SLOW_FAMILIES)
+    unknown = sorted(set(names) - set(FAMILIES + SLOW_FAMILIES))
+    if unknown:
+        raise SystemExit(f"error: unknown families {unknown}; choose from {', '.join(FAMILIES + SLOW_FAMILIES)}")
+    every = set(names) == set(FAMILIES + SLOW_FAMILIES)
+    out = Path(__file__).resolve().parent / "zoo-results" / ("zoo.json" if every else f"zoo-{'-'.join(names)}.json")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FAMILIES + SLOW_FAMILIES:
+        for name in names:
             rows.append(stages(name, Path(tmp)))
             r = rows[-1]
             print(f"{name}: swap max|Δlogit| {r['swap']['max_logit_change']:.2e}, int8 {r['int8_accuracy']:.4f} vs fp32 "
@@ -160,4 +167,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -22,7 +22,7 @@ INT8_AGREEMENT_MIN = 0.9  # int8 vs fp32 argmax agreement on the digits test set
 # Found here, kept visible: LogSigmoid's output is ≤ 0 and unbounded below, so the per-tensor int8 scale of
 # the next layer's input is set by its negative outliers; agreement ≈ 0.80 (int8 test accuracy −11 points).
 INT8_AGREEMENT_MIN_FOR = {"logsigmoid": 0.7, "linked_logsigmoid": 0.7}
-GATE_OPS = {"Gelu", "Erf", "Sigmoid", "Softplus", "Tanh", "Div"}  # none of these may survive a swap
+GATE_OPS = {"Gelu", "Erf", "Sigmoid", "Softplus", "Tanh", "Div", "HardSwish"}  # none of these may survive a swap
 
 
 def _run(out: Path, variants: list[str]) -> Path:

@@ -131,6 +131,29 @@ def test_swap_export_int8_and_no_smooth_op_left(hardened, tmp_path):
     assert abs(int8["int8"]["accuracy"] - int8["fp32"]["accuracy"]) <= INT8_POINTS, (int8["int8"], int8["fp32"])
 
 
+@pytest.mark.slow
+def test_mobilenetv3_hardswish_becomes_lambda_hardswish_and_swaps_to_relu(tmp_path):
+    """timm's mobilenetv3_small_050 (random weights, 32×32): its 19 nn.Hardswish convert to λ-HardSwish, its 9
+    squeeze-excite nn.Hardsigmoid stay (listed at the swap), the Hardener anneals to λ_target, the swap changes no
+    logit by more than 1e-2 and no hardswish is left in the swapped forward or its ONNX graph (~25 s)."""
+    model, report, hardener, (_, _, x, y) = harden("mobilenetv3")
+    assert {s.source for s in report.converted} == {"nn.Hardswish"} and len(report.converted) == 19
+    assert {s.target for s in report.converted} == {"lambda_hardswish"} and not report.left
+    assert [s.source for s in report.not_gates] == ["nn.Hardsigmoid"] * 9
+    assert hardener.hardened()
+    swap = api.swap(model, (x, y))
+    assert swap["max_logit_change"] <= SWAP_MAX_DLOGIT and swap["swapped"] == 19, swap
+    assert swap["kept"] == ["9 Hardsigmoid kept: squeeze-excite gates, not activations"]
+    relu = to_relu(copy.deepcopy(model), x[:2])
+    assert not any(isinstance(m, nn.Hardswish) or hasattr(m, "lam") for m in relu.modules())
+    counter = SmoothOps(relu)
+    with torch.no_grad(), counter:
+        relu(x[:4])
+    assert counter.counts == {"Hardsigmoid.hardsigmoid": 9}, counter.counts  # the SE gates, once per forward each
+    exported = api.export_onnx(relu, x[:2], tmp_path / "relu.onnx", check_inputs=x[:32])
+    assert "HardSwish" not in exported["ops"] and exported["ops"].get("HardSigmoid") == 9, exported["ops"]
+
+
 # -- never a silent non-swap: each of these returned a "ReLU" model or a perfect-looking swap on c1c507a ----------------
 
 def test_gpt2_tanh_gelu_is_refused_before_conversion_and_converted_after():
