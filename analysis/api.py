@@ -182,13 +182,11 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
     quantize/sqnr.csv); `settings["input_form"]` ("folded" or "float") and each form's agreement (`input_forms`).
     Where `argmax_agreement` is below `config.agreement_floor`, `warning` is one line naming the inputs or layers
     that lose the signal and the fix, also raised as a RuntimeWarning; else None."""
-    from pipeline.config import Config, validate
+    from pipeline.config import validate_quantize
     from quantize import int8 as int8_mod
 
-    cfg = Config()
-    cfg.seed = seed
-    cfg.quantize = copy.deepcopy(config) if config is not None else QuantizeConfig()
-    validate(cfg)  # a bad setting is one line naming it, not onnxruntime's error from inside the calibrator
+    # a bad setting is one line naming it, not onnxruntime's error from inside the calibrator
+    q = validate_quantize(copy.deepcopy(config) if config is not None else QuantizeConfig())
     path = Path(path)
     xs = _inputs(calibration)
     unlabelled = data is None or isinstance(data, (torch.Tensor, np.ndarray))
@@ -200,9 +198,9 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
             src = work / "model.fp32.onnx"
             sources = {"float": src}
             with _as_given(model):
-                trace, checks = xs[:2] if example is None else example, xe[:cfg.quantize.sqnr_samples]
+                trace, checks = xs[:2] if example is None else example, xe[:q.sqnr_samples]
                 folded = (export_mod.fold_normalization(copy.deepcopy(model).cpu(), tuple(xs.shape[1:]))
-                          if cfg.quantize.fold_normalization and isinstance(model, nn.Sequential) else None)
+                          if q.fold_normalization and isinstance(model, nn.Sequential) else None)
                 if folded is not None:
                     sources = {"folded": work / "model.folded.fp32.onnx", **sources}
                     export_onnx(folded, trace, sources["folded"], check_inputs=checks, opset=opset)
@@ -212,20 +210,19 @@ def quantize(model: nn.Module | str | Path, calibration: Any, path: str | Path, 
             if not src.is_file():
                 raise FileNotFoundError(f"{src}: no such ONNX file")
             sources = {"float": src}
-        calib = int8_mod.calibration_samples(cfg, xs.cpu())
-        form, made, forms = int8_mod.quantize_forms(sources, path, calib, cfg, work, check=xe.cpu().numpy())
+        calib = int8_mod.calibration_samples(q, xs.cpu(), seed)
+        form, made, forms = int8_mod.quantize_forms(sources, path, calib, q, work, check=xe.cpu().numpy())
         pre = made.pre
-        threads = cfg.quantize.threads
+        threads = q.threads
         logits = {p: ort_util.infer(ort_util.session(f, threads), xe.cpu().numpy()) for p, f in (("fp32", src), ("int8", path))}
         facts = {}
         for p, f in (("fp32", src), ("int8", path)):
             facts[p] = ort_util.file_facts(f, threads)
             if split is not None:
                 facts[p]["accuracy"] = ort_util.accuracy(logits[p], split.y.numpy())
-        xq = xe[:cfg.quantize.sqnr_samples].cpu().numpy()
+        xq = xe[:q.sqnr_samples].cpu().numpy()
         sqnr = int8_mod.input_sqnr_rows(path, xq, tuple(xq.shape[1:])) + int8_mod.sqnr_rows(pre, path, xq, work)
     acts = [r["sqnr_db"] for r in sqnr if r["kind"] == "activation" and isinstance(r["sqnr_db"], float)]
-    q = cfg.quantize
     fidelity = int8_mod.clip_fidelity(logits["fp32"], logits["int8"])
     warning = int8_mod.agreement_warning(str(path), fidelity, q.agreement_floor, "`data`", sqnr, form == "folded")
     if warning:

@@ -52,8 +52,8 @@ def _export_pair(model, name: str, ds, cfg: Config, work: Path) -> dict[str, Pat
         proto, _ = export_mod.to_onnx(folded, example, cfg.export.opset, cfg.export.simplify)
         export_mod.save(proto, src)
     int8 = work / f"{name}.int8.onnx"
-    calib = int8_mod.calibration_samples(cfg, ds.train.x)
-    int8_mod.quantize_file(src, int8, calib, cfg, work)
+    calib = int8_mod.calibration_samples(cfg.quantize, ds.train.x, cfg.seed)
+    int8_mod.quantize_file(src, int8, calib, cfg.quantize, work)
     return {"fp32": fp32, "int8": int8}
 
 

@@ -58,7 +58,7 @@ def build(workdir: Path, seed: int, hidden: tuple[int, int], epochs: int = 6) ->
     fp32 = workdir / f"mlp{seed}.fp32.onnx"
     export_mod.save(proto, fp32)
     int8 = workdir / f"mlp{seed}.int8.onnx"
-    quantize_file(fp32, int8, ds.train.x[:512].numpy(), Config(), workdir)
+    quantize_file(fp32, int8, ds.train.x[:512].numpy(), Config().quantize, workdir)
     return int8
 
 

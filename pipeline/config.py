@@ -539,20 +539,26 @@ def validate(cfg: Config) -> Config:
     need(13 <= cfg.export.opset <= OPSET, f"export.opset must be in 13..{OPSET} (the TorchScript exporter's range), got {cfg.export.opset}")
     need(cfg.export.atol >= 0 and cfg.export.rtol >= 0 and cfg.export.check_samples > 0,
          "export.check_samples must be > 0, export.atol and export.rtol >= 0")
-    need(cfg.quantize.calibration_samples > 0, "quantize.calibration_samples must be > 0")
-    need(cfg.quantize.threads > 0 and cfg.quantize.repeats > 0 and cfg.quantize.throughput_batch > 0,
-         "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
-    need(cfg.quantize.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
-    need(50 < cfg.quantize.percentile <= 100, "quantize.percentile must be in (50, 100], e.g. 99.999")
-    need(all(50 < p <= 100 for p in cfg.quantize.clip_search),
-         f"quantize.clip_search must list percentiles in (50, 100], e.g. [99.99, 99.9, 99.5]; got {cfg.quantize.clip_search}")
-    need(cfg.quantize.clip_tolerance_pt >= 0, f"quantize.clip_tolerance_pt must be >= 0 (points of agreement), got "
-         f"{cfg.quantize.clip_tolerance_pt}")
-    need(0 <= cfg.quantize.agreement_floor <= 1, f"quantize.agreement_floor must be in [0, 1] (a share of the validation "
-         f"inputs), got {cfg.quantize.agreement_floor}")
-    need(1 <= cfg.quantize.timing_blocks <= cfg.quantize.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
+    validate_quantize(cfg.quantize)
     need(cfg.sparsity.atol > 0 and cfg.sparsity.bins > 0, "sparsity.atol and sparsity.bins must be > 0")
     return cfg
+
+
+def validate_quantize(q: QuantizeConfig) -> QuantizeConfig:
+    """The quantize section's checks (`validate` runs them; `analysis.api.quantize` runs them on its own section)."""
+    need(q.calibration_samples > 0, "quantize.calibration_samples must be > 0")
+    need(q.threads > 0 and q.repeats > 0 and q.throughput_batch > 0,
+         "quantize.threads, quantize.repeats and quantize.throughput_batch must be > 0")
+    need(q.sqnr_samples > 0, "quantize.sqnr_samples must be > 0")
+    need(50 < q.percentile <= 100, "quantize.percentile must be in (50, 100], e.g. 99.999")
+    need(all(50 < p <= 100 for p in q.clip_search),
+         f"quantize.clip_search must list percentiles in (50, 100], e.g. [99.99, 99.9, 99.5]; got {q.clip_search}")
+    need(q.clip_tolerance_pt >= 0, f"quantize.clip_tolerance_pt must be >= 0 (points of agreement), got "
+         f"{q.clip_tolerance_pt}")
+    need(0 <= q.agreement_floor <= 1, f"quantize.agreement_floor must be in [0, 1] (a share of the validation "
+         f"inputs), got {q.agreement_floor}")
+    need(1 <= q.timing_blocks <= q.repeats, "quantize.timing_blocks must be in 1..quantize.repeats")
+    return q
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

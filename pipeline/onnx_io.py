@@ -27,6 +27,7 @@ from torch import nn
 from .devices import cpu_model
 from .errors import PipelineError
 
+INFER_BATCH = 2048  # inputs per onnxruntime call where a caller names no batch size
 INPUT = "input"  # graph input and output names every exported model uses
 OUTPUT = "logits"
 
@@ -125,7 +126,7 @@ def io_names(sess: ort.InferenceSession) -> tuple[str, str]:
     return sess.get_inputs()[0].name, sess.get_outputs()[0].name
 
 
-def infer(sess: ort.InferenceSession, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+def infer(sess: ort.InferenceSession, x: np.ndarray, batch_size: int = INFER_BATCH) -> np.ndarray:
     """Logits for all of x ([N, ...]), in batches; shape [N, K] (or [N, T, V] for a language model)."""
     x = as_input(x)
     inp, out = io_names(sess)

@@ -51,7 +51,7 @@ import torch
 from onnxruntime import quantization as q
 from onnxruntime.quantization.calibrate import HistogramCollector
 
-from pipeline.config import Config
+from pipeline.config import QuantizeConfig
 from pipeline.evaluate import score
 from pipeline.atomic_io import atomic_path
 
@@ -85,12 +85,12 @@ class ArrayReader(q.CalibrationDataReader):
         return math.ceil(len(self.x) / self.batch)
 
 
-def calibration_samples(cfg: Config, x: torch.Tensor) -> np.ndarray:
-    """`quantize.calibration_samples` training examples, drawn without replacement with the run's seed."""
+def calibration_samples(qcfg: QuantizeConfig, x: torch.Tensor, seed: int) -> np.ndarray:
+    """`quantize.calibration_samples` training examples, drawn without replacement with `seed` (the run's)."""
     if not len(x):
         raise ValueError("no calibration inputs: static quantization needs at least one to calibrate its activation ranges")
-    n = min(cfg.quantize.calibration_samples, len(x))
-    idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed))[:n]
+    n = min(qcfg.calibration_samples, len(x))
+    idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:n]
     return x[idx].numpy()
 
 
@@ -110,8 +110,8 @@ class Quantized:
     note: str = ""
 
 
-def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir: Path,
-                  check: np.ndarray | None = None) -> Quantized:
+def quantize_file(src: Path, dst: Path, calib: np.ndarray, qcfg: QuantizeConfig, workdir: Path,
+                  check: np.ndarray | None = None, batch_size: int = ort_util.INFER_BATCH) -> Quantized:
     """quant_pre_process + quantize_static (QDQ, per-channel int8 weights), written to `dst`.
 
     Percentile calibration with `check` inputs and `quantize.clip_search`: one model per candidate clip, all from one
@@ -119,7 +119,6 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
     written. Without `check`, with no search, or with too few `check` outputs for `quantize.clip_tolerance_pt` to
     amount to one of them (then a clip's cost cannot be told from noise; `note` says so): the model at
     `quantize.percentile`."""
-    qcfg = cfg.quantize
     pre = workdir / f"{dst.stem}.pre.onnx"
     q.quant_pre_process(str(src), str(pre))
     if qcfg.activation_type == "int16":
@@ -131,7 +130,7 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
             with atomic_path(dst) as tmp:
                 _quantize_static(pre, tmp, qcfg, ArrayReader(calib), cache)
             return Quantized(pre, None)
-        clips, note, batch = qcfg.clip_candidates[:1], "", cfg.data.eval_batch_size
+        clips, note, batch = qcfg.clip_candidates[:1], "", batch_size
         if check is not None and len(check) and len(qcfg.clip_candidates) > 1:
             reference = ort_util.infer(ort_util.session(pre, qcfg.threads), check, batch)
             n = reference.size // reference.shape[-1]  # argmax outputs: one per input, or per token
@@ -157,8 +156,9 @@ def quantize_file(src: Path, dst: Path, calib: np.ndarray, cfg: Config, workdir:
     return Quantized(pre, chosen, rows)
 
 
-def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, cfg: Config, workdir: Path,
-                   check: np.ndarray | None = None) -> tuple[str, Quantized, list[dict[str, Any]]]:
+def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, qcfg: QuantizeConfig, workdir: Path,
+                   check: np.ndarray | None = None,
+                   batch_size: int = ort_util.INFER_BATCH) -> tuple[str, Quantized, list[dict[str, Any]]]:
     """One model given as several fp32 files of the same function (`forms`, in order of preference; the last is the
     reference, e.g. {"folded": input normalization folded into the first Linear, "float": kept in float}), each
     quantized by `quantize_file` and compared with the reference fp32 file on `check` (`clip_fidelity`, and how many
@@ -174,20 +174,20 @@ def quantize_forms(forms: dict[str, Path], dst: Path, calib: np.ndarray, cfg: Co
     where agreement cannot: a small validation split, or a model that ignores the inputs it would lose."""
     names = list(forms)
     if len(names) == 1 or check is None or not len(check):
-        return names[0], quantize_file(forms[names[0]], dst, calib, cfg, workdir, check), []
-    threads, batch = cfg.quantize.threads, cfg.data.eval_batch_size
+        return names[0], quantize_file(forms[names[0]], dst, calib, qcfg, workdir, check, batch_size), []
+    threads, batch = qcfg.threads, batch_size
     reference = ort_util.infer(ort_util.session(forms[names[-1]], threads), check, batch)
     made, rows = {}, []
     for name in names:
         sub = workdir / f"form-{name}"
         sub.mkdir(exist_ok=True)
         path = sub / dst.name
-        made[name] = quantize_file(forms[name], path, calib, cfg, sub, check)
-        inputs = [r["sqnr_db"] for r in input_sqnr_rows(path, check[:cfg.quantize.sqnr_samples], tuple(check.shape[1:]))]
+        made[name] = quantize_file(forms[name], path, calib, qcfg, sub, check, batch_size)
+        inputs = [r["sqnr_db"] for r in input_sqnr_rows(path, check[:qcfg.sqnr_samples], tuple(check.shape[1:]))]
         rows.append({"form": name, **clip_fidelity(reference, ort_util.infer(ort_util.session(path, threads), check, batch)),
                      "inputs_lost": sum(float(v) < LOW_SQNR_DB for v in inputs),
                      "min_input_sqnr_db": min(inputs, key=float) if inputs else None})
-    allowed = min(r["disagreements"] for r in rows) + cfg.quantize.clip_tolerance_pt / 100 * rows[0]["inputs"]
+    allowed = min(r["disagreements"] for r in rows) + qcfg.clip_tolerance_pt / 100 * rows[0]["inputs"]
     close = [r for r in rows if r["disagreements"] <= allowed]
     chosen = min(close, key=lambda r: r["inputs_lost"])["form"]  # min keeps the first of equals: the preferred form
     with atomic_path(dst) as tmp:
@@ -458,12 +458,13 @@ def _db(v: float) -> float | str:
     return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
-def evaluate_file(path: Path, ds, cfg: Config) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def evaluate_file(path: Path, ds, threads: int = 1,
+                  batch_size: int = ort_util.INFER_BATCH) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The data's metric (accuracy, or perplexity for a language model) on the full validation and test
     sets, file size and op counts (raw, and as onnxruntime runs it)."""
-    threads, metric = cfg.quantize.threads, ds.info.metric
+    metric = ds.info.metric
     sess = ort_util.session(path, threads)
-    logits = {split: ort_util.infer(sess, getattr(ds, split).x.numpy(), cfg.data.eval_batch_size) for split in ("val", "test")}
+    logits = {split: ort_util.infer(sess, getattr(ds, split).x.numpy(), batch_size) for split in ("val", "test")}
     facts = {f"{split}_{metric}": score(torch.from_numpy(logits[split]), getattr(ds, split).y, metric)["metric"]
              for split in ("val", "test")}
     facts.update(ort_util.file_facts(path, threads))

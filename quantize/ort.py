@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 
 # Sessions, flat and batched inference and the graphs' input/output names live with the exporter (`pipeline.onnx_io`).
-from pipeline.onnx_io import INPUT, OUTPUT, as_input, forward_flat, infer, io_names, session, session_options  # noqa: F401
+from pipeline.onnx_io import INFER_BATCH, INPUT, OUTPUT, as_input, forward_flat, infer, io_names, session, session_options  # noqa: F401
 
 # Ops that compute on integer tensors in onnxruntime's optimized graph (com.microsoft and ONNX).
 INTEGER_OPS = frozenset({

@@ -47,7 +47,7 @@ def _quantize(net, spec, d, name, cfg: Config):
     work = d / name
     work.mkdir()
     int8 = d / f"{name}.int8.onnx"
-    pre = q8.quantize_file(fp32, int8, q8.calibration_samples(cfg, ds.train.x), cfg, work).pre
+    pre = q8.quantize_file(fp32, int8, q8.calibration_samples(cfg.quantize, ds.train.x, cfg.seed), cfg.quantize, work).pre
     return fp32, int8, pre
 
 
@@ -237,9 +237,9 @@ def test_clip_search_makes_onnxruntimes_own_files_from_one_histogram_pass(nets, 
     ex.save(ex.to_onnx(ex.fold_normalization(net, tuple(spec["input_shape"])), ds.val.x[:2], Config().export.opset)[0], fp32)
     cfg = Config()
     cfg.quantize.clip_tolerance_pt = 1.0  # 1.44 of digits' 144 validation inputs
-    calib = q8.calibration_samples(cfg, ds.train.x)
+    calib = q8.calibration_samples(cfg.quantize, ds.train.x, cfg.seed)
     x = ds.val.x.numpy()
-    made = q8.quantize_file(fp32, tmp_path / "int8.onnx", calib, cfg, tmp_path, check=x)
+    made = q8.quantize_file(fp32, tmp_path / "int8.onnx", calib, cfg.quantize, tmp_path, check=x)
     assert [r["percentile"] for r in made.search] == [99.999, 99.99, 99.9, 99.5]
     assert made.percentile == q8.choose_clip(made.search, cfg.quantize.clip_tolerance_pt)
     reference = ort_util.infer(ort_util.session(made.pre), x)
@@ -274,7 +274,7 @@ def test_the_reference_percentile_when_no_clip_can_be_chosen(setting, nets, quan
     if setting == "no search":
         cfg.quantize.clip_search = []
     assert len(x) == 144 and cfg.quantize.clip_tolerance_pt / 100 * len(x) < 1  # 0.29 of an input
-    made = q8.quantize_file(pre, tmp_path / "plain.int8.onnx", q8.calibration_samples(cfg, digits().train.x), cfg, tmp_path,
+    made = q8.quantize_file(pre, tmp_path / "plain.int8.onnx", q8.calibration_samples(cfg.quantize, digits().train.x, cfg.seed), cfg.quantize, tmp_path,
                             check=None if setting == "no check inputs" else x)
     assert made.percentile == 99.999 and made.search == []
     assert made.note == ("144 validation outputs: 0.2 points of agreement is less than one of them, so no clip's cost "

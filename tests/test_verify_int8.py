@@ -56,7 +56,7 @@ def _tiny(tmp: Path, act_type: str, reduce_range: bool = True, seed: int = 0, sh
     cfg.quantize.reduce_range = reduce_range
     calib = (np.random.default_rng(seed).uniform(-1, 1, (256, 2)) + shift).astype(np.float32)
     dst = tmp / f"int8-{act_type}-{int(reduce_range)}.onnx"
-    quantize_file(src, dst, calib, cfg, tmp)
+    quantize_file(src, dst, calib, cfg.quantize, tmp)
     return dst, net
 
 
@@ -524,7 +524,7 @@ def _builtin_int8(tmp: Path, name: str, seed: int = 0, act_type: str = "int8", *
     int8 = tmp / f"{name}.{act_type}.onnx"
     cfg = Config()
     cfg.quantize.activation_type = act_type
-    quantize_file(fp32, int8, calib, cfg, tmp)
+    quantize_file(fp32, int8, calib, cfg.quantize, tmp)
     return fp32, int8
 
 
@@ -659,7 +659,7 @@ def test_an_overflow_behind_an_int8_layer_norm_without_an_error_bound_says_so(tm
     relu, shape, x = coverage._build("deit_tiny", "relu")
     proto, _ = to_onnx(export_mod.fold_normalization(relu, shape) or relu, x[:2], 20, True, None)
     export_mod.save(proto, tmp_path / "fp32.onnx")
-    quantize_file(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", x.numpy(), Config(), tmp_path)
+    quantize_file(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", x.numpy(), Config().quantize, tmp_path)
     net = from_onnx(tmp_path / "int8.onnx")
     x0 = x[0].numpy().reshape(-1).astype(np.float64)
     Bounder(net, np.clip(x0 - 0.002, 0, 1), np.clip(x0 + 0.002, 0, 1)).crown()  # finite: no refusal
@@ -705,7 +705,7 @@ def test_sixteen_bit_activations_give_grids_257_times_finer_and_the_float_graphs
     cfg = Config()
     cfg.quantize.activation_type, cfg.quantize.reduce_range = "int16", False
     wide = tmp_path / "wide16.onnx"
-    quantize_file(fp32, wide, np.random.default_rng(0).uniform(0, 1, (128, 1, 8, 8)).astype(np.float32), cfg, tmp_path)
+    quantize_file(fp32, wide, np.random.default_rng(0).uniform(0, 1, (128, 1, 8, 8)).astype(np.float32), cfg.quantize, tmp_path)
     from_onnx(wide)
 
 

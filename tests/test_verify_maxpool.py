@@ -162,7 +162,7 @@ def test_the_int8_model_is_read_with_exact_requantization_around_the_pool_and_is
     proto, _ = to_onnx(model, torch.zeros(1, 1, 8, 8), opset=20, simplify=True, dynamic_batch=True)
     save(proto, fp32)
     calib = np.random.default_rng(0).uniform(0, 1, (128, 1, 8, 8)).astype(np.float32)
-    quantize_file(fp32, int8, calib, Config(), tmp_path)
+    quantize_file(fp32, int8, calib, Config().quantize, tmp_path)
     ops = [n.op_type for n in onnx.load(str(int8)).graph.node]
     pools = [i for i, op in enumerate(ops) if op == "MaxPool"]
     assert len(pools) == 2 and all(ops[i - 1] == "DequantizeLinear" and ops[i + 1] == "QuantizeLinear" for i in pools)

@@ -277,8 +277,8 @@ def test_api_quantize_gives_the_int8_stages_file_and_a_report_onnxruntime_confir
     # chosen on the same inputs
     api.export_onnx(relu, ds.train.x[:2], tmp_path / "a.fp32.onnx")
     cfg = Config()
-    calib = int8_mod.calibration_samples(cfg, ds.train.x)
-    made = int8_mod.quantize_file(tmp_path / "a.fp32.onnx", tmp_path / "stage.int8.onnx", calib, cfg, tmp_path, check=xt)
+    calib = int8_mod.calibration_samples(cfg.quantize, ds.train.x, cfg.seed)
+    made = int8_mod.quantize_file(tmp_path / "a.fp32.onnx", tmp_path / "stage.int8.onnx", calib, cfg.quantize, tmp_path, check=xt)
     # 359 test inputs: 0.2 points is less than one of them, so the reference clip, and the report says why
     assert report["settings"]["percentile"] == made.percentile == 99.999 and "clip_search" not in report["settings"]
     assert report["settings"]["clip_note"].startswith("359 validation outputs: 0.2 points of agreement is less than one")

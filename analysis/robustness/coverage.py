@@ -37,7 +37,7 @@ import torch
 
 from analysis.verification.ops.base import UnsupportedModel
 from analysis.verification.readers import from_onnx, from_torch
-from pipeline.config import Config, GateConfig, ModelConfig
+from pipeline.config import GateConfig, ModelConfig, QuantizeConfig
 from pipeline.models import MODELS, build_model
 from quantize import export as export_mod
 from quantize.int8 import quantize_file
@@ -111,7 +111,7 @@ def row(name: str, workdir: Path) -> dict[str, str]:
 
     def int8():
         export_mod.write_checked(export_mod.fold_normalization(relu, shape) or relu, x[:2], fp32_path, x, reference=relu)
-        quantize_file(fp32_path, int8_path, x.numpy(), Config(), workdir)  # float32 inputs, or int64 token ids
+        quantize_file(fp32_path, int8_path, x.numpy(), QuantizeConfig(), workdir)  # float32 inputs, or int64 token ids
         from_onnx(int8_path)
 
     cells = {"float ReLU": _cell(float_relu), "smooth (λ-GELU)": _cell(lambda: from_torch(smooth, shape)), "int8": _cell(int8)}

@@ -91,7 +91,7 @@ def tiny_cases(work: Path) -> list[dict[str, Any]]:
             else:
                 proto, _ = export_mod.to_onnx(export_mod.fold_normalization(relu, shape) or relu, torch_tensor(x[:2]), 20, True, None)
                 export_mod.save(proto, work / f"{name}.fp32.onnx")
-                quantize_file(work / f"{name}.fp32.onnx", path, x, Config(), work)
+                quantize_file(work / f"{name}.fp32.onnx", path, x, Config().quantize, work)
             _npz(path.with_suffix(".npz"), path, x, lo, hi)
             cases.append({"name": f"{name} ({kind})", "architecture": name, "kind": kind, "source": "tiny",
                           "onnx": str(path), "npz": str(path.with_suffix(".npz")),

@@ -48,7 +48,8 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
     int8_path = out_dir / "model.int8.onnx"
     # the input form and the clip are chosen on the validation split, as the checkpoint was (the test split stays for
     # reporting)
-    chosen, made, candidates = quantize_forms(sources, int8_path, calib, cfg, workdir, check=ds.val.x.numpy())
+    chosen, made, candidates = quantize_forms(sources, int8_path, calib, qcfg, workdir, check=ds.val.x.numpy(),
+                                              batch_size=cfg.data.eval_batch_size)
     src = out_dir / "model.fp32.onnx"  # the graph that was quantized, where it is not the export's own
     if chosen == "folded":
         shutil.copyfile(sources["folded"], src)
@@ -59,8 +60,8 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
         normalization = "float prologue (Mul, Add on the input)" + (" (folding it agreed less with fp32)" if fold_into else "")
     pre = made.pre
 
-    fp32, fp32_logits = evaluate_file(fp32_path, ds, cfg)
-    int8, int8_logits = evaluate_file(int8_path, ds, cfg)
+    fp32, fp32_logits = evaluate_file(fp32_path, ds, qcfg.threads, cfg.data.eval_batch_size)
+    int8, int8_logits = evaluate_file(int8_path, ds, qcfg.threads, cfg.data.eval_batch_size)
     xs = ds.val.x[:qcfg.sqnr_samples].numpy()
     rows = (input_sqnr_rows(int8_path, xs, tuple(ds.info.input_shape), ds.info.feature_names)
             + sqnr_rows(pre, int8_path, xs, workdir))
@@ -128,7 +129,7 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
         raise RunDirError(f"{run.path}: the export stage has written no export/export.json; run it first "
                           f"(`pipeline run --resume {run.path} --redo export`)")
     exported = exported["models"]
-    calib = calibration_samples(cfg, ds.train.x)
+    calib = calibration_samples(qcfg, ds.train.x, cfg.seed)
     models: dict[str, dict[str, Any]] = {}
     sqnr: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="int8-") as tmp:
