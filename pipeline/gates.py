@@ -365,11 +365,13 @@ CURVATURE_STEP = 1e-3  # their grid's step on |y| ≤ 60 (beyond it the tails ha
 
 class Curvature(NamedTuple):
     """Bounds on the derivatives of F(y) = y·g(y) (f_λ(x) = x·g(λx) = F(λx)/λ, so f_λ' = F'(λx), f_λ'' = λ·F''(λx)).
-    `envelope[i]` ≥ sup |F''(y)| over |y| ≥ i·CURVATURE_STEP (non-increasing; envelope[0] = C2 = sup |F''|), ∞ where
-    that range holds a kink of F (`GateFamily.kinks`); `slope_range` ≥ sup F' − inf F'."""
+    `envelope[i]` ≥ sup |F''(y)| over |y| ≥ i·CURVATURE_STEP (non-increasing; envelope[0] = C2 = sup |F''|), on the
+    pieces between the kinks of F (`GateFamily.kinks`, where F' jumps): an interval that holds a kink has no bound on
+    F'' at all, and its users take `slope_range` ≥ sup F' − inf F' there."""
 
     envelope: torch.Tensor
     slope_range: float
+    kinks: tuple[float, ...] = ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -386,11 +388,8 @@ def curvature(gate: str = "phi") -> Curvature:
     a = d2.detach().abs()
     both = torch.maximum(a[n:], a[:n + 1].flip(0))  # |y| = i·step, either sign
     envelope = both.flip(0).cummax(0).values.flip(0) * (1 + CURVATURE_MARGIN)  # sup over |y| ≥ i·step
-    kinks = family(gate).kinks
-    if kinks:  # a jump of F' is no bounded F'': every range |y| ≥ i·step that reaches a kink has none
-        envelope[:int(max(abs(k) for k in kinks) / CURVATURE_STEP) + 1] = math.inf
-    d1 = d1.detach()
-    return Curvature(envelope, float(d1.max() - d1.min()) * (1 + CURVATURE_MARGIN))
+    d1 = d1.detach()  # autograd differentiates a clipped gate piece by piece: no spike at a kink in d1 or d2
+    return Curvature(envelope, float(d1.max() - d1.min()) * (1 + CURVATURE_MARGIN), family(gate).kinks)
 
 
 def sup_constant(gate: str = "phi") -> float:

@@ -193,11 +193,12 @@ def test_timms_own_hardswish_class_is_recognized_and_converted():
     assert site.target == "lambda_hardswish" and site.match_lambda == pytest.approx(1.0, abs=1e-6)
 
 
-def test_the_curvature_envelope_has_no_bound_within_reach_of_the_kinks():
+def test_the_curvature_envelope_bounds_f2_on_the_pieces_and_names_the_kinks():
     cv = gates.curvature(NAME)
     step = gates.CURVATURE_STEP
-    assert torch.isinf(cv.envelope[:int(3 / step) + 1]).all() and (cv.envelope[int(3 / step) + 1:] == 0).all()
-    assert cv.slope_range >= LIP - MIN_SLOPE
+    assert cv.kinks == (-3.0, 3.0) and cv.slope_range >= LIP - MIN_SLOPE
+    # F'' = 1/3 on |y| < 3 and 0 beyond: the envelope over |y| ≥ i·step holds 1/3 until the kink, 0 after it
+    assert (cv.envelope[:int(3 / step)] >= 1 / 3).all() and (cv.envelope[int(3 / step) + 1:] == 0).all()
 
 
 @pytest.mark.parametrize("lam", [1.0, 20.0, 300.0])

@@ -15,7 +15,7 @@ evaluation error, D_l a diagonal slope and q a remainder:
 - a smooth gate f_λ(x) = x·g(λx): D = f'(u) and, ξ lying between u and ũ,
   |q| = |f'(ξ) − f'(u)|·|e| ≤ min(½·sup|f''|·ē², (sup f' − inf f')·ē), sup|f''| taken over [u − ē, u + ē]:
   λ·F''-envelope at λ·(|u| − ē) when that interval excludes 0, λ·C2 otherwise (`gates.curvature`: f'' is
-  exponentially small away from 0, and large, λ·C2, only within a few 1/λ of it; where the interval can reach a
+  exponentially small away from 0, and large, λ·C2, only within a few 1/λ of it; where λ·[u − ē, u + ē] holds a
   kink of F, a jump of F' (a clipped gate such as hardsigmoid), only the first-order term); |s| ≤ K_GATE·u·|ũ| + UNDERFLOW
   (`core.K_GATE`, the walk's gate rule);
 - ReLU, exact in float: a unit with |u| > ē cannot change side (D = its 0/1 slope, q = 0); one that can gets the
@@ -131,9 +131,10 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
             cv = curvature(fam)
             far = ((u.abs() - ebar) * lam).clamp_min(0.0)  # λ·distance of the interval [u − ē, u + ē] from 0
             idx = (far / CURVATURE_STEP).floor().clamp_max(len(cv.envelope) - 1).long()
-            env = cv.envelope.to(u.device)[idx]
             first = cv.slope_range * ebar  # sound across a kink of F too: F' stays within its range on either side
-            q = torch.where(torch.isinf(env), first, torch.minimum(0.5 * lam * env * ebar * ebar, first))
+            q = torch.minimum(0.5 * lam * cv.envelope.to(u.device)[idx] * ebar * ebar, first)
+            for k in cv.kinks:  # an interval λ·[u − ē, u + ē] that holds a kink has no bound on F''
+                q = torch.where((lam * (u - ebar) <= k) & (k <= lam * (u + ebar)), first, q)
             s = gate_rounding(u.abs() + ebar)
             pending, slope, h = SAFETY * (q + s), d, y.detach()
         else:  # ReLU
