@@ -45,11 +45,11 @@ import torch
 
 from analysis.verification import harness
 from analysis.verification.ops.base import UnsupportedModel
-from analysis.verification.ops.gates import Gate
 from analysis.verification.problem import Result
 from analysis.verification.readers import from_onnx, from_torch
 from analysis.verification.vnnlib import format_real, robustness_spec, write_vnnlib
 from pipeline import checkpoint
+from pipeline.activations import gate_of, gate_sites
 from pipeline.atomic_io import atomic_write_bytes
 from pipeline.config import Config
 from pipeline.rundir import RunDir
@@ -211,7 +211,8 @@ def smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray,
         except UnsupportedModel as e:
             models[variant] = {"network": None, "note": f"not certified: {e}"}
             continue
-        lam = [float(node.op.lam.mean()) for node in net.nodes if isinstance(node.op, Gate)]
+        # from the model's gates: a gate the reader takes as its own op (λ-HardSwish: Mul → HardSwish → Div) keeps its λ
+        lam = [float(gate_of(m)[1].mean()) for _, m in gate_sites(model)]
         models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.activation,
                            "mean_lambda_per_layer": [round(v, 4) for v in lam]}
         recheck = harness.ModuleRecheck(model, info.input_shape, load=functools.partial(checkpoint.load_module, src))
