@@ -183,6 +183,31 @@ def module_path(onnx_node_name: str) -> str:
     return path or "(the model itself)"
 
 
+def _embedding_of_input(m: torch.nn.Module, shape: tuple[int, ...]) -> str | None:
+    """The nn.Embedding the model's own input is looked up in, by one watched forward; None when none is (a wrapper
+    that passes `inputs_embeds` holds an embedding it never calls)."""
+    embeddings = {mod: name for name, mod in m.named_modules() if isinstance(mod, torch.nn.Embedding)}
+    if not embeddings:
+        return None
+    x = torch.zeros(1, *shape)
+    hit: list[str] = []
+
+    def watch(mod: torch.nn.Module, args: tuple) -> None:
+        if args and args[0] is x:
+            hit.append(embeddings[mod])
+
+    hooks = [mod.register_forward_pre_hook(watch) for mod in embeddings]
+    try:
+        with torch.no_grad():
+            m(x)
+    except Exception:  # noqa: BLE001 - an embedding fed floats raises; the hook has seen it by then
+        pass
+    finally:
+        for h in hooks:
+            h.remove()
+    return hit[0] if hit else None
+
+
 def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
     """A Graph from a torch module (eval semantics) through its ONNX export (`pipeline.onnx_io.to_onnx`, fixed batch
     1, the pipeline's opset). `input_shape` excludes the batch axis. A module the exporter cannot write, or that exports to an op
@@ -191,11 +216,11 @@ def from_torch(model: torch.nn.Module, input_shape: Sequence[int]) -> Graph:
 
     shape = tuple(int(d) for d in input_shape)
     m = copy.deepcopy(model).float().cpu().eval()
-    first = next((mod for mod in m.modules() if not list(mod.children())), None)
-    if isinstance(first, torch.nn.Embedding):  # its input is token ids: no float box to bound
+    looked_up = _embedding_of_input(m, shape)
+    if looked_up is not None:  # its input is token ids: no float box to bound
         fix = "verify the model from its embedding on (a module that takes the embedded tokens as its input)"
-        raise UnsupportedModel(f"{type(model).__name__} takes token ids (its first module is an nn.Embedding): the "
-                               f"verifier's properties are boxes over a float input; {fix}",
+        raise UnsupportedModel(f"{type(model).__name__} takes token ids (its input goes into the nn.Embedding "
+                               f"'{looked_up}'): the verifier's properties are boxes over a float input; {fix}",
                                what="an integer input (token ids into an nn.Embedding)", fix=fix)
     try:
         proto, _ = to_onnx(m, torch.zeros(1, *shape), opset=OPSET, simplify=True, dynamic_batch=False)

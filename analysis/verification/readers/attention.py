@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..floats import Float, matmul_float, softmax_float
-from ..ops.affine import TokenLinear
+from ..ops.affine import Scale, TokenLinear
 from ..ops.base import numel
 from ..ops.curves import Exp, Reciprocal, Rsqrt, Sqrt, Square
 from ..ops.products import BatchMatMul, Product
-from ..ops.shape import Concat, Permute
+from ..ops.shape import Concat, Permute, Select
 from ..ops.softmax import ExpSums
 from .reader import OnnxReader
 from .values import Value
@@ -105,8 +105,68 @@ def _permute_back(r: OnnxReader, v: Value, inverse: list[int] | None) -> Value:
     return r.add(Permute(index.reshape(-1)), [v], index.shape)
 
 
+# An added constant at or below this is a mask (-inf, or torch.finfo(float32).min as Hugging Face writes it)
+MASKED = -1e30
+
+
+def _additive_mask(r: OnnxReader, name: str) -> tuple[str, np.ndarray] | None:
+    """(the scores' name, the constant) where `name` is Add(scores, constant) and the constant masks some entries."""
+    node = next((n for n in r.graph.node if name in n.output), None)
+    if node is None or node.op_type != "Add" or len(node.input) != 2:
+        return None
+    a, b = node.input
+    if r.is_const(a) == r.is_const(b):
+        return None
+    scores, c = (b, a) if r.is_const(a) else (a, b)
+    c = np.asarray(r.const(c), dtype=np.float64)
+    return (scores, c) if bool((c <= MASKED).any()) else None
+
+
+def _masked_softmax(r: OnnxReader, scores: Value, mask: np.ndarray, axis: int, shape: tuple[int, ...]) -> Value:
+    """softmax(scores + mask) over `axis` where the mask sets entries to -inf or below `MASKED` (a causal mask): those
+    entries are 0 after the softmax and out of every other entry's sum, so each row is the softmax of its unmasked
+    entries alone, gathered (rows grouped by how many they keep) and put back in place beside constant zeros.
+    exp(-inf) is exactly 0; at c ≤ -1e30 the term is below exp(-1e29) of an unmasked one (0 in float64 and float32
+    alike) while the row's scores lie within 1e29 of each other, a premise far wider than the ±700 the unmasked
+    entries' own Exp needs to be finite."""
+    c = np.broadcast_to(mask, shape)
+    scores = r.expand(scores, shape)
+    moved, inverse = _to_last(r, scores, axis)
+    c = np.moveaxis(c, axis, -1)
+    T = moved.shape[-1]
+    flat_c = c.reshape(-1, T)
+    keep = flat_c > MASKED
+    if not keep.any(axis=1).all():
+        raise r.unsupported("a softmax row whose every entry is masked", what="a Softmax of a fully masked row")
+    place = np.arange(flat_c.size).reshape(flat_c.shape)
+    parts, order = [], []
+    for k in np.unique(keep.sum(axis=1)):
+        rows = np.flatnonzero(keep.sum(axis=1) == k)
+        idx = place[rows][keep[rows]]  # row by row, each row's kept entries in order
+        v = r.add(Select(idx, flat_c.size), [moved], (len(rows), int(k)))
+        v = r.add(Scale(np.ones(idx.size), flat_c.reshape(-1)[idx]), [v], v.shape, flops=1)
+        p = _softmax_rows(r, v, len(rows), int(k))
+        parts.append(p)
+        order.append(idx)
+    masked = place[~keep]
+    pieces = [(numel(p.shape),) for p in parts] + ([(masked.size,)] if masked.size else [])
+    consts = (None,) * len(parts) + ((np.zeros(masked.size),) if masked.size else ())
+    cat = r.add(Concat(tuple(pieces), 0, consts), parts, (flat_c.size,))
+    back = np.empty(flat_c.size, dtype=np.int64)
+    back[np.concatenate([*order, masked])] = np.arange(flat_c.size)
+    out = r.add(Permute(back), [cat], moved.shape)
+    return _permute_back(r, out, inverse)
+
+
 def softmax(r: OnnxReader) -> None:
     x = r.var(r.node.input[0])
+    masked = _additive_mask(r, r.node.input[0]) if r.opset >= 13 else None
+    if masked is not None:
+        out = _masked_softmax(r, r.var(masked[0]), masked[1], r.axis(r.attr("axis", -1), len(x.shape)), x.shape)
+        out = Value(out.node, x.shape)
+        if r.int8:
+            out.fl = None  # the masked softmax in float32 before a QuantizeLinear: not followed
+        return r.set(out)
     if r.opset < 13:  # before opset 13 the axes from `axis` (default 1) on are flattened into one
         axis = r.axis(r.attr("axis", 1), len(x.shape))
         T = numel(x.shape[axis:])
