@@ -114,6 +114,12 @@ class SqueezeExcite(nn.Module):
         return x * self.gate(self.conv_expand(self.act1(self.conv_reduce(x.mean((2, 3), keepdim=True)))))
 
 
+class RMSNorm64(RMSNorm):
+    """Its statistics in float64 inside a float32 network, cast back down at its end: a rounding the float32 network makes."""
+
+    compute = torch.float64
+
+
 def _gate(lam: float) -> LambdaGELU:
     g = LambdaGELU(nn.Parameter(torch.zeros(1)), 0.1)
     g.freeze(torch.tensor([lam]))
@@ -123,9 +129,11 @@ def _gate(lam: float) -> LambdaGELU:
 def _nets():
     torch.manual_seed(0)
     rms = nn.Sequential(nn.Linear(6, 16), _gate(8.0), RMSNorm(16), nn.Linear(16, 4))
+    rms64 = nn.Sequential(nn.Linear(6, 16), _gate(8.0), RMSNorm64(16), nn.Linear(16, 4))
     se = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _gate(8.0), SqueezeExcite(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                        nn.Linear(8, 4))
-    return {"rmsnorm": (rms.eval(), torch.randn(256, 6)), "squeeze_excite": (se.eval(), torch.randn(64, 3, 6, 6))}
+    return {"rmsnorm": (rms.eval(), torch.randn(256, 6)), "rmsnorm_float64_inside": (rms64.eval(), torch.randn(256, 6)),
+            "squeeze_excite": (se.eval(), torch.randn(64, 3, 6, 6))}
 
 
 def _change(a: nn.Module, b: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +141,7 @@ def _change(a: nn.Module, b: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return (a(x).double() - b(x).double()).abs().reshape(len(x), -1)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "squeeze_excite"])
+@pytest.mark.parametrize("name", ["rmsnorm", "rmsnorm_float64_inside", "squeeze_excite"])
 def test_networks_bounds_hold_and_are_not_vacuous(name, monkeypatch):
     net, x = _nets()[name]
     relu = cert.relu_swapped(net, x[:2])
