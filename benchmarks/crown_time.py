@@ -47,12 +47,19 @@ class InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
-def mobilenet() -> nn.Module:
+# the inverted residual blocks after the stem, (out channels, expansion, stride) each
+BLOCKS_10K = ((8, 1, 1), (12, 4, 2), (12, 4, 1), (16, 4, 2), (16, 4, 1))  # 9,994 parameters
+BLOCKS_13K = BLOCKS_10K + ((16, 4, 1),)  # 12,906 parameters
+
+
+def mobilenet(blocks: tuple[tuple[int, int, int], ...] = BLOCKS_10K) -> nn.Module:
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
-                      InvertedResidual(8, 8, 1, 1), InvertedResidual(8, 12, 4, 2), InvertedResidual(12, 12, 4, 1),
-                      InvertedResidual(12, 16, 4, 2), InvertedResidual(16, 16, 4, 1),
-                      nn.Conv2d(16, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(),
+    layers: list[nn.Module] = [nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()]
+    cin = 8
+    for cout, expand, stride in blocks:
+        layers.append(InvertedResidual(cin, cout, expand, stride))
+        cin = cout
+    m = nn.Sequential(*layers, nn.Conv2d(cin, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(),
                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     for mod in m.modules():  # BatchNorm statistics as a trained net's, not the identity
         if isinstance(mod, nn.BatchNorm2d):
