@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--conv-mode", choices=["patches", "matrix"], default="patches",
+                    help="auto_LiRPA's convolution mode (its patches mode does not take a 1-d Conv; matrix does)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     built: dict[str, tuple[object, tuple[int, ...]]] = {}
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             dims = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
             net = ConvertModel(model, experimental=True).eval()
             built[onnx_rel] = (BoundedModule(net, torch.zeros(dims), device="cpu",
-                                             bound_opts={"optimize_bound_args": {"iteration": args.iterations}}), tuple(dims))
+                                             bound_opts={"optimize_bound_args": {"iteration": args.iterations},
+                                                         "conv_mode": args.conv_mode}), tuple(dims))
         bounded, dims = built[onnx_rel]
         spec = read_vnnlib(args.folder / vnnlib_rel)
         t0 = time.perf_counter()
