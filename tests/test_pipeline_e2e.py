@@ -82,7 +82,8 @@ def test_swap_json_shape_and_hardened_swap_is_nearly_lossless(finished):
     swap = json.loads((finished / "swap" / "swap.json").read_text())
     assert set(swap) == {"lambda_gelu", "gelu"}
     for v in swap.values():
-        assert set(v) == SWAP_KEYS and all(isinstance(x, float) for x in v.values())
+        assert set(v) == SWAP_KEYS | {"swapped", "kept"} and all(isinstance(v[k], float) for k in SWAP_KEYS)
+        assert v["swapped"] == 2 and v["kept"] == []  # the MLP's two gate layers, nothing kept
     lam = swap["lambda_gelu"]
     assert lam["val_before"] > 0.8
     assert lam["val_before"] - lam["val_after"] <= SWAP_DROP_TOL

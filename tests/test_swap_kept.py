@@ -4,14 +4,19 @@ keeps is listed with its reason. Each case returned a "ReLU" model or a bare agr
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from torch import nn
 
+from _digits import digits, make_run
 from analysis import api
 from pipeline import swap_report, to_relu
+from pipeline.config import GateConfig, ModelConfig
+from pipeline.models import build_model, make_spec
 from pipeline.relu_swap import SwapError
+from pipeline.stages.swap import report_section, run_swap
 
 
 class SqueezeExcite(nn.Module):
@@ -61,3 +66,19 @@ def test_squeeze_excite_gates_are_kept_with_their_reason():
     free = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3), nn.Sigmoid())  # a sigmoid head: no SE owner
     assert swap_report(free, (x, y))["kept"] == ["1 Sigmoid kept: bounded, with no ReLU form (x·g(λx) → ReLU is what "
                                                  "the swap replaces)"]
+
+
+def test_the_swap_stage_records_what_it_swapped_and_kept(tmp_path):
+    """swap.json carries `swapped` and `kept` per variant, and the report's swap section shows them: a tanh variant
+    (nothing swapped, its Tanh kept) beside a GELU one (its gate layer swapped)."""
+    nets = {}
+    for act in ("tanh", "gelu"):
+        spec = make_spec(ModelConfig(name="mlp", hidden=[8]), act, GateConfig(), digits().info)
+        nets[act] = (build_model(spec).eval(), spec)
+    run = make_run(tmp_path, nets)
+    run_swap(run.cfg, run)
+    saved = json.loads(run.file("swap", "swap.json").read_text())
+    assert saved["gelu"]["swapped"] == 1 and saved["gelu"]["kept"] == []
+    assert saved["tanh"]["swapped"] == 0 and len(saved["tanh"]["kept"]) == 1 and "1 Tanh kept" in saved["tanh"]["kept"][0]
+    section = report_section(run.cfg, run)
+    assert "gates swapped" in section and f"- tanh: {saved['tanh']['kept'][0]}" in section

@@ -33,7 +33,8 @@ def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source)
 
 def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
     """swap.json: per variant the metric before and after the swap on val and test, the argmax agreement and
-    largest |Δlogit| on val (the split the checkpoint was chosen on), and the test loss before and after. A
+    largest |Δlogit| on val (the split the checkpoint was chosen on), the test loss before and after, how many gates
+    became ReLU (`swapped`) and what was kept as it is, with the reason (`kept`). A
     variant with nothing to swap (a ReLU baseline, a non-gate like Tanh) is recorded too, before = after: its
     numbers are what the swapped networks are compared with."""
     device = run.compute_device()
@@ -51,7 +52,7 @@ def run_swap(cfg: Config, run: RunDir) -> dict[str, Any]:
         result[variant] = {"val_before": val["before"], "val_after": val["after"], "test_before": test["before"],
                            "test_after": test["after"], "argmax_agreement": val["argmax_agreement"],
                            "max_logit_change": val["max_logit_change"], "test_loss_before": test["loss_before"],
-                           "test_loss_after": test["loss_after"]}
+                           "test_loss_after": test["loss_after"], "swapped": val["swapped"], "kept": val["kept"]}
         if record.swap_changes:
             swapped, spec = to_relu(model), relu_spec(payload["spec"], record.swapped_to)  # the loaded copy is ours to change
             swapped_to[variant] = record.swapped_to
@@ -71,8 +72,12 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
     if swap is None:
         return None
     swapped_to = {v: run.variant(v).swapped_to for v in swap}
-    rows = [[v, swapped_to[v] or "no swap (not a gate)", r["val_before"], r["val_after"], r["val_after"] - r["val_before"],
-             r["test_before"], r["test_after"], r["argmax_agreement"], r["max_logit_change"]] for v, r in swap.items()]
+    # a run directory written before swap.json counted its gates has no "swapped": shown as unknown, not as 0
+    rows = [[v, swapped_to[v] or "no swap (not a gate)", r.get("swapped", "—"), r["val_before"], r["val_after"],
+             r["val_after"] - r["val_before"], r["test_before"], r["test_after"], r["argmax_agreement"],
+             r["max_logit_change"]] for v, r in swap.items()]
+    kept = [f"- {v}: {line}" for v, r in swap.items() for line in r.get("kept") or []]
     return "\n\n".join(["## Swap to ReLU (best checkpoint, no weight update)",
-                        table(["variant", "swap to", "val before", "val after", "Δ val", "test before", "test after",
-                               "argmax agreement (val)", "max |Δ logit| (val)"], rows)])
+                        table(["variant", "swap to", "gates swapped", "val before", "val after", "Δ val", "test before",
+                               "test after", "argmax agreement (val)", "max |Δ logit| (val)"], rows),
+                        *(["Activations the swap keeps as they are (not gates):\n\n" + "\n".join(kept)] if kept else [])])
