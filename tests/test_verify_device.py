@@ -170,8 +170,8 @@ def test_the_harness_tells_verifiers_how_many_processes_share_a_gpu(monkeypatch)
 
     seen = {}
     monkeypatch.setattr(harness, "resolve_device", lambda name: "cuda:0")
-    monkeypatch.setattr(harness, "_run_pool", lambda indexed, limits, jobs, deadline, clock, options, emit, device, *rest:
-                        seen.update(options=options, device=device, jobs=jobs))
+    monkeypatch.setattr(harness, "_run_pool", lambda indexed, loop, *rest:
+                        seen.update(options=loop.options, device=loop.device, jobs=loop.workers))
     tasks = [harness.Task(key=i) for i in range(5)]
     harness.run(tasks, harness.PerTask(1.0), jobs=3, device="cuda")
     assert seen == {"options": {"sharers": 3}, "device": "cuda:0", "jobs": 3}

@@ -109,9 +109,10 @@ def test_the_last_rounds_time_goes_to_the_task_nearest_a_decision():
 
 
 def test_nearness_reads_branch_and_bounds_lower_bound_first_and_puts_a_tie_last():
+    from analysis.verification import pool
     from analysis.verification.problem import Result
 
-    near = harness._closeness
+    near = pool.closeness
     assert near(Result("timeout", 1.0, info={"margin_lb": -2.0, "bab_lower": -0.5})) == 0.5
     assert near(Result("timeout", 1.0, info={"margin_lb": -2.0})) == 2.0
     assert near(Result("timeout", 1.0, info={"margin_lb": -0.1, "tie": True})) == float("inf")

@@ -21,7 +21,10 @@
 - vnnlib: VNN-LIB 1.0 properties, instances.csv, counterexample witnesses;
 - problem: results, the one clock (Budget), one property and the counterexample rule;
 - registry, verifiers: the Verifier base class, chains, the registry, and the registered verifiers;
-- harness: the one property loop (the verify stage, `analysis.api.verify` and `pipeline vnncomp` all use it);
+- harness: the one property loop (the verify stage, `analysis.api.verify` and `pipeline vnncomp` all use it) and what
+  its first-pass plans say about the budget; tasks: its data (a Task per property, the rechecks, the limits, outcomes
+  and plans); pool: its workers (a process's share of the tasks, per-task limits or rounds under one budget, the
+  spawned processes);
 - first_pass: every property's first bound pass, a network's properties batched, before any property's own turn;
 - vnncomp: run any VNN-COMP benchmark folder into results.csv (`main` for the CLI);
 - stability: units provably dead or always active over the whole input domain.
