@@ -3,11 +3,11 @@
     flock /tmp/heavy.lock python -m benchmarks.vnncomp_ops \\
         2022=/work/.mirror/ChristopherBrix+vnncomp2022_benchmarks/repo \\
         2023=/work/.mirror/ChristopherBrix+vnncomp2023_benchmarks/repo \\
-        --out benchmarks/vnncomp-ops
+        2021=/work/.mirror/stanleybak+vnncomp2021/repo --out benchmarks/vnncomp-ops
 
 A source is `YEAR=PATH`: PATH a VNN-COMP benchmarks repository, either a checkout (`benchmarks/NAME/onnx/*.onnx[.gz]`)
 or a bare git directory (read at HEAD with `git cat-file`, so a fetched mirror needs no work tree). mnist_fc and
-oval21 are left out (kept for an independent check), and so is `test` (the competition's smoke files).
+oval21 are left out (kept for an independent check; 2021 names the first mnistfc), and so is `test` (the competition's smoke files).
 
 Per network: where it could not be had (a blob the snapshot lacks, a Git LFS pointer), its op types with counts, and
 what `readers.from_onnx` says: read (the graph's node count, the seconds), refused (the `UnsupportedModel` line, with
@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-LEFT_OUT = ("mnist_fc", "oval21", "test")  # the first two kept for an independent check; test: smoke files
+LEFT_OUT = ("mnist_fc", "mnistfc", "oval21", "test")  # mnist_fc (2021: mnistfc) and oval21 kept for an independent check
 # what each benchmark's networks compute (from its README); the scope is classification and regression
 TASKS = {
     "acasxu": "classification (advisory)", "cifar100_tinyimagenet_resnet": "classification", "cifar2020": "classification",
@@ -42,7 +42,8 @@ TASKS = {
     "vggnet16": "classification", "carvana_unet_2022": "segmentation", "cctsdb_yolo": "detection", "cgan": "generation",
     "collins_yolo_robustness": "detection", "dist_shift": "classification (generator + classifier)",
     "metaroom": "classification", "ml4acopf": "regression (power flow)", "traffic_signs_recognition": "classification (binarized)",
-    "vit": "classification", "yolo": "detection",
+    "vit": "classification", "yolo": "detection", "cifar10_resnet": "classification", "eran": "classification",
+    "marabou-cifar10": "classification", "verivital": "classification",
 }
 LFS = b"version https://git-lfs"
 

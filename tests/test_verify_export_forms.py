@@ -326,3 +326,14 @@ def test_pow_3_is_read_as_a_product_and_bounded():
     nodes = [helper.make_node("Gemm", ["x", "W1"], ["h"], transB=1), helper.make_node("Pow", ["h", "p"], ["c"], name="cube"),
              helper.make_node("Gemm", ["c", "W2"], ["y"], transB=1)]
     _bounds_hold(_model(nodes, inits, [1, 3], 17), (1, 3), radius=0.8)
+
+
+@pytest.mark.parametrize("shape", [[3], [3, 2]])
+def test_a_constant_times_a_variable_is_read(shape):
+    """W·x with W a constant (2021 nn4sys: MatMul(W, x) on a 1-d input), then ReLU and another W·x."""
+    rng = np.random.default_rng(7)
+    inits = {"W1": rng.normal(size=(4, 3)).astype(np.float32), "b": rng.normal(size=[4] + shape[1:]).astype(np.float32),
+             "W2": rng.normal(size=(2, 4)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["W1", "x"], ["m"], name="wx"), helper.make_node("Add", ["m", "b"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["W2", "r"], ["y"])]
+    _bounds_hold(_model(nodes, inits, shape, 17), tuple(shape))

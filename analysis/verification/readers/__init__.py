@@ -57,7 +57,7 @@ TABLE: dict[str, tuple[Handler, str]] = {
     "Shape": (shape.shape_of, ""),
     "Size": (shape.size_of, ""),
     "Gemm": (affine.gemm, "x·Wᵀ + b, W constant"),
-    "MatMul": (affine.matmul, "x·W with W constant, or a product of two variables"),
+    "MatMul": (affine.matmul, "x·W or W·x with W constant, or a product of two variables"),
     "Add": (affine.arith, "a constant or another variable (broadcast)"),
     "Sub": (affine.arith, "a constant or another variable (broadcast)"),
     "Mul": (affine.arith, "a constant, another variable, or a gate x·g(λx)"),

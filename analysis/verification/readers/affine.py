@@ -77,8 +77,7 @@ def matmul(r: OnnxReader) -> None:
     if r.is_const(a) and r.is_const(w):
         return
     if r.is_const(a):
-        raise r.unsupported("a constant times a variable (W·x) is not read", what="a MatMul of a constant by a variable",
-                            fix="write it as x·Wᵀ (a Linear)")
+        return _constant_times_variable(r, a, w)
     x = r.var(a)
     if not r.is_const(w):
         return matmul_variables(r, x, r.var(w))
@@ -89,6 +88,20 @@ def matmul(r: OnnxReader) -> None:
     ws = r.const_scales.get(w)
     r.set(on_rows(r, x, W.T, np.zeros(W.shape[1]), x.shape[:-1] + (W.shape[1],), W.shape[0],
                    None if ws is None else ws.max(0), False))
+
+
+def _constant_times_variable(r: OnnxReader, a: str, w: str) -> None:
+    """W·x for a constant matrix W and a variable x of shape (k,) or (k, m): a Linear on x's units (W ⊗ I_m for m
+    columns, in x's row-major order)."""
+    W, x = r.const(a).astype(np.float64), r.var(w)
+    if W.ndim != 2 or len(x.shape) not in (1, 2) or x.shape[0] != W.shape[1] or a in r.const_scales:
+        raise r.unsupported(f"a constant of shape {W.shape} times a variable of shape {x.shape}",
+                            what="a MatMul of a constant by a variable", fix="write it as x·Wᵀ (a Linear)")
+    m = x.shape[1] if len(x.shape) == 2 else 1
+    out_shape = (W.shape[0],) + x.shape[1:]
+    flat = Value(x.node, (numel(x.shape),), x.fl)
+    out = on_rows(r, flat, np.kron(W, np.eye(m)), np.zeros(W.shape[0] * m), (W.shape[0] * m,), W.shape[1], None, False)
+    r.set(Value(out.node, out_shape, out.fl))
 
 
 def arith(r: OnnxReader) -> None:
