@@ -69,8 +69,8 @@ def swap(model: nn.Module, data: Any, batch_size: int = 2048, device: torch.devi
 class CheckResult(dict):
     """What `check` found: the keys it always had (`layers`, `certificate`, `verdict`: {"certificate", "statements",
     "why"}, `predictions`, `output`, `note`), with the verdict as fields: `verdict` ("holds" | "refused" | "fails", None
-    for a model with nothing to swap), `why` (one sentence), `statements` (the float32 statements that held) and
-    `certified` (the verdict holds)."""
+    for a model with nothing to swap), `why` (one sentence), `statements` (the float32 statements that held),
+    `certified` (the verdict holds) and `certified_fraction` (the share of samples whose top-1 it keeps)."""
 
     @property
     def verdict(self) -> str | None:
@@ -90,6 +90,12 @@ class CheckResult(dict):
     @property
     def certified(self) -> bool:
         return self.verdict == "holds"
+
+    @property
+    def certified_fraction(self) -> float | None:
+        """The share of samples whose top-1 prediction the certificate keeps (None unless it holds)."""
+        v = self["verdict"]
+        return None if v is None else v.get("certified_fraction")
 
 
 def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_size: int = 2048,
@@ -120,6 +126,8 @@ def check(model: nn.Module, data: Any, config: CheckConfig | None = None, batch_
     v = bounds_check.verdict(layers, cert)
     if v["certificate"] != "holds":  # a refused or failed certificate is said, not left in a dict to be found
         print(f"api.check: the swap certificate {v['certificate']}: {v['why']}")
+    elif v["certified_fraction"] == 0:  # as is one that holds but keeps no prediction
+        print(f"api.check: the swap certificate holds but proves no prediction unchanged: {v['why']}")
     return CheckResult(layers=layers, certificate=cert, verdict=v, predictions=bounds_check.predictions(layers), **said)
 
 

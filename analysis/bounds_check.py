@@ -324,7 +324,9 @@ def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any
     - "fails": a sound statement was violated by the measured change on some sample, or a gate module is farther
       from ReLU than c/λ (the `sup` check, the certificate's premise): a bug in the certificate, the swap or a gate;
     - "refused": no float32 statement could be proved (each carries its reason);
-    - "holds": every sound statement held on every sample and every gate is within c/λ; `statements` lists which.
+    - "holds": every sound statement held on every sample and every gate is within c/λ; `statements` lists which,
+      `certified_fraction` the largest share of samples whose top-1 prediction one of them keeps (0: the bounds hold
+      but are wider than every margin, and `why` says so).
     The closed-form predictions are not part of it (`predictions`)."""
     sup_failed = [l["layer"] for l in layers if not l["checks"]["sup"]["pass"]]
     sound = {k: cert[k]["pass"] for k in CERTIFIED if cert[k]["status"] == "sound"}
@@ -339,8 +341,13 @@ def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any
             reasons.setdefault(cert[k]["reason"], []).append(k)
         return {"certificate": "refused", "statements": [],
                 "why": "; ".join(f"{', '.join(ks)}: {r}" for r, ks in reasons.items())}
-    return {"certificate": "holds", "statements": list(sound),
-            "why": f"{', '.join(sound)} held on every sample; every gate within c/λ of ReLU"}
+    # a sound bound can still be too wide to keep any prediction: say so, or "holds" reads as a guarantee it is not
+    kept = max((cert[k].get("certified_fraction") or 0.0) for k in sound)
+    why = f"{', '.join(sound)} held on every sample; every gate within c/λ of ReLU"
+    if kept == 0:
+        why += ("; but no bound is below any sample's top-1 margin, so it proves no prediction unchanged (the share "
+                "of samples whose top-1 it keeps is 0)")
+    return {"certificate": "holds", "statements": list(sound), "why": why, "certified_fraction": kept}
 
 
 def predictions(layers: list[dict[str, Any]]) -> dict[str, Any]:

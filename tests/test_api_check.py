@@ -66,6 +66,23 @@ def test_a_held_certificate_holds_whatever_the_predictions_say():
     assert not out["predictions"]["pass"] and {o["check"] for o in out["predictions"]["off"]} == {"gate_l1", "act_l1"}
 
 
+def test_a_holding_certificate_that_keeps_no_prediction_says_so(capsys):
+    """Two equal logits: no sample has a top-1 margin, so a sound bound that holds still keeps no prediction; the
+    verdict says so in its reason and api.check prints it, where a bare "holds" would read as a guarantee."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 32), GELU(), nn.Linear(32, 2)).eval()
+    with torch.no_grad():
+        model[2].weight[1], model[2].bias[1] = model[2].weight[0], model[2].bias[0]
+    x = torch.randn(200, 6)
+    out = api.check(model, (x, torch.zeros(200, dtype=torch.long)))
+    assert out.verdict == "holds" and out.certified_fraction == 0 and "proves no prediction unchanged" in out.why
+    assert "holds but proves no prediction unchanged" in capsys.readouterr().out
+    hardened = LambdaGELU(nn.Parameter(torch.full((1,), 19.9)), 0.1)  # λ = 1 + softplus(199) = 200
+    kept = api.check(nn.Sequential(nn.Linear(6, 32), hardened, nn.Linear(32, 4)).eval(),
+                     (x, torch.zeros(200, dtype=torch.long)))
+    assert kept.verdict == "holds" and kept.certified_fraction > 0 and "no prediction" not in kept.why
+
+
 class WrongLambda(LambdaGELU):
     """Reports λ but computes x·Φ(λx/4): farther from ReLU than c/λ."""
 
