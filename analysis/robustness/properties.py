@@ -37,6 +37,7 @@ from __future__ import annotations
 import csv
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,37 @@ class Kind:
             self.order.setdefault(k, len(self.order))
 
 
-def relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, labels: list[int], lo, hi, n: int,
-                    names: list[str]) -> Kind:
+@dataclass(frozen=True)
+class Samples:
+    """What every property of the stage is built from: the first `n` validation examples (flat, float64) and their
+    labels, the data's valid input range and facts (`info`), and the validation inputs an export is checked on."""
+
+    info: Any
+    xs: np.ndarray
+    labels: list[int]
+    lo: np.ndarray
+    hi: np.ndarray
+    checks: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    @classmethod
+    def of(cls, ds, samples: int, check_samples: int) -> Samples:
+        """The first `samples` validation examples of `ds` (the same for every variant)."""
+        n = min(samples, len(ds.val.y))
+        return cls(ds.info, ds.val.x[:n].double().numpy().reshape(n, -1), [int(c) for c in ds.val.y[:n]],
+                   np.asarray(ds.info.input_low, dtype=np.float64), np.asarray(ds.info.input_high, dtype=np.float64),
+                   ds.val.x[:check_samples])
+
+
+def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list[str]) -> Kind:
     """The swapped ReLU networks and their int8 models: every ONNX, property file and instances row first (the
     benchmark exists before any solving), and a task per property and verifier; the rows a previous run finished are
     kept."""
-    vcfg, info = cfg.verify, ds.info
+    vcfg, info = cfg.verify, s.info
+    xs, labels, lo, hi, n = s.xs, s.labels, s.lo, s.hi, s.n
     done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["verifier"]): r
             for r in read_rows(out / "details.csv") if _final(r)}
     models: dict[str, Any] = {}
@@ -146,7 +172,7 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, lab
         facts = run.variant(variant)
         if not onnx_path.is_file() and network == "relu":
             model, _ = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
-            export_mod.export_for_verifiers(model, info.input_shape, onnx_path, ds.val.x[:cfg.export.check_samples],
+            export_mod.export_for_verifiers(model, info.input_shape, onnx_path, s.checks,
                                             cfg.export.opset, cfg.export.atol, cfg.export.rtol)
         elif not onnx_path.is_file():  # the int8 stage's file itself, so that the benchmark folder stands alone
             atomic_write_bytes(onnx_path, (run.path / source).read_bytes())
@@ -191,10 +217,10 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, ds, xs: np.ndarray, lab
     return Kind("relu", models, tasks, rows, instances)
 
 
-def smooth_properties(cfg: Config, run: RunDir, out: Path, info, xs: np.ndarray, labels: list[int], lo, hi,
-                      n: int) -> Kind:
+def smooth_properties(cfg: Config, run: RunDir, out: Path, s: Samples) -> Kind:
     """A task per property and route for every variant with a smooth model; rows a previous run finished are kept."""
-    vcfg = cfg.verify
+    vcfg, info = cfg.verify, s.info
+    xs, labels, lo, hi, n = s.xs, s.labels, s.lo, s.hi, s.n
     done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r
             for r in read_rows(out / "smooth.csv") if _final(r)}
     models: dict[str, Any] = {}

@@ -38,13 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from analysis.robustness.chain import (CHAIN_FIELDS, chain_rows, conflicts, decided, either_route, not_verified,
                                        open_rows)
-from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, is_int8,
-                                            relu_properties, smooth_properties)
+from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, Samples,
+                                            is_int8, relu_properties, smooth_properties)
 from analysis.verification import harness, registry
 from analysis.verification.vnncomp import witness_path, write_results
 from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
@@ -105,11 +104,8 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     out = run.dir("verify")
     ds = dataset_for(cfg)
     info = ds.info
-    n = min(vcfg.samples, len(ds.val.y))
-    xs = ds.val.x[:n].double().numpy().reshape(n, -1)
-    labels = [int(c) for c in ds.val.y[:n]]
-    lo = np.asarray(info.input_low, dtype=np.float64)
-    hi = np.asarray(info.input_high, dtype=np.float64)
+    samples = Samples.of(ds, vcfg.samples, cfg.export.check_samples)
+    n = samples.n
     clock = "cpu" if vcfg.cpu_time else "wall"
     names = list(dict.fromkeys(vcfg.verifiers))
     jobs = vcfg.jobs or torch.get_num_threads()
@@ -117,8 +113,8 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
     try:
-        relu = relu_properties(cfg, run, out, ds, xs, labels, lo, hi, n, names)
-        smooth = smooth_properties(cfg, run, out, info, xs, labels, lo, hi, n) if vcfg.smooth else Kind("smooth", {}, [], {})
+        relu = relu_properties(cfg, run, out, samples, names)
+        smooth = smooth_properties(cfg, run, out, samples) if vcfg.smooth else Kind("smooth", {}, [], {})
         int8_keys = {t.key for t in relu.tasks if is_int8(relu.rows[t.key]["variant"])}
         open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in int8_keys)
         open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
