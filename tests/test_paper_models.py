@@ -192,5 +192,6 @@ def test_gpu_config_runs_train_harden_swap_at_tiny_size(cfg_name, tmp_path, monk
     assert sum(h.startswith("lambda_") for h in header) == sites
     payload = checkpoint.load_payload(run / "train" / "lambda_gelu" / "last.pt")
     assert payload["state"]["history"][-1]["lambda_0"] == pytest.approx(159.577, rel=1e-4)  # annealed to λ_target
-    for v in swap.values():
-        assert all(isinstance(x, float) for k, x in v.items() if k != "swap")
+    for name, v in swap.items():
+        assert all(isinstance(x, float) for k, x in v.items() if k not in ("swapped", "kept"))
+        assert v["swapped"] == (0 if name == "relu" else sites) and v["kept"] == []  # every gate site made ReLU
