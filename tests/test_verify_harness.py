@@ -247,7 +247,8 @@ def test_the_first_pass_gives_the_verdicts_of_each_property_on_its_own_and_answe
         assert [o.result.status for o in out] == alone
         passed = [o for o in out if o.result.info.get("first_pass")]
         assert passed and all(o.result.status == "unsat" and "first bound pass" in o.result.message for o in passed)
-        assert all(o.result.info.get("bound") in ("crown", "alpha-crown") for o in out)  # every property got its pass
+        # every property got its pass; on a loaded machine a property's turn can go on past α-CROWN to the MILP
+        assert all(o.result.info.get("bound") in ("crown", "alpha-crown", "alpha-milp") for o in out)
     assert [c.properties for c in plans[0].costs] == [len(tasks)] and all(c.finished for c in plans[0].costs)
 
 
