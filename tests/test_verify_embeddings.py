@@ -116,3 +116,74 @@ def test_api_verify_from_embeddings_answers_with_no_out_of_domain():
         assert row["result"] in ("sat", "unsat", "timeout", "unknown"), row
         assert "OutOfDomain" not in (row.get("message") or ""), row["message"]
     assert any(row["result"] == "unsat" for row in out["rows"])
+
+
+def _masked_softmax_graph(mask_value: float, masked_weight: float | None, T: int = 4):
+    """softmax(reshape(x W, T×T) + mask) over the last axis, the mask `mask_value` above the diagonal (a causal mask);
+    `masked_weight`: the masked scores' weights all that (the kept ones stay N(0, 1))."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from _onnx import make_model
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((T, T * T)).astype(np.float32)
+    upper = np.triu(np.ones((T, T), dtype=bool), 1)
+    if masked_weight is not None:
+        W[:, upper.reshape(-1)] = masked_weight
+    mask = np.where(upper, np.float32(mask_value), np.float32(0)).astype(np.float32)
+    inits = [numpy_helper.from_array(W, "W"), numpy_helper.from_array(mask, "mask"),
+             numpy_helper.from_array(np.array([1, T, T], np.int64), "square"),
+             numpy_helper.from_array(np.array([1, T * T], np.int64), "flat")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["s"]), helper.make_node("Reshape", ["s", "square"], ["s2"]),
+             helper.make_node("Add", ["s2", "mask"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["p"], axis=-1, name="attn/Softmax"),
+             helper.make_node("Reshape", ["p", "flat"], ["y"])]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, T])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, T * T])], inits)
+    return make_model(graph, 17)
+
+
+def _ort_proto(proto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"x": row[None].astype(np.float32)})[0] for row in x]).astype(np.float64)
+
+
+def test_a_masked_softmax_whose_mask_outweighs_its_scores_reads_soundly():
+    T = 4
+    proto = _masked_softmax_graph(float(np.finfo(np.float32).min), None, T)
+    net = from_onnx(proto)
+    x0 = np.linspace(-1.0, 1.0, T)
+    lb, ub = x0 - 0.5, x0 + 0.5
+    b = Bounder(net, lb, ub)
+    b.crown()
+    K = T * T
+    low = b.spec_bounds(Spec(np.concatenate([np.eye(K), -np.eye(K)]), np.zeros(2 * K))).numpy()
+    rng = np.random.default_rng(1)
+    pts = np.concatenate([rng.uniform(lb, ub, (1000, T)), np.where(rng.random((1000, T)) < 0.5, lb, ub)])
+    y = _ort_proto(proto, pts)
+    assert np.all(y >= low[:K] - SAMPLE_TOL) and np.all(y <= -low[K:] + SAMPLE_TOL)
+    upper = np.triu(np.ones((T, T), dtype=bool), 1).reshape(-1)
+    assert np.all(low[:K][upper] == 0) and np.all(-low[K:][upper] == 0)  # the masked entries: exactly 0
+
+
+def test_a_masked_softmax_whose_scores_can_outweigh_its_mask_is_refused_naming_it():
+    from analysis.verification.ops.base import OutOfDomain
+    from analysis.verification.problem import Budget, Problem
+    from analysis.verification.registry import get_verifier
+    from analysis.verification.vnnlib import robustness_spec
+
+    T = 4
+    proto = _masked_softmax_graph(-1e30, 2e30, T)  # a masked score reaches 2e30 · Σx: past its -1e30 constant
+    net = from_onnx(proto)
+    x0 = np.full(T, 1.0)
+    lb, ub = x0 - 0.5, x0 + 0.5
+    # the premise fails for real: onnxruntime gives a masked entry most of its row there, where 0 was read
+    upper = np.triu(np.ones((T, T), dtype=bool), 1).reshape(-1)
+    assert _ort_proto(proto, x0[None])[0][upper].max() > 0.5
+    with pytest.raises(OutOfDomain, match=r"^Softmax \(attn/Softmax\): its mask's constants do not provably outweigh"):
+        Bounder(net, lb, ub)
+    res = get_verifier("crown").run(Problem([robustness_spec(x0, 0.5, -10.0, 10.0, 0, T * T)], network=net), Budget(20.0))
+    assert res.status == "unknown" and "OutOfDomain: Softmax (attn/Softmax)" in res.message, res.message
+    assert len(res.message.splitlines()) == 1

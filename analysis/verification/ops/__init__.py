@@ -9,7 +9,7 @@ and whether branch and bound splits it (`base.Activation` lists what the engine 
 - `relu`: `ReLU` and `HardSwish` (its quadratic piece relaxed with exact intercepts for any slope);
 - `gates`: the λ-gates `Gate` and their relaxations;
 - `curves`: `Exp`, `Reciprocal`, `Sqrt`, `Rsqrt`, `Square`;
-- `products`: `Product`, `BatchMatMul`; `norm`: `Variance`, `LayerNormRounding`; `softmax`: `ExpSums`;
+- `products`: `Product`, `BatchMatMul`; `norm`: `Variance`, `LayerNormRounding`; `softmax`: `ExpSums`, `MaskedRows`;
 - `rounding`: the int8 graph's `Rounding` and `QuantizedInput`.
 
 Reshape and Flatten only change how a later op reads a flat vector, so they are no ops.

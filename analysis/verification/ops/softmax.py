@@ -1,6 +1,7 @@
 """A softmax's denominators as one op (`ExpSums`): a softmax is read as exp and reciprocal (softmax_i =
 1/Σ_j exp(x_j − x_i), Wei et al. 2023's exp-reciprocal form: no division of two variables, and exp(x_i − x_i) = 1
-exactly, so the sum is ≥ 1)."""
+exactly, so the sum is ≥ 1); and the kept entries of a masked softmax's rows (`MaskedRows`), which check on every box
+that the masked ones are 0."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .base import OutOfDomain
+from .base import OutOfDomain, as_tensor
 from .curves import EXP_MAX, REL_SLACK, TINY, Exp
 from .products import _Bilinear, _read
+from .shape import Select
+
+# A masked entry's score plus its constant at least this far below its row's largest kept one: its share of the
+# softmax is below T·exp(−1000), 0 in float64 and float32 alike and far below every relaxation's own slack
+DROP_MARGIN = 1000.0
 
 @dataclass(eq=False)
 class ExpSums(_Bilinear):
@@ -128,3 +134,42 @@ class ExpSums(_Bilinear):
         if bool(hi.max() > EXP_MAX):
             raise OutOfDomain(f"Exp ({self.source or 'a softmax'}): its swap gap needs exp of {float(hi.max()):.4g}")
         return ((torch.exp(hi) * delta).sum(-1) * (1 + self.T * REL_SLACK)).reshape(-1) + TINY
+
+
+@dataclass(eq=False)
+class MaskedRows(Select):
+    """The kept entries of R rows of softmax(scores + c) whose constant c masks some entries (c ≤ −1e30 or −∞: a
+    causal mask), row by row, k each (`index` into the scores): the reader drops the masked entries (0 after the
+    softmax, out of every sum), which is exact only where each masked score plus its constant stays `DROP_MARGIN`
+    below its row's largest kept one. Every interval pass (IBP's, CROWN's) checks that on the scores' bounds, kept and
+    masked alike, and raises `OutOfDomain` naming the node where the box does not show it: a later pass (CROWN,
+    branch and bound, the MILP) bounds a subset of this box, so the check at the box's first pass covers them all."""
+
+    kept_c: torch.Tensor  # [R·k] the constant each kept entry gets (> −1e30)
+    masked: torch.Tensor  # index into the scores of each masked entry of these rows
+    masked_c: torch.Tensor  # its constant (≤ −1e30 or −∞)
+    masked_row: torch.Tensor  # its row, 0..R−1
+    rows: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.kept_c, self.masked_c = as_tensor(self.kept_c).reshape(-1), as_tensor(self.masked_c).reshape(-1)
+        self.masked = torch.as_tensor(self.masked, dtype=torch.long).reshape(-1)
+        self.masked_row = torch.as_tensor(self.masked_row, dtype=torch.long).reshape(-1)
+        if self.index.numel() % self.rows or self.kept_c.numel() != self.index.numel():
+            raise ValueError("MaskedRows needs k kept entries and one constant per kept entry in each of its rows")
+
+    def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        l, u = bounds
+        B = l.shape[0]
+        top = (l[:, self.index] + self.kept_c.to(l.dtype)).reshape(B, self.rows, -1).amax(-1)
+        worst = l.new_full((B, self.rows), -math.inf).scatter_reduce(
+            1, self.masked_row.expand(B, -1), u[:, self.masked] + self.masked_c.to(u.dtype), "amax")
+        gap = worst - top
+        if bool((gap > -DROP_MARGIN).any()):
+            raise OutOfDomain(f"Softmax ({self.source or 'a masked softmax'}): its mask's constants do not provably "
+                              f"outweigh the scores on this box (a masked entry's score plus constant reaches "
+                              f"{float(gap.max()):.3g} from its row's largest kept one; reading it as 0 needs ≤ "
+                              f"{-DROP_MARGIN:g}), so the masked softmax has no sound reading here")
+        return super().ibp(bounds)

@@ -10,8 +10,8 @@ from ..ops.affine import Scale, TokenLinear
 from ..ops.base import numel
 from ..ops.curves import Exp, Reciprocal, Rsqrt, Sqrt, Square
 from ..ops.products import BatchMatMul, Product
-from ..ops.shape import Concat, Permute, Select
-from ..ops.softmax import ExpSums
+from ..ops.shape import Concat, Permute
+from ..ops.softmax import ExpSums, MaskedRows
 from .reader import OnnxReader
 from .values import Value
 
@@ -126,9 +126,8 @@ def _masked_softmax(r: OnnxReader, scores: Value, mask: np.ndarray, axis: int, s
     """softmax(scores + mask) over `axis` where the mask sets entries to -inf or below `MASKED` (a causal mask): those
     entries are 0 after the softmax and out of every other entry's sum, so each row is the softmax of its unmasked
     entries alone, gathered (rows grouped by how many they keep) and put back in place beside constant zeros.
-    exp(-inf) is exactly 0; at c ≤ -1e30 the term is below exp(-1e29) of an unmasked one (0 in float64 and float32
-    alike) while the row's scores lie within 1e29 of each other, a premise far wider than the ±700 the unmasked
-    entries' own Exp needs to be finite."""
+    exp(-inf) is exactly 0; a finite c ≤ -1e30 gives 0 only while the masked score plus c stays far below the row's
+    kept ones, which `MaskedRows` checks on every box (a one-line `OutOfDomain` where the box does not show it)."""
     c = np.broadcast_to(mask, shape)
     scores = r.expand(scores, shape)
     moved, inverse = _to_last(r, scores, axis)
@@ -143,7 +142,9 @@ def _masked_softmax(r: OnnxReader, scores: Value, mask: np.ndarray, axis: int, s
     for k in np.unique(keep.sum(axis=1)):
         rows = np.flatnonzero(keep.sum(axis=1) == k)
         idx = place[rows][keep[rows]]  # row by row, each row's kept entries in order
-        v = r.add(Select(idx, flat_c.size), [moved], (len(rows), int(k)))
+        dropped = ~keep[rows]
+        v = r.add(MaskedRows(idx, flat_c.size, flat_c.reshape(-1)[idx], place[rows][dropped], flat_c[rows][dropped],
+                             np.nonzero(dropped)[0], len(rows), source=r.node.name), [moved], (len(rows), int(k)))
         v = r.add(Scale(np.ones(idx.size), flat_c.reshape(-1)[idx]), [v], v.shape, flops=1)
         p = _softmax_rows(r, v, len(rows), int(k))
         parts.append(p)
