@@ -273,8 +273,8 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     Unset arguments take the verify stage's defaults (`pipeline.config.VerifyConfig`); `timeout_s` is per property,
     and holds within a second: every property's time (its share of the first bound pass, which runs CROWN for all the
     properties batched before anything else, and its own turn) is at most `timeout_s` + 0.5 s. When one CROWN pass of
-    the model (measured on the first property) does not fit in `timeout_s`, one line says so with the limit that
-    would. `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the
+    the model (measured on the first property) does not fit in `timeout_s`, the property loop's budget sentence (the
+    one the verify stage and `pipeline vnncomp` print: `harness.FirstPass`) says so with the limit that would. `progress`: each answer as it comes (a bar on a terminal, else a line per property). `device`: where the
     bounds compute (auto | cpu | cuda | cuda:N).
 
     A counterexample counts as the verify stage counts it (`Problem.confirm`): a float32 point inside the box whose
@@ -340,25 +340,9 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
         tasks = [harness.SpecTask(key=(eps, k), verifier=verifier, net=net, recheck=recheck, network="the model",
                                   specs=[robustness_spec(xs[k], eps, low, high, int(split.y[k]), net.num_outputs)])
                  for eps in epsilons for k in range(n)]
-        limits = harness.PerTask(timeout_s)
-        plans: list[harness.Plan] = []
-        note = [""]
-
-        def planned(plan: harness.Plan) -> None:
-            plans.append(plan)
-            need = harness.shortfall(plans, limits)
-            if need is not None and not note[0]:
-                done = all(c.finished for c in plan.costs)
-                costs = ", ".join(f"{'more than ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
-                note[0] = (f"verify: timeout_s={timeout_s:g} cannot cover one CROWN pass of the model per property ({costs} "
-                           f"on its first property, against {harness.PASS_SHARE:g} of each limit): properties without a "
-                           f"finished pass end `budget`; " + (f"timeout_s={math.ceil(need)} would cover it" if done else
-                                                               f"it needs a timeout_s above {math.ceil(need)}"))
-                print(note[0])
-
-        outcomes = harness.run(tasks, limits, jobs=jobs, clock=clock,
+        outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock,
                                progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}",
-                               device=device or defaults.device, on_plan=planned)
+                               device=device or defaults.device, setting="timeout_s=", note=lambda s: print(f"verify: {s}"))
     rows = []
     for o in outcomes:
         res, common = o.result, o.row()
@@ -368,6 +352,5 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
                      "counterexample": np.asarray(res.counterexample, dtype=np.float32).reshape(shape) if sat else None,
                      "output": np.asarray(res.output, dtype=np.float32).reshape(-1) if sat else None})
     certified = {eps: sum(r["result"] == "unsat" for r in rows if r["eps"] == eps) / max(n, 1) for eps in epsilons}
-    first = max((c.seconds for p in plans for c in p.costs), default=None)
     return {"verifier": registry.resolve(verifier), "samples": n, "rows": rows, "certified": certified,
-            "first_pass": first, "note": note[0]}
+            "first_pass": outcomes.first_pass.slowest, "note": " ".join(outcomes.first_pass.lines)}

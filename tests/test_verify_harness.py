@@ -288,12 +288,34 @@ def test_a_budget_that_cannot_cover_one_pass_per_property_says_so_and_each_open_
     assert harness.shortfall([estimate], harness.StageBudget(need + 0.1)) is None
     assert after.reached < after.properties == len(tasks)  # the pass itself says it fell short, extrapolated alike
     assert 0.25 * len(tasks) <= harness.shortfall(plans, harness.StageBudget(1.5)) <= 0.25 * len(tasks) + 1.0
+    assert out.first_pass.plans == plans and len(out.first_pass.lines) == 1  # one sentence for the run, returned
+    assert out.first_pass.lines[0].startswith("budget_s=1.5 cannot cover one bound pass per property")
+    assert not out.first_pass.record()["covered"]
     bound = [o.result.info["bound"] for o in out]
     assert 2 <= sum(b != "ibp" for b in bound) <= 7
     for o, b in zip(out, bound):
         why = open_reason(o.result)
         assert o.result.info.get("margin_lb") is not None
         assert why == ("budget" if b == "ibp" else "" if o.result.status in ("sat", "unsat") else "timeout"), o.result
+
+
+def test_the_budget_sentence_per_task_is_said_once_per_network_it_does_not_cover():
+    """Per-task limits (api.verify, vnncomp): a network whose pass costs more than `PASS_SHARE` of the limit is named once,
+    however many of its chunks report, with the limit that would cover it; a network the limit covers is not named."""
+    import math
+
+    from analysis.verification.first_pass import Cost
+
+    said = []
+    fp = harness.FirstPass(harness.PerTask(0.4), "--timeout ", 4, said.append)
+    slow = harness.Plan([Cost("a.onnx", 0.3, True, 2)], 0.3, 0.6, 1, limit=0.4)
+    fp(slow)
+    fp(slow)
+    fp(harness.Plan([Cost("b.onnx", 0.1, True, 2)], 0.5, 0.6, 1, limit=0.4))  # 0.1 s under PASS_SHARE of 0.4 s
+    assert said == fp.lines and len(said) == 1, said
+    assert said[0].startswith("--timeout 0.4 cannot cover one bound pass per property: one CROWN pass took 0.3 s on a.onnx")
+    assert f"--timeout {math.ceil(0.3 / harness.PASS_SHARE)} would cover it" in said[0]
+    assert fp.slowest == 0.3
 
 
 def _seconds_in(message: str, after: str) -> float:

@@ -221,18 +221,28 @@ def test_the_line_for_a_budget_that_cannot_cover_one_pass_per_property():
     from analysis.verification import harness
     from analysis.verification.first_pass import Cost
 
+    def first(budget: float, properties: int, plans) -> harness.FirstPass:
+        said = []
+        fp = harness.FirstPass(harness.StageBudget(budget), "verify.budget_s=", properties, said.append)
+        for p in plans:
+            fp(p)
+        fp.finish()
+        assert fp.lines == said and len(said) <= 1
+        return fp
+
     plans = [harness.Plan([Cost("a.onnx", 2.0, True, 20), Cost("b.onnx", 1.0, False, 10)], 1.0, 50.0, 2, worker=1),
              harness.Plan([Cost("a.onnx", 2.5, True, 20)], 1.2, 52.0, 2, worker=2)]
-    line = harness.budget_line(plans, 30.0, "verify.budget_s", 50)
+    line = " ".join(first(30.0, 50, plans).lines)
     assert "verify.budget_s=30 cannot cover" in line and "2.5 s on a.onnx" in line and "≥ 1 s on b.onnx" in line
-    assert "need at least 52 s" in line and "verify.budget_s=70 would" in line
-    assert harness.budget_line(plans, 60.0, "verify.budget_s", 50) is None
-    rec = harness.pass_record(plans, 30.0, "verify.budget_s", 50)
+    assert "need at least 52 s" in line and "verify.budget_s=70 or more would" in line
+    assert first(60.0, 50, plans).lines == []
+    rec = first(30.0, 50, plans).record()
     assert rec["costs"]["a.onnx"] == {"seconds": 2.5, "finished": True, "properties": 40} and not rec["covered"]
+    assert rec["setting"] == "verify.budget_s" and rec["would_s"] == 70 and rec["line"] == line
     # the estimate covered the budget, but the pass itself (a batch costlier per property than one alone) did not
     done = [harness.Plan([Cost("a.onnx", 0.2, True, 30)], 25.0, 37.0, 1, worker=1, reached=20, properties=30,
                          pass_seconds=24.0)]
-    line = harness.budget_line(done, 30.0, "verify.budget_s", 30)
+    line = " ".join(first(30.0, 30, done).lines)
     assert "the pass reached 20 of 30 properties in 24 s" in line and "verify.budget_s=50 would" in line
 
 

@@ -8,8 +8,9 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
 1. **The first bound pass** (`first_pass`): every property a worker holds gets one CROWN pass before any property
    gets anything else, the properties of one network batched into one call, then α-CROWN on the rows still open
    where there is time (`ALPHA_SHARE` of what is left). The pass of each network's first property runs alone and is
-   timed; `on_plan` receives those costs (`Plan`) and `shortfall` says which limit would cover one pass per property
-   when the one given does not. A property the pass decides is answered at once.
+   timed; those costs (`Plan`) go to the run's `FirstPass`, which says in one sentence, when the limit given cannot
+   cover one pass per property, the limit that would (`shortfall`), and which `run` returns with the outcomes. A
+   property the pass decides is answered at once.
 2. **Each open property's own turns**: its verifier's chain, whose bound links find the pass's bounds computed; the
    attack is a probe with its own small share (`verifiers.ATTACK_SHARE`); then α-CROWN where the pass did not run it,
    then branch and bound, the properties nearest to a decision (the largest margin bound) first.
@@ -55,6 +56,7 @@ from typing import Any
 from pipeline.shards import in_shard, parse_shard
 
 from .pool import ALPHA_SHARE, MIN_TURN_SHARE, PASS_SHARE, ROUND_GROWTH, Loop, chunks, run_per_task, run_rounds  # noqa: F401
+from .first_pass import Cost
 from .pool import run_pool as _run_pool
 from .problem import RESULTS, Budget, Result
 from .tasks import FileTask, ModuleRecheck, OnnxRecheck, Outcome, PerTask, Plan, SpecTask, StageBudget, Task  # noqa: F401
@@ -91,73 +93,123 @@ def shortfall(plans: Sequence[Plan], limits: PerTask | StageBudget) -> float | N
 BUDGET_ROOM = 1.2  # the budget a short one names: the estimated need with this much room, rounded up to 10 s
 
 
-class PassWatch:
-    """One budget part's first-pass plans as the workers send them, and its budget line said once: when every worker
-    has measured (before the passes go on) or every worker's pass has ended (a batch can cost more per property than
-    one alone), whichever first shows the budget short."""
+class FirstPass:
+    """One `run`'s first bound pass as its workers report it (their `Plan`s), and the one sentence every caller (the
+    verify stage, `analysis.api.verify`, `pipeline vnncomp`) prints when its limit cannot cover one pass per property,
+    said through `note` and kept in `lines`:
 
-    def __init__(self, budget: float, setting: str, properties: int, note: Callable[[str], None]):
-        self.budget, self.setting, self.properties, self.note = budget, setting, properties, note
+    - `StageBudget`: once for the run, when every worker has measured (before the passes go on) or every worker's pass
+      has ended (a batch can cost more per property than one alone), whichever first shows the budget short; at the
+      run's end when neither did and the passes fell short anyway;
+    - `PerTask`: once per network whose measured pass its properties' limit cannot cover (workers take the networks as
+      they go, so no moment knows them all).
+
+    `setting` is the limit as the caller's user writes it, separator included ("verify.budget_s=", "timeout_s=",
+    "--timeout "), so the sentence names the setting to change. `properties`: the properties that need a pass."""
+
+    def __init__(self, limits: PerTask | StageBudget, setting: str, properties: int,
+                 note: Callable[[str], None] | None = None):
+        self.limits, self.setting, self.properties = limits, setting, properties
+        self.note = note or (lambda line: None)
         self.plans: list[Plan] = []
-        self.said = False
+        self.lines: list[str] = []
+        self._said: set[tuple[str, ...]] = set()
 
     def __call__(self, plan: Plan) -> None:
         self.plans.append(plan)
-        latest = latest_plans(self.plans)
-        if self.said or len(latest) < plan.workers or len({p.reached is None for p in latest}) > 1:
+        if isinstance(self.limits, StageBudget):
+            latest = latest_plans(self.plans)
+            if self.lines or len(latest) < plan.workers or len({p.reached is None for p in latest}) > 1:
+                return
+            self._say(self.sentence(self.plans))
             return
-        line = budget_line(self.plans, self.budget, self.setting, self.properties)
+        networks = tuple(c.network for c in plan.costs)
+        if networks not in self._said:
+            line = self.sentence([plan])
+            if line:
+                self._said.add(networks)
+                self._say(line)
+
+    def _say(self, line: str | None) -> None:
         if line:
-            self.said = True
+            self.lines.append(line)
             self.note(line)
 
+    def finish(self) -> None:
+        """At the run's end: a stage budget the passes fell short of is said, if it was not yet (a worker that stopped
+        before reporting leaves the moment above unreached)."""
+        if isinstance(self.limits, StageBudget) and not self.lines:
+            self._say(self.sentence(self.plans))
 
-def budget_line(plans: Sequence[Plan], budget: float, setting: str, properties: int) -> str | None:
-    """One line when `setting` (= `budget` seconds) cannot cover one bound pass per property, with the budget that
-    would (None when it covers them): the measured cost of one pass of each network, on its first property, or, once
-    the pass is over, how many properties it reached."""
-    need = shortfall(plans, StageBudget(budget))
-    if need is None:
-        return None
-    costs: dict[str, Any] = {}
-    for plan in plans:
-        for c in plan.costs:
-            if c.network not in costs or c.seconds > costs[c.network].seconds:
-                costs[c.network] = c
-    each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
-    latest = latest_plans(plans)
-    if all(p.reached is not None for p in latest):
-        reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
-        how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s (one "
-               f"CROWN pass took {each} on each network's first property alone)")
-    else:
-        lower = "at least " if not all(c.finished for c in costs.values()) else ""
-        how = (f"one CROWN pass took {each} (each network's first property); {properties} properties on "
-               f"{plans[0].workers} worker(s) need {lower}{need:.0f} s for it")
-    return (f"    verify: {setting}={budget:g} cannot cover one bound pass per property: {how}; {setting}={would(need)} "
-            f"would. The pass runs for every property first; the properties it leaves open without time say `budget` "
-            f"in details.csv.")
+    def sentence(self, plans: Sequence[Plan]) -> str | None:
+        """The sentence for `plans` when the limit cannot cover one pass per property (None when it does): what one
+        CROWN pass of each network cost on its first property (≥ where it did not finish in its time) or, once a stage
+        budget's pass is over, how many properties it reached, and the setting that would cover it."""
+        need = shortfall(plans, self.limits)
+        if need is None:
+            return None
+        costs: dict[str, Cost] = {}
+        for plan in plans:
+            for c in plan.costs:
+                if c.network not in costs or c.seconds > costs[c.network].seconds:
+                    costs[c.network] = c
+        each = ", ".join(f"{'≥ ' if not c.finished else ''}{c.seconds:.2g} s on {c.network}" for c in costs.values())
+        more = " or more" if not all(c.finished for c in costs.values()) else ""
+        latest = latest_plans(plans)
+        if isinstance(self.limits, StageBudget):
+            value, named = self.limits.seconds, would(need)
+            if all(p.reached is not None for p in latest):
+                reached, total = sum(p.reached for p in latest), sum(p.properties for p in latest)
+                how = (f"the pass reached {reached} of {total} properties in {max(p.pass_seconds for p in latest):.0f} s "
+                       f"(one CROWN pass took {each} on each network's first property alone)")
+            else:
+                how = (f"one CROWN pass took {each} (each network's first property); {self.properties} properties on "
+                       f"{plans[0].workers} worker(s) need {'at least ' if more else ''}{need:.0f} s for it")
+        else:
+            value, named = min(self.limits.timeout if p.limit is None else p.limit for p in latest), math.ceil(need)
+            how = f"one CROWN pass took {each} (its first property), more than {PASS_SHARE:g} of each property's limit"
+            short = [p for p in latest if p.reached is not None and p.reached < p.properties]
+            if short:
+                how += (f"; the pass reached {sum(p.reached for p in short)} of {sum(p.properties for p in short)} "
+                        f"properties")
+        return (f"{self.setting}{value:g} cannot cover one bound pass per property: {how}; {self.setting}{named}{more} "
+                f"would cover it. The properties the pass leaves open without time say `budget` as their reason.")
+
+    def record(self) -> dict[str, Any]:
+        """What a run record keeps of the first pass (the verify stage's summary.json): each network's measured pass, the
+        estimate (or, once the pass ended short, the extrapolation), how many properties it reached, whether the limit
+        covered it, the limit that would, and the sentence said."""
+        costs: dict[str, dict[str, Any]] = {}
+        latest = latest_plans(self.plans)
+        for plan in latest:
+            for c in plan.costs:
+                mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
+                mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
+                mine["finished"] = mine["finished"] and c.finished
+                mine["properties"] += c.properties
+        short = shortfall(self.plans, self.limits)
+        stage = isinstance(self.limits, StageBudget)
+        done = [p for p in latest if p.reached is not None]
+        return {"setting": self.setting.rstrip("= "),
+                "budget_s": self.limits.seconds if stage else self.limits.timeout, "costs": costs,
+                "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
+                "would_s": None if short is None else (would(short) if stage else math.ceil(short)),
+                "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
+                "line": " ".join(self.lines)}
+
+    @property
+    def slowest(self) -> float | None:
+        """The costliest measured pass of one network on its first property (None before any was measured)."""
+        return max((c.seconds for p in self.plans for c in p.costs), default=None)
 
 
-def pass_record(plans: Sequence[Plan], budget: float, setting: str, properties: int) -> dict[str, Any]:
-    """What summary.json keeps of the first pass: each network's measured pass, the estimate (or, once the pass ended
-    short, the extrapolation), how many properties it reached, whether the budget covered it, and the line said when it
-    did not."""
-    costs: dict[str, dict[str, Any]] = {}
-    latest = latest_plans(plans)
-    for plan in latest:
-        for c in plan.costs:
-            mine = costs.setdefault(c.network, {"seconds": c.seconds, "finished": c.finished, "properties": 0})
-            mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
-            mine["finished"] = mine["finished"] and c.finished
-            mine["properties"] += c.properties
-    short = shortfall(plans, StageBudget(budget))
-    done = [p for p in latest if p.reached is not None]
-    return {"setting": setting, "budget_s": budget, "costs": costs,
-            "needed_s": round(max((p.needed for p in latest), default=0.0), 2), "covered": short is None,
-            "would_s": None if short is None else would(short),
-            "reached": sum(p.reached for p in done) if done else None, "passes": sum(p.properties for p in done),
-            "line": (budget_line(plans, budget, setting, properties) or "").strip()}
+class Outcomes(list):
+    """What `run` returns: the final `Outcome` of each task, in the order given, with the run's `first_pass`
+    (`FirstPass`) and the `device` it computed on (resolved once, here)."""
+
+    def __init__(self, outcomes: Sequence[Outcome], first: FirstPass, device: str):
+        super().__init__(outcomes)
+        self.first_pass, self.device = first, device
 
 
 def would(need: float) -> int:
@@ -177,11 +229,14 @@ def resolve_device(name: str, setting: str = "device=") -> str:
 def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, clock: str = "wall",
         on_done: Callable[[Outcome], None] | None = None, options: dict[str, Any] | None = None,
         device: str = "cpu", progress: str | None = None, label: Callable[[Any], str] = str,
-        on_plan: Callable[[Plan], None] | None = None) -> list[Outcome]:
-    """Answer every task; returns the final outcome of each, in the order given. `options` go to the verifiers;
-    `device` is where they compute ("auto" resolved here). `progress`: a name to show each final answer under
-    (`label(key)` names the task in its line). `on_plan(plan)`: each worker's measured cost of one bound pass per
-    network, as it comes (before its first pass goes on; `shortfall` says what limit would cover it)."""
+        setting: str | None = None, note: Callable[[str], None] | None = None,
+        on_plan: Callable[[Plan], None] | None = None) -> Outcomes:
+    """Answer every task; returns the final outcome of each, in the order given, with the first pass's summary
+    (`Outcomes.first_pass`). `options` go to the verifiers; `device` is where they compute ("auto" resolved here).
+    `progress`: a name to show each final answer under (`label(key)` names the task in its line). `note(sentence)`:
+    the budget sentence, when the limit cannot cover one bound pass per property (`FirstPass`), naming `setting`
+    (default "budget_s=" for a stage budget, "timeout_s=" per task). `on_plan(plan)`: each worker's measured cost of one
+    bound pass per network, as it comes."""
     from pipeline.progress import Progress
 
     options = dict(options or {})
@@ -192,6 +247,13 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
     on_done = on_done or (lambda o: None)
     final: dict[int, Outcome] = {}
     bar = Progress(progress, len(tasks), "property") if progress else None
+    stage = isinstance(limits, StageBudget)
+    first = FirstPass(limits, setting or ("budget_s=" if stage else "timeout_s="), sum(t.known is None for t in tasks), note)
+
+    def planned(plan: Plan) -> None:
+        first(plan)
+        if on_plan is not None:
+            on_plan(plan)
 
     def emit(o: Outcome) -> None:
         if o.final:
@@ -202,23 +264,24 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
         on_done(o)
 
     indexed = list(enumerate(tasks))
-    total = limits.seconds if isinstance(limits, StageBudget) else limits.wall_s
+    total = limits.seconds if stage else limits.wall_s
     started = Budget.read("wall")
     deadline = started + (math.inf if total is None else total)
     loop = Loop(limits, deadline, started, clock, options, device, jobs)
     if jobs == 1:
-        if isinstance(limits, StageBudget):
-            run_rounds(indexed, loop, emit, on_plan)
+        if stage:
+            run_rounds(indexed, loop, emit, planned)
         else:
-            run_per_task(chunks(indexed, 1), loop, emit, on_plan)
+            run_per_task(chunks(indexed, 1), loop, emit, planned)
     else:
-        _run_pool(indexed, loop, emit, on_plan)
+        _run_pool(indexed, loop, emit, planned)
     if bar is not None:
         bar.close()
+    first.finish()
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
         if i not in final:
             final[i] = Outcome(i, task.key, Result("error", 0.0, message="its worker process stopped before answering"), 0.0)
-    return [final[i] for i in range(len(indexed))]
+    return Outcomes([final[i] for i in range(len(indexed))], first, device)
 
 
 # ---------------------------------------------------------------------------------------------

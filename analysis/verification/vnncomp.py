@@ -26,7 +26,6 @@ import argparse
 import csv
 import gzip
 import io
-import math
 import shutil
 import sys
 import tempfile
@@ -140,8 +139,9 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
 
     `verifier`: a registry name or chain ("auto": the staged chain); `options` go to its links; `device`: where they
     compute (auto | cpu | cuda | cuda:N; the jobs share one GPU); `wall_s`: all instances together in at most this many
-    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit). `note(line)`: one line
-    per network whose measured CROWN pass (on its first instance) the instances' limit cannot cover (`harness.shortfall`).
+    wall seconds (an instance not begun by then is a timeout "not run"; None: no such limit). `note(line)`: the property
+    loop's budget sentence (`harness.FirstPass`), once per network whose measured CROWN pass (on its first instance) the
+    instances' limit cannot cover.
 
     The instances of one network get their first bound pass together (`harness`: CROWN batched over them, each
     instance's share of it counted in its run_time) before any instance gets its own turn; a returned row also says
@@ -198,20 +198,9 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
             write()
 
         limits = harness.PerTask(timeout_override or 60.0, wall_s)
-        said: set[str] = set()
-
-        def planned(plan: harness.Plan) -> None:
-            need = harness.shortfall([plan], limits)
-            names = ", ".join(c.network for c in plan.costs)
-            if need is not None and names not in said and note is not None:
-                said.add(names)
-                costs = ", ".join(f"{'at least ' if not c.finished else ''}{c.seconds:.2g} s" for c in plan.costs)
-                note(f"{names}: one CROWN pass took {costs} (its first instance), more than {harness.PASS_SHARE:g} of "
-                     f"its instances' limit of {plan.limit:g} s: those whose pass does not finish end with no bound; "
-                     f"--timeout {math.ceil(need)} would cover it")
-
         for o in harness.run(tasks, limits, jobs=jobs, clock=clock, on_done=done, options=options,
-                             progress="vnncomp" if progress else None, label=" ".join, device=device, on_plan=planned):
+                             progress="vnncomp" if progress else None, label=" ".join, device=device, setting="--timeout ",
+                             note=note):
             if o.index not in rows:  # its worker process died before answering: an error row, never a silent gap
                 done(o)
     write()

@@ -183,7 +183,7 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
            jobs: int, device: str = "cpu") -> tuple[float, float, dict[str, Any]]:
     """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
     models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of
-    both, of the int8 part, and each part's first pass (`pass_record`). When a budget cannot cover one bound pass per
+    both, of the int8 part, and each part's first pass (`FirstPass.record`). When a budget cannot cover one bound pass per
     property (measured on each network's first), one line says so with the budget that would."""
     tasks = relu.tasks + smooth.tasks
     is_relu = {t.key: True for t in relu.tasks} | {t.key: False for t in smooth.tasks}
@@ -237,10 +237,9 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
                 part = [t for t in tasks if (t.key in int8_keys) == int8]
                 t0 = time.perf_counter()
                 if part:
-                    watch = harness.PassWatch(budget, setting, sum(t.known is None for t in part), bar.note)
-                    harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
-                                device=device, on_plan=watch)
-                    passes["int8" if int8 else "float"] = harness.pass_record(watch.plans, budget, setting, watch.properties)
+                    ran = harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
+                                      device=device, setting=f"{setting}=", note=lambda line: bar.note(f"    verify: {line}"))
+                    passes["int8" if int8 else "float"] = ran.first_pass.record()
                     if int8:
                         int8_seconds = time.perf_counter() - t0
     save()
