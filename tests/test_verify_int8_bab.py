@@ -11,7 +11,8 @@ import pytest
 import torch
 from onnx import helper
 
-from analysis.verification.bab import Settings, _Search
+from analysis.verification.bab import Settings
+from analysis.verification.bab_domains import Search
 from analysis.verification.bounds import Bounder
 from analysis.verification.ops.rounding import QuantizedInput, Rounding
 from analysis.verification.quantized import grid_index
@@ -106,7 +107,7 @@ def test_split_domains_bounds_contain_onnxruntime(tmp_path):
         b = Bounder(graph, lb, ub)
         b.crown()
         spec = VnnlibSpec(lb, ub, ((A, np.zeros(2 * n_out)),), n_out)
-        search = _Search(b, spec, [0], Settings(grid_values=16), lambda: False)
+        search = Search(b, spec, [0], Settings(grid_values=16), lambda: False)
         if not search.V:
             continue
         # split units whose indices never saturate the integer type, so the runtime's q − z is the index itself

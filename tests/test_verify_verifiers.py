@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from _modules import Affine
 from analysis.verification import milp
-from analysis.verification.bab import Settings, _Search, bab
+from analysis.verification.bab import Settings, bab
+from analysis.verification.bab_domains import Search
 from analysis.verification.bounds import Bounder
 from analysis.verification.problem import BOX_TOL, Budget, Problem, Result
 from analysis.verification.readers import from_torch
@@ -261,7 +262,7 @@ def test_per_domain_intervals_hold_on_every_point_of_the_domain_and_only_tighten
     """`rebound`: a child's intervals of the sites after its split, bounded again with its splits, contain every sampled
     point of the child's region (the box with the split units' signs), and never widen the parent's."""
     net, spec, b = _three_layer_case(seed, 8, 0.4)
-    search = _Search(b, spec, list(range(len(spec.disjuncts))), Settings(rebound=3), lambda: False)
+    search = Search(b, spec, list(range(len(spec.disjuncts))), Settings(rebound=3), lambda: False)
     cross0 = torch.nonzero((b.pre[search.relu_sites[0]][0] < 0) & (b.pre[search.relu_sites[0]][1] > 0)).flatten()
     assert cross0.numel() >= 2
     U = sum(search.sizes)
@@ -344,7 +345,7 @@ def _two_disjunct_case():
         spec = robustness_spec(x0, 0.3, -1.0, 2.0, c, 3)
         b = Bounder(net, spec.lb, spec.ub)
         b.crown()
-        search = _Search(b, spec, [0, 1], Settings(dtype=torch.float64), lambda: False)
+        search = Search(b, spec, [0, 1], Settings(dtype=torch.float64), lambda: False)
         R = search.R
         zero = torch.zeros(1, search.U + 2 * search.V, dtype=torch.int8)  # every split of one domain (no grid: V = 0)
         alpha = [b.relaxation(site)[0].expand(R, -1)[None].float() for site in search.relu_sites]

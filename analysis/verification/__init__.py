@@ -13,8 +13,10 @@
   convolutions with their rounding in `float32`), with no per-op switches; gap: the swap gap |smooth − ReLU| over a box;
 - attack: PGD on a property's margin, and a gradient-free search of the box's corners scored on the model itself (an
   int8 model in onnxruntime);
-- bab: branch and bound on unstable ReLUs and an int8 graph's few-valued grid indices (β-CROWN-style bounds), its open
-  domains batched tensors on the device; smooth_bab: branch and bound on smooth activations' input intervals;
+- bab: branch and bound on unstable ReLUs and an int8 graph's few-valued grid indices (β-CROWN-style bounds), the
+  search's loop; bab_domains: its domains (tensors on the device) and their batched bound pass;
+  branching: where both searches split (BaBSR, kFSB, grid units; the smooth units' score); smooth_bab: branch and
+  bound on smooth activations' input intervals;
 - refine: MILP refinement of a deep net's early sites beside branch and bound (α,β-CROWN's bab-refine);
 - milp: the big-M MILP (scipy/HiGHS) on the tight bounds;
 - marabou: Marabou 2.0 in a child process;

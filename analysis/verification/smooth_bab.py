@@ -9,7 +9,7 @@ sigmoid's crossing interval split at 0 leaves a convex and a concave piece, whos
 A child's bound is a CROWN pass with every unit's lines on the domain's intervals: sound for every input whose
 pre-activations lie in the domain's intervals, so the children's bounds together cover the parent's region.
 
-A round takes the `batch` open domains with the lowest bounds and, for each:
+A round takes the `batch` open domains with the lowest bounds and, for each (steps 1-2: `branching.SmoothBranching`):
 1. chooses the unit whose relaxation costs the bound most: |coefficient of the unit's output in the bound's rows| ×
    the gap between the side's line and the curve, largest over the interval's ends and middle (BaBSR's score, read
    for curves as GenBaB's BBPS does), summed over the rows of the disjuncts still open;
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .bounds import Bounder, FixedLines, Spec
+from .branching import SmoothBranching
 from .ops.base import DTYPE
 from .ops.smooth import Smooth
 from .vnnlib import VnnlibSpec
@@ -77,7 +78,10 @@ class _Domains:
         return self.lower.shape[0]
 
 
-class Search:
+class Search(SmoothBranching):
+    """The rows of a property's open disjuncts, the smooth sites a domain splits, and the bound pass over domains
+    (the branching heuristic comes from `branching.SmoothBranching`)."""
+
     def __init__(self, b: Bounder, spec: VnnlibSpec, disjuncts: list[int], s: Settings):
         self.b, self.s = b, s
         rows, owner = Spec.from_disjuncts([spec.disjuncts[d] for d in disjuncts], b.device)
@@ -113,57 +117,6 @@ class Search:
             low = torch.maximum(low, prior)
         points = torch.where(inputs[0] >= 0, self.b.lb, self.b.ub)
         return low, points, record
-
-    # -- branching ---------------------------------------------------------------------------------
-    def scores(self, dom: _Domains, lower: torch.Tensor, record: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-        """Per split site [D, n]: what splitting each unit is worth (module docstring, step 1)."""
-        D = dom.size
-        open_rows = ~self.excluded(lower)[:, self.owner]  # [D, R]: rows whose disjunct is still open
-        out = []
-        for j, s in enumerate(self.split_sites):
-            fn = self.b.op(s).fn
-            l, u = dom.l[j], dom.u[j]
-            al, bl, au, bu = dom.lines[j]
-            gap_lo, gap_up = torch.zeros_like(l), torch.zeros_like(l)
-            for y in (l, 0.5 * (l + u), u):
-                fy = fn.f(y)
-                gap_lo = torch.maximum(gap_lo, fy - (al * y + bl))
-                gap_up = torch.maximum(gap_up, au * y + bu - fy)
-            A = record[s].view(D, self.R, -1) * open_rows[..., None]
-            score = (A.clamp(min=0).sum(1) * gap_lo + (-A).clamp(min=0).sum(1) * gap_up)
-            out.append(torch.where(u > l, score, torch.full_like(score, -1.0)))
-        return out
-
-    def split(self, dom: _Domains, scores: list[torch.Tensor]) -> tuple[_Domains, _Domains]:
-        """Both children of every domain, split on its best unit."""
-        D = dom.size
-        widths = [t.shape[1] for t in scores]
-        flat = torch.cat(scores, dim=1)
-        best = flat.argmax(1)
-        offs = np.cumsum([0] + widths)
-        kids = []
-        rows = torch.arange(D, device=flat.device)
-        for side in (0, 1):
-            c = _Domains([t.clone() for t in dom.l], [t.clone() for t in dom.u], [[t.clone() for t in ls] for ls in dom.lines],
-                         dom.lower.clone())
-            kids.append(c)
-        for j, s in enumerate(self.split_sites):
-            mine = (best >= int(offs[j])) & (best < int(offs[j + 1]))
-            if not bool(mine.any()):
-                continue
-            r = rows[mine]
-            unit = best[mine] - int(offs[j])
-            l, u = dom.l[j][r, unit], dom.u[j][r, unit]
-            w = u - l
-            inner = (l + self.s.inflection_share * w < 0) & (0 < u - self.s.inflection_share * w)
-            p = torch.where(inner, torch.zeros_like(l), 0.5 * (l + u))
-            op = self.b.op(s)
-            for side, (nl, nu) in enumerate(((l, p), (p, u))):
-                c = kids[side]
-                c.l[j][r, unit], c.u[j][r, unit] = nl, nu
-                for t, v in zip(c.lines[j], op.lines(nl, nu)):
-                    t[r, unit] = v
-        return kids[0], kids[1]
 
 
 def search(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool],
