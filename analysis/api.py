@@ -316,6 +316,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
     samples = defaults.samples if samples is None else samples
     timeout_s = timeout_s if timeout_s is not None else (defaults.timeout_s or defaults.budget_s / max(1, samples * len(epsilons)))
     registry.check_name(verifier)
+    device = harness.resolve_device(device or defaults.device, setting="device=")  # once, before any work
     split = as_split(data)
     n = min(samples, len(split))
     shape = tuple(input_shape or split.x.shape[1:])
@@ -342,7 +343,7 @@ def verify(model: Any, data: Any, epsilons: Sequence[float] | None = None, low: 
                  for eps in epsilons for k in range(n)]
         outcomes = harness.run(tasks, harness.PerTask(timeout_s), jobs=jobs, clock=clock,
                                progress="verify" if progress else None, label=lambda key: f"ε {key[0]:g} sample {key[1]}",
-                               device=device or defaults.device, setting="timeout_s=", note=lambda s: print(f"verify: {s}"))
+                               device=device, setting="timeout_s=", note=lambda s: print(f"verify: {s}"))
     rows = []
     for o in outcomes:
         res, common = o.result, o.row()

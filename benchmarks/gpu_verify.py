@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.verification.harness import resolve_device
     from analysis.verification.vnncomp import BenchmarkError, run_benchmark
     from analysis.verification.vnnlib import read_instances_csv, write_instances_csv
+    from pipeline.errors import DeviceError
 
     folder, out = Path(args.folder), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
               f"runs/standins --only mnist_fc` (or carry runs/standins/mnist_fc)", file=sys.stderr)
         return 2
     try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        print(f"error: {str(e).replace('device=', '--device ')}", file=sys.stderr)
+        device = resolve_device(args.device, setting="--device ")
+    except DeviceError as e:  # one line, in the words of this script's flag
+        print(f"error: {e}", file=sys.stderr)
         return 2
     options = {k: int(v) for k, v in (kv.split("=") for kv in args.options.split(",") if kv)}
     info = device_report(device)

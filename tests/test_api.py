@@ -74,6 +74,17 @@ def test_verify_a_module_it_cannot_represent_says_which_op_and_where():
     assert msg.startswith("_Wrapper: unsupported op LogSoftmax in module 'act'") and "\n" not in msg
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_verify_on_a_device_this_machine_lacks_is_one_line_in_its_own_words(relu_mlp):
+    """The device is resolved once, before any work, to a DeviceError that names `device=` as api.verify spells it."""
+    from pipeline.errors import DeviceError
+
+    ds = digits()
+    with pytest.raises(DeviceError) as e:
+        api.verify(relu_mlp, (ds.val.x, ds.val.y), [SMALL_EPS], samples=1, device="cuda")
+    assert str(e.value).startswith("device=cuda asked for CUDA but none is available; use device=cpu")
+
+
 @pytest.mark.parametrize("activations", ["int8", "int16"])
 def test_verify_an_int8_onnx_file_and_its_witnesses_are_onnxruntimes(relu_mlp, tmp_path, activations):
     """The int8 file `api.quantize` writes (or its w8a16 one, `activation_type` "int16"), through `api.verify`: every

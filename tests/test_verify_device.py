@@ -169,11 +169,10 @@ def test_the_harness_tells_verifiers_how_many_processes_share_a_gpu(monkeypatch)
     from analysis.verification import harness
 
     seen = {}
-    monkeypatch.setattr(harness, "resolve_device", lambda name: "cuda:0")
     monkeypatch.setattr(harness, "_run_pool", lambda indexed, loop, *rest:
                         seen.update(options=loop.options, device=loop.device, jobs=loop.workers))
     tasks = [harness.Task(key=i) for i in range(5)]
-    harness.run(tasks, harness.PerTask(1.0), jobs=3, device="cuda")
+    harness.run(tasks, harness.PerTask(1.0), jobs=3, device="cuda:0")  # resolved by the caller
     assert seen == {"options": {"sharers": 3}, "device": "cuda:0", "jobs": 3}
 
 

@@ -39,7 +39,7 @@ Workers are separate processes (spawned, one torch thread each: the matrices of 
 processes do not contend for the interpreter); `jobs=1` runs in this process. `on_done(outcome)` is called in
 this process for every outcome as it arrives (provisional ones too), so callers can write their files as they go.
 
-`device` ("cpu", "cuda", "cuda:N"; `resolve_device` turns "auto" into one): where every problem's bound passes and
+`device` ("cpu", "cuda", "cuda:N"; the caller's `resolve_device` turns "auto" into one, once): where every problem's bound passes and
 branch and bound compute. On a GPU the worker processes share it (each its own CUDA context); the MILP, the attack's
 re-checks and onnxruntime stay on the CPU cores of the worker that asked.
 
@@ -205,11 +205,11 @@ class FirstPass:
 
 class Outcomes(list):
     """What `run` returns: the final `Outcome` of each task, in the order given, with the run's `first_pass`
-    (`FirstPass`) and the `device` it computed on (resolved once, here)."""
+    (`FirstPass`)."""
 
-    def __init__(self, outcomes: Sequence[Outcome], first: FirstPass, device: str):
+    def __init__(self, outcomes: Sequence[Outcome], first: FirstPass):
         super().__init__(outcomes)
-        self.first_pass, self.device = first, device
+        self.first_pass = first
 
 
 def would(need: float) -> int:
@@ -232,7 +232,8 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
         setting: str | None = None, note: Callable[[str], None] | None = None,
         on_plan: Callable[[Plan], None] | None = None) -> Outcomes:
     """Answer every task; returns the final outcome of each, in the order given, with the first pass's summary
-    (`Outcomes.first_pass`). `options` go to the verifiers; `device` is where they compute ("auto" resolved here).
+    (`Outcomes.first_pass`). `options` go to the verifiers; `device` is where they compute, as the caller resolved it
+    once (`resolve_device`, in the words of its own setting: a bad name is the caller's `DeviceError`).
     `progress`: a name to show each final answer under (`label(key)` names the task in its line). `note(sentence)`:
     the budget sentence, when the limit cannot cover one bound pass per property (`FirstPass`), naming `setting`
     (default "budget_s=" for a stage budget, "timeout_s=" per task). `on_plan(plan)`: each worker's measured cost of one
@@ -240,7 +241,8 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
     from pipeline.progress import Progress
 
     options = dict(options or {})
-    device = resolve_device(device)
+    if device == "auto":  # a programming error: "auto" means different devices to a caller and its workers' records
+        raise ValueError('harness.run takes a resolved device: pass resolve_device(name, setting), not "auto"')
     jobs = max(1, min(int(jobs), len(tasks)))
     if device.startswith("cuda"):  # the workers share the GPU: each plans with its share of the memory
         options.setdefault("sharers", jobs)
@@ -281,7 +283,7 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
     for i, task in indexed:  # a worker that crashed leaves its tasks without an answer
         if i not in final:
             final[i] = Outcome(i, task.key, Result("error", 0.0, message="its worker process stopped before answering"), 0.0)
-    return Outcomes([final[i] for i in range(len(indexed))], first, device)
+    return Outcomes([final[i] for i in range(len(indexed))], first)
 
 
 # ---------------------------------------------------------------------------------------------
