@@ -1,7 +1,7 @@
 """The smooth gates, read from the ops their module exports to (`pipeline.gates.GateFamily.onnx`): λ-GELU =
-GELU(λx)/λ is Mul → Gelu → Div (folded back into one Gate with its λ), x·σ(λx) is Mul → Sigmoid → Mul, SERF's
-x·erf(softplus(λx)) is Mul → Softplus → Erf → Mul, Mish Softplus → Tanh → Mul. An op of a chain that no gate takes is
-the activation it is (`smooth`)."""
+GELU(λx)/λ is Mul → Gelu → Div (folded back into one Gate with its λ; Gelu's tanh approximation is read as its
+formula, `smooth.tanh_gelu`), x·σ(λx) is Mul → Sigmoid → Mul, SERF's x·erf(softplus(λx)) is Mul → Softplus → Erf →
+Mul, Mish Softplus → Tanh → Mul. An op of a chain that no gate takes is the activation it is (`smooth`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..ops.affine import Scale
 from ..ops.base import as_tensor, numel
 from ..ops.gates import Gate
 from .reader import OnnxReader, gate_patterns
-from .smooth import STANDALONE
+from .smooth import STANDALONE, tanh_gelu
 from .values import Pending, Value
 
 
@@ -31,10 +31,12 @@ def gate_op(r: OnnxReader) -> None:
     fam = patterns.get(ops)
     if fam is not None and fam.onnx.whole:
         approximate = r.attr("approximate", "none")
-        if approximate not in ("none", b"none"):
-            form = approximate.decode() if isinstance(approximate, bytes) else approximate
+        form = approximate.decode() if isinstance(approximate, bytes) else approximate
+        if form == "tanh" and op == "Gelu":
+            return r.set(tanh_gelu(r, arg))
+        if form != "none":
             raise r.unsupported(f"the {form} approximation of {op.upper()}", what=f"{op} with approximate='{form}'",
-                                fix="use the exact form (nn.GELU())")
+                                fix="use the exact form (approximate='none') or 'tanh'")
         return r.set(r.add(Gate(fam.name, np.ones(numel(arg.shape)), source=r.node.name), [arg], arg.shape))
     r.set(Pending(ops, arg, r.node))
 

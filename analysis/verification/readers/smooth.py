@@ -1,17 +1,21 @@
 """Smooth activations read alone, anywhere (`ops.smooth.Smooth`): Sigmoid, Tanh, Softplus, Elu, Selu, Softsign, Erf,
-a gate's inner chain that no Mul by x takes; Mish as its gate; GELU written with Erf as one Gate x·Φ(λx)."""
+a gate's inner chain that no Mul by x takes; Mish as its gate; GELU written with Erf as one Gate x·Φ(λx); GELU's tanh
+approximation (opset 20's Gelu with approximate="tanh") as the ops its formula is read to."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..ops.affine import Scale
+from ..ops.affine import Scale, Sum
 from ..ops.base import numel
-from ..ops.curves import Exp
+from ..ops.curves import Exp, Square
 from ..ops.gates import Gate
+from ..ops.products import Product
+from ..ops.shape import Concat
 from ..ops.smooth import SELU_ALPHA, SELU_GAMMA, Smooth
 from .reader import OnnxReader, describe
 from .values import Pending, Value
@@ -41,6 +45,29 @@ def erf_gelu(r: OnnxReader, p: Value, q: Value) -> Value | None:
         return None
     gate = r.add(Gate("phi", np.sqrt(2.0) * c, source=r.node.name), [Value(src, p.shape)], p.shape)
     return r.add(Scale(2 * k * t, np.zeros(numel(p.shape))), [gate], p.shape)
+
+
+# GELU's tanh approximation, ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (ONNX Gelu's approximate="tanh", torch's and HF's)
+TANH_GELU_C = math.sqrt(2.0 / math.pi)
+TANH_GELU_K = 0.044715
+
+
+def tanh_gelu(r: OnnxReader, x: Value) -> Value:
+    """½x(1 + tanh(c(x + k·x³))) = x·σ(2c(x + k·x³)) as the ops its written formula reads to: x³ as x·x² (`Product`
+    of x and `Square`), a `Sigmoid` of the affine sum, and its `Product` with x, each bounded by its own relaxation."""
+    n, shape = numel(x.shape), x.shape
+
+    def times_x(v: Value) -> Value:
+        cat = r.add(Concat(((n,), (n,)), 0), [x, v], (2 * n,))
+        return r.add(Product(n, source=r.node.name), [cat], shape)
+
+    cube = times_x(r.add(Square(n, source=r.node.name), [x], shape))
+    inner = r.add(Sum(n, (1.0, 1.0)), [x, r.add(Scale(np.full(n, TANH_GELU_K), np.zeros(n)), [cube], shape)], shape)
+    z = r.add(Scale(np.full(n, 2.0 * TANH_GELU_C), np.zeros(n)), [inner], shape)
+    out = times_x(r.add(Smooth(n, "sigmoid", source=r.node.name), [z], shape))
+    if r.int8:
+        out.fl = None  # a float32 GELU before a QuantizeLinear: not followed
+    return out
 
 
 def _smooth(kind: str, **params: str):
