@@ -1,7 +1,8 @@
 """The λ-HardSwish family x·hardsigmoid(λx), hardsigmoid(y) = clip(y/6 + 1/2, 0, 1): its constants against closed
 forms and dense float64 sampling, the layer's gradients against finite differences, its conversion from torch's and
-timm's HardSwish (squeeze-excite Hardsigmoids kept), the float32 certificate across its kinks, and its ONNX export
-read back by the verifier (bounds that hold at onnxruntime's outputs).
+timm's HardSwish (squeeze-excite Hardsigmoids kept), the float32 certificate across its kinks (its remainder rule on
+dense samples), and its ONNX export read back by the verifier (bounds that hold at onnxruntime's outputs), as a user's
+own x·hardsigmoid(λx) module's is.
 
 Closed forms, with u = λx and both tails (1/2 − u/6)₊: a = ∫|H − g(λx)| dx·λ = 2∫₀³(1/2 − u/6) du = 3/2;
 b = ∫|ReLU − f|·λ² = 2∫₀³u(1/2 − u/6) du = 3/2; c = sup|ReLU − f|·λ = max u(1/2 − u/6) = 3/8 at u = 3/2; min f·λ = −3/8
@@ -223,10 +224,70 @@ def test_the_float32_certificate_holds_at_and_around_the_kinks(lam):
     assert float(bound.detach().max()) < 1e-2  # not vacuous
 
 
-def test_the_export_is_hardswish_and_the_verifier_bounds_hold_at_onnxruntime_outputs(tmp_path):
-    from analysis import api
+def _slopes(x: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """f's one-sided slopes at x (left, right), closed form: f'(x) = g(λx) + λx·g'(λx), g' = 1/6 inside (−3, 3)."""
+    y = lam * x
+    g = np.clip(y / 6 + 0.5, 0.0, 1.0)
+    return g + y * np.where((y > -3) & (y <= 3), 1 / 6, 0.0), g + y * np.where((y >= -3) & (y < 3), 1 / 6, 0.0)
+
+
+@pytest.mark.parametrize("lam", [1.0, 20.0, 300.0])
+def test_the_float32_certificates_remainder_holds_across_a_kink_on_dense_samples(lam):
+    """chain32's remainder bound q̄ (what a gate adds to the error beyond the slope D·e) against the exact remainder
+    |f(u + δ) − f(u) − D·δ| in float64 on a dense grid of δ ∈ [−ē, ē], D either one-sided slope, at pre-activations u on
+    the kinks λu = ±3, just beside them, at the minimum and away from them, for errors ē from 1e-9 to 1e-3 of 1/λ.
+    Across a kink f' jumps by 1/2, so the remainder is ~|δ|/2, far above the second-order term ½·λ·sup|F''|·ē²
+    (= λē²/6) that holds on one piece: a bound that ignored the kinks fails here."""
+    from analysis.theory.certificate import chain32
+
+    cv = gates.curvature(NAME)
+    u = np.array([3.0, -3.0, 3.0 + 1e-7, 3.0 - 1e-7, -3.0 + 1e-7, -1.5, 0.0, 1.0, 4.5, -5.0]) / lam
+    ebar = np.array([1e-9, 1e-7, 1e-5, 1e-3]) / lam
+    U, E = np.meshgrid(u, ebar, indexing="ij")
+    U, E = U.reshape(1, -1), E.reshape(1, -1)
+    qbar = chain32.gate_remainder(cv, torch.tensor([[lam]], dtype=torch.float64), torch.from_numpy(U),
+                                  torch.from_numpy(E)).numpy()[0]
+    t = np.linspace(-1.0, 1.0, 2001) * (1 - 1e-6)  # inside [−ē, ē] after u + δ's rounding
+    v = U[0][:, None] + E[0][:, None] * t[None, :]  # [points, grid]
+    delta = v - U[0][:, None]  # exact (Sterbenz): the δ that v is
+    fu, fv = _f(U[0], lam)[:, None], _f(v, lam)
+    for slope in _slopes(U[0], lam):
+        rem = np.abs(fv - fu - slope[:, None] * delta)
+        # float64's own rounding: of g(λx) = λx/6 + 1/2 (its two terms, times x) and of the remainder's terms (the
+        # bound is attained at δ = ±ē off the kinks)
+        x = np.abs(U[0][:, None]) + np.abs(v)
+        noise = 8 * np.finfo(np.float64).eps * (x * (1 + lam * x / 6) + np.abs(slope[:, None] * delta) + qbar[:, None])
+        assert (rem <= qbar[:, None] + noise).all(), float((rem - qbar[:, None] - noise).max())
+    holds = np.abs(np.abs(lam * U[0]) - 3) <= lam * E[0]  # [u − ē, u + ē] holds a kink
+    assert holds.sum() >= 8 and (qbar[holds] >= 0.5 * E[0][holds]).all()  # the jump of f' is covered ...
+    off = np.abs(np.abs(lam * U[0]) - 3) > 2 * lam * E[0]  # clear of a kink (not at a rounding of its edge)
+    assert (qbar[off] < 0.5 * E[0][off]).all()  # ... and only there (off a kink the remainder is O(ē²))
+
+
+def _read_and_bound(path, lb: np.ndarray, ub: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(onnxruntime's outputs at xs, CROWN's lower bounds of [y, −y] over the box) of an exported file, after checking
+    that the verifier's read graph computes what onnxruntime does and that every output lies in the bounds."""
     from analysis.verification.bounds import Bounder, Spec
     from analysis.verification.readers import from_onnx
+
+    graph = from_onnx(str(path))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = sess.run(None, {sess.get_inputs()[0].name: xs.astype(np.float32)})[0]
+    ours = graph.forward(torch.tensor(xs, dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=SOUND_TOL * max(1.0, np.abs(ref).max()))
+    b = Bounder(graph, torch.tensor(lb), torch.tensor(ub))
+    b.crown()
+    k = ref.shape[1]
+    eye = torch.eye(k, dtype=torch.float64)
+    lower = b.spec_bounds(Spec(torch.cat([eye, -eye]), torch.zeros(2 * k))).numpy()
+    vals = np.concatenate([ref, -ref], 1)
+    assert (vals >= lower - SOUND_TOL).all(), (vals - lower).min()
+    assert np.isfinite(lower).all()
+    return ref, lower
+
+
+def test_the_export_is_hardswish_and_the_verifier_bounds_hold_at_onnxruntime_outputs(tmp_path):
+    from analysis import api
 
     torch.manual_seed(2)
     layer = _layer(channels=16)
@@ -236,19 +297,38 @@ def test_the_export_is_hardswish_and_the_verifier_bounds_hold_at_onnxruntime_out
     x = torch.randn(64, 4)
     out = api.export_onnx(net, x[:2], tmp_path / "hs.onnx", check_inputs=x)
     assert out["ops"].get("HardSwish") == 1 and "HardSigmoid" not in out["ops"], out["ops"]
-    graph = from_onnx(str(tmp_path / "hs.onnx"))
-    sess = ort.InferenceSession(str(tmp_path / "hs.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     center = rng.uniform(-1, 1, 4)
-    lb, ub = torch.tensor(center - 0.8), torch.tensor(center + 0.8)
     xs = (center - 0.8 + 1.6 * rng.uniform(size=(2000, 4))).astype(np.float32)
-    ref = sess.run(None, {sess.get_inputs()[0].name: xs})[0]
-    ours = graph.forward(torch.tensor(xs, dtype=torch.float64)).numpy()
-    np.testing.assert_allclose(ours, ref, rtol=0, atol=SOUND_TOL * max(1.0, np.abs(ref).max()))
-    b = Bounder(graph, lb, ub)
-    b.crown()
-    eye = torch.eye(3, dtype=torch.float64)
-    lower = b.spec_bounds(Spec(torch.cat([eye, -eye]), torch.zeros(6))).numpy()
-    vals = np.concatenate([ref, -ref], 1)
-    assert (vals >= lower - SOUND_TOL).all(), (vals - lower).min()
-    assert np.isfinite(lower).all() and (vals.min(0) - lower).max() < 50  # not vacuous
+    ref, lower = _read_and_bound(tmp_path / "hs.onnx", center - 0.8, center + 0.8, xs)
+    assert (np.concatenate([ref, -ref], 1).min(0) - lower).max() < 50  # not vacuous
+
+
+class _OwnHardSwish(nn.Module):
+    """A user's own λ-HardSwish written with torch's hardsigmoid, not the registry's layer: it exports as
+    Mul → HardSigmoid → Mul, which the verifier reads as a clamp and a product of two variables."""
+
+    def __init__(self, lam: float):
+        super().__init__()
+        self.lam = lam
+
+    def forward(self, x):
+        return x * torch.nn.functional.hardsigmoid(self.lam * x)
+
+
+@pytest.mark.parametrize("lam", [1.0, 8.0])
+def test_a_users_own_x_hardsigmoid_export_reads_and_its_bounds_hold_at_onnxruntime_outputs(lam, tmp_path):
+    from analysis import api
+
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(4, 16), _OwnHardSwish(lam), nn.Linear(16, 3)).eval()
+    x = torch.randn(64, 4)
+    out = api.export_onnx(net, x[:2], tmp_path / "own.onnx", check_inputs=x)
+    assert out["ops"].get("HardSigmoid") == 1 and "HardSwish" not in out["ops"], out["ops"]
+    rng = np.random.default_rng(1)
+    center = rng.uniform(-1, 1, 4)
+    lb, ub = center - 0.5, center + 0.5
+    xs = np.concatenate([rng.uniform(lb, ub, (2000, 4)), np.where(rng.random((500, 4)) < 0.5, lb, ub)])
+    ref, lower = _read_and_bound(tmp_path / "own.onnx", lb, ub, xs)
+    width = -lower[3:] - lower[:3]
+    assert (width < 20 * (ref.max(0) - ref.min(0))).all(), width  # not vacuous

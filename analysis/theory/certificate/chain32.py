@@ -128,13 +128,7 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
                 z = u.detach().clone().requires_grad_(True)
                 y = m(z)
                 (d,) = torch.autograd.grad(y.sum(), z)
-            cv = curvature(fam)
-            far = ((u.abs() - ebar) * lam).clamp_min(0.0)  # λ·distance of the interval [u − ē, u + ē] from 0
-            idx = (far / CURVATURE_STEP).floor().clamp_max(len(cv.envelope) - 1).long()
-            first = cv.slope_range * ebar  # sound across a kink of F too: F' stays within its range on either side
-            q = torch.minimum(0.5 * lam * cv.envelope.to(u.device)[idx] * ebar * ebar, first)
-            for k in cv.kinks:  # an interval λ·[u − ē, u + ē] that holds a kink has no bound on F''
-                q = torch.where((lam * (u - ebar) <= k) & (k <= lam * (u + ebar)), first, q)
+            q = gate_remainder(curvature(fam), lam, u, ebar)
             s = gate_rounding(u.abs() + ebar)
             pending, slope, h = SAFETY * (q + s), d, y.detach()
         else:  # ReLU
@@ -143,6 +137,19 @@ def _bound(net: list[tuple[str, nn.Module]], h: torch.Tensor) -> torch.Tensor:
             pending = torch.where(flip, 0.5 * ebar, torch.zeros_like(u))
             h = torch.relu(u)
     return ebar
+
+
+def gate_remainder(cv, lam: torch.Tensor, u: torch.Tensor, ebar: torch.Tensor) -> torch.Tensor:
+    """q̄ ≥ |f(ũ) − f(u) − D·(ũ − u)| for every |ũ − u| ≤ ē, f(x) = F(λx)/λ and D = f'(u) (at a kink of F, either
+    one-sided slope), from `pipeline.gates.curvature`'s `cv` (F'' envelope, kinks, sup F' − inf F'): the second-order
+    term where λ·[u − ē, u + ē] holds no kink of F, else only the first-order one."""
+    far = ((u.abs() - ebar) * lam).clamp_min(0.0)  # λ·distance of the interval [u − ē, u + ē] from 0
+    idx = (far / CURVATURE_STEP).floor().clamp_max(len(cv.envelope) - 1).long()
+    first = cv.slope_range * ebar  # sound across a kink of F too: F' stays within its range on either side
+    q = torch.minimum(0.5 * lam * cv.envelope.to(u.device)[idx] * ebar * ebar, first)
+    for k in cv.kinks:  # an interval λ·[u − ē, u + ē] that holds a kink has no bound on F''
+        q = torch.where((lam * (u - ebar) <= k) & (k <= lam * (u + ebar)), first, q)
+    return q
 
 
 def _ebar(sources: list[tuple[torch.Tensor | None, torch.Tensor]]) -> torch.Tensor:
