@@ -160,6 +160,28 @@ def test_export_stage(nets, tmp_path):
             assert entry["samples"] == len(digits().val)
     assert saved["models"]["lambda_gelu"]["relu"]["ops"]["Relu"] == 2
     assert result["models"] == saved["models"]
+    # every form a later stage reads, written here and declared: the stage's directory holds exactly those files
+    assert saved["files"] == export_stage.OUTPUTS
+    want = {"export/export.json"}
+    for v, forms in saved["models"].items():
+        for form, entry in forms.items():
+            want.add(entry["path"])
+            folded = entry["folded"]  # the digits MLPs start with their normalization and a Linear: it folds
+            assert folded["path"].endswith(export_stage.OUTPUTS["folded"]) and folded["into"]
+            assert folded["check"]["ort_bound_ratio"] <= 1 and folded["check"]["argmax_agreement"] == 1.0
+            assert folded["ops"]["Gemm"] == entry["ops"]["Gemm"]  # the prologue folded away, the layers kept
+            assert sum(folded["ops"].values()) < sum(entry["ops"].values()), (folded["ops"], entry["ops"])
+            want.add(folded["path"])
+            if form == "relu":
+                assert entry["verifiers"]["path"].endswith(export_stage.OUTPUTS["verifiers"])
+                assert entry["verifiers"]["ort_bound_ratio"] <= 1 and entry["verifiers"]["verifier_form"]
+                want.add(entry["verifiers"]["path"])
+            else:
+                assert "verifiers" not in entry
+    have = {p.relative_to(run.path).as_posix() for p in run.file("export").rglob("*") if p.is_file()}
+    assert have == want
+    md = export_stage.report_section(run.cfg, run)
+    assert "| relu | relu (verifiers) |" in md and "| lambda_gelu | smooth (folded) |" in md
 
 
 def test_multihead_attention_exports_in_eval_mode_and_matches(tmp_path):

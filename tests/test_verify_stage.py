@@ -27,7 +27,7 @@ from analysis.robustness.properties import read_rows
 from pipeline.stages.verify import run_verify, validate_config
 from pipeline.stages.verify_report import report_section
 from pipeline.config import Config, ConfigError, apply_overrides
-from pipeline.stages import STAGES
+from pipeline.stages import STAGES, export as export_stage
 from quantize.ort import forward_flat
 
 VARIANTS = ["lambda_gelu", "gelu", "relu"]
@@ -46,6 +46,7 @@ def done(tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     run = make_run(tmp_path_factory.mktemp("verify"), nets)
+    export_stage.run_export(run.cfg, run)  # the verifiers' form of each ReLU model is the export stage's
     run.cfg.verify.samples = SAMPLES
     run.cfg.verify.epsilons = list(EPSILONS)
     run.cfg.verify.verifiers = list(VERIFIERS)
@@ -237,7 +238,7 @@ def test_the_line_for_a_budget_that_cannot_cover_one_pass_per_property():
     assert "need at least 52 s" in line and "verify.budget_s=70 or more would" in line
     assert first(60.0, 50, plans).lines == []
     rec = first(30.0, 50, plans).record()
-    assert rec["costs"]["a.onnx"] == {"seconds": 2.5, "finished": True, "properties": 40} and not rec["covered"]
+    assert rec["costs"]["a.onnx"] == {"seconds": 2.5, "finished": True, "properties": 40, "limit_s": 5} and not rec["covered"]
     assert rec["setting"] == "verify.budget_s" and rec["would_s"] == 70 and rec["line"] == line
     # the estimate covered the budget, but the pass itself (a batch costlier per property than one alone) did not
     done = [harness.Plan([Cost("a.onnx", 0.2, True, 30)], 25.0, 37.0, 1, worker=1, reached=20, properties=30,
@@ -309,6 +310,7 @@ def test_rerun_keeps_finished_properties(done):
 def test_misclassified_samples_are_sat_at_the_sample(tmp_path):
     net, spec = trained("relu", epochs=0)  # untrained: most samples are misclassified
     run = make_run(tmp_path, {"relu": (net, spec)})
+    export_stage.run_export(run.cfg, run)
     run.cfg.verify.samples = 5
     run.cfg.verify.epsilons = [0.01]
     run.cfg.verify.verifiers = ["pgd"]

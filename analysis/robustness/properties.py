@@ -2,8 +2,9 @@
 variant of a run, for three networks, each a task of the one property loop (`analysis.verification.harness`).
 
 Which network a certificate is about:
-- **swapped ReLU** (`relu_properties`): ``verify/onnx/<variant>.onnx``, the float32 ReLU network of
-  ``swap/<variant>/relu.pt`` (λ-GELU or GELU after the swap, or the ReLU baseline itself) in the verifiers' form
+- **swapped ReLU** (`relu_properties`): ``verify/onnx/<variant>.onnx``, a copy of the export stage's
+  ``export/<variant>/relu/model.verifiers.onnx``: the float32 ReLU network of ``swap/<variant>/relu.pt`` (λ-GELU or
+  GELU after the swap, or the ReLU baseline itself) in the verifiers' form
   (`quantize.export.export_for_verifiers`: input normalization folded into its first Gemm or unpadded Conv, else a
   1×1 Conv), evaluated in float64 with its float32 weights. Decided by the staged verifier (`verify.verifiers`,
   default "auto": CROWN → PGD attack (a probe) → α-CROWN → branch and bound on the unstable ReLUs those bounds
@@ -53,8 +54,9 @@ from pipeline import checkpoint
 from pipeline.activations import gate_of, gate_sites
 from pipeline.atomic_io import atomic_write_bytes
 from pipeline.config import Config
+from pipeline.errors import RunDirError
 from pipeline.rundir import RunDir
-from quantize import export as export_mod, ort as ort_util
+from quantize import ort as ort_util
 
 # direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs less than the attack on the
 # smooth network, and most properties are certified
@@ -116,26 +118,24 @@ class Kind:
 @dataclass(frozen=True)
 class Samples:
     """What every property of the stage is built from: the first `n` validation examples (flat, float64) and their
-    labels, the data's valid input range and facts (`info`), and the validation inputs an export is checked on."""
+    labels, and the data's valid input range and facts (`info`)."""
 
     info: Any
     xs: np.ndarray
     labels: list[int]
     lo: np.ndarray
     hi: np.ndarray
-    checks: torch.Tensor
 
     @property
     def n(self) -> int:
         return len(self.labels)
 
     @classmethod
-    def of(cls, ds, samples: int, check_samples: int) -> Samples:
+    def of(cls, ds, samples: int) -> Samples:
         """The first `samples` validation examples of `ds` (the same for every variant)."""
         n = min(samples, len(ds.val.y))
         return cls(ds.info, ds.val.x[:n].double().numpy().reshape(n, -1), [int(c) for c in ds.val.y[:n]],
-                   np.asarray(ds.info.input_low, dtype=np.float64), np.asarray(ds.info.input_high, dtype=np.float64),
-                   ds.val.x[:check_samples])
+                   np.asarray(ds.info.input_low, dtype=np.float64), np.asarray(ds.info.input_high, dtype=np.float64))
 
 
 def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list[str]) -> Kind:
@@ -150,13 +150,23 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
     instances: list[tuple[str, str]] = []
-    # (the name its rows and files carry, the variant, "relu" | "int8", the int8 stage's file relative to the run)
+    # (the name its rows and files carry, the variant, "relu" | "int8", its network's file relative to the run: the
+    # export stage's verifiers' form of the ReLU model, the int8 stage's model)
     entries: list[tuple[str, str, str, str | None]] = []
+    exported = run.read_json("export", "export.json") or {}
     for variant in cfg.variants:
         if run.variant(variant).swapped_to is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
-        entries.append((variant, variant, "relu", None))
+        form = (exported.get("models", {}).get(variant) or {}).get("relu", {}).get("verifiers")
+        if form is None:
+            raise RunDirError(f"{run.path}: export/export.json has no verifiers' form of {variant}'s ReLU model (the "
+                              f"export stage writes it); run `pipeline run --resume {run.path} --redo export`")
+        if form["path"] is None:
+            models[variant] = {"onnx": None, "variant": variant, "network": "relu",
+                               "note": f"not verified: the export stage could not write its verifiers' form: {form['error']}"}
+            continue
+        entries.append((variant, variant, "relu", form["path"]))
     quantized = (run.read_json("quantize", "quantize.json") or {}) if vcfg.int8 else {}
     if vcfg.int8:
         for variant in cfg.variants:
@@ -170,11 +180,7 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list
         onnx_rel = Path("onnx") / f"{name}.onnx"
         onnx_path = out / onnx_rel
         facts = run.variant(variant)
-        if not onnx_path.is_file() and network == "relu":
-            model, _ = checkpoint.load_model(run.file("swap", variant, "relu.pt"))
-            export_mod.export_for_verifiers(model, info.input_shape, onnx_path, s.checks,
-                                            cfg.export.opset, cfg.export.atol, cfg.export.rtol)
-        elif not onnx_path.is_file():  # the int8 stage's file itself, so that the benchmark folder stands alone
+        if not onnx_path.is_file():  # the export or int8 stage's file itself, so that the benchmark folder stands alone
             atomic_write_bytes(onnx_path, (run.path / source).read_bytes())
         t0 = time.perf_counter()
         try:

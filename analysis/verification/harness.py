@@ -176,8 +176,8 @@ class FirstPass:
                 f"would cover it. The properties the pass leaves open without time say `budget` as their reason.")
 
     def record(self) -> dict[str, Any]:
-        """What a run record keeps of the first pass (the verify stage's summary.json): each network's measured pass, the
-        estimate (or, once the pass ended short, the extrapolation), how many properties it reached, whether the limit
+        """What a run record keeps of the first pass (the verify stage's summary.json): each network's measured pass (and
+        `limit_s`, the per-property limit that covers it), the estimate (or, once the pass ended short, the extrapolation), how many properties it reached, whether the limit
         covered it, the limit that would, and the sentence said."""
         costs: dict[str, dict[str, Any]] = {}
         latest = latest_plans(self.plans)
@@ -187,6 +187,8 @@ class FirstPass:
                 mine["seconds"] = round(max(mine["seconds"], c.seconds), 4)
                 mine["finished"] = mine["finished"] and c.finished
                 mine["properties"] += c.properties
+                # the per-property limit whose PASS_SHARE covers this pass (what an instance's timeout must be at least)
+                mine["limit_s"] = math.ceil(mine["seconds"] / PASS_SHARE)
         short = shortfall(self.plans, self.limits)
         stage = isinstance(self.limits, StageBudget)
         done = [p for p in latest if p.reached is not None]

@@ -1,8 +1,8 @@
 """The int8 stage: onnxruntime static quantization of every exported model, and what it buys (the library, its recipe
 and its decisions: `quantize/int8.py`).
 
-Reads: `export/export.json` and its fp32 files (and, to fold an MLP's input normalization into its first Linear, the
-checkpoints they came from), the training split for calibration. Writes `quantize/<variant>/<form>/model.int8.onnx`
+Reads: `export/export.json` and its fp32 files (the plain graph, and the one with an MLP's input normalization folded
+into its first Linear where the export stage wrote it), the training split for calibration. Writes `quantize/<variant>/<form>/model.int8.onnx`
 (and `model.fp32.onnx` when the fold changed the graph), `quantize/sqnr.csv` (per-tensor SQNR fp32 vs int8,
 activations and weights) and `quantize/quantize.json`; and the stage's section of report.md.
 """
@@ -16,13 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import checkpoint, render
+from pipeline import render
 from pipeline.atomic_io import atomic_write_csv, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.errors import RunDirError
 from pipeline.rundir import RunDir
-from quantize import export as export_mod
 from quantize import ort as ort_util
 from quantize.int8 import (LOW_SQNR_DB, QUANTIZED_OPS, agreement_warning, calibration_samples, clip_fidelity,
                            evaluate_file, input_sqnr_rows, quantize_forms, sqnr_rows)
@@ -35,16 +34,10 @@ def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: d
     fp32_path = run.path / entry["path"]
     out_dir = run.file("quantize", variant, form)
     sources, fold_check, fold_into = {"float": fp32_path}, {}, ""
-    if qcfg.fold_normalization:
-        model, payload = checkpoint.load_model(run.path / entry["source"])
-        folded = export_mod.fold_normalization(model, tuple(payload["spec"]["input_shape"]))
-        if folded is not None:
-            xval = ds.val.x[:cfg.export.check_samples]
-            sources = {"folded": workdir / "folded.fp32.onnx", **sources}
-            fold_check = export_mod.write_checked(
-                folded, xval[:2], sources["folded"], xval, reference=model, **export_mod.settings(cfg.export, qcfg.threads),
-                metadata=export_mod.metadata_for(payload, variant, form, ds.info)).check
-            fold_into = list(folded._modules)[1]
+    folded = entry.get("folded")  # the export stage's graph with the normalization folded in, where it folds
+    if qcfg.fold_normalization and folded is not None:
+        sources = {"folded": run.path / folded["path"], **sources}
+        fold_check, fold_into = folded["check"], folded["into"]
     int8_path = out_dir / "model.int8.onnx"
     # the input form and the clip are chosen on the validation split, as the checkpoint was (the test split stays for
     # reporting)
@@ -128,6 +121,9 @@ def run_int8(cfg: Config, run: RunDir) -> dict[str, Any]:
     if exported is None:
         raise RunDirError(f"{run.path}: the export stage has written no export/export.json; run it first "
                           f"(`pipeline run --resume {run.path} --redo export`)")
+    if "files" not in exported:  # an export before the stage wrote the folded form: int8 would quietly skip the fold
+        raise RunDirError(f"{run.path}: export/export.json predates the export stage's folded and verifiers' forms; "
+                          f"run `pipeline run --resume {run.path} --redo export`")
     exported = exported["models"]
     calib = calibration_samples(qcfg, ds.train.x, cfg.seed)
     models: dict[str, dict[str, Any]] = {}

@@ -14,8 +14,10 @@ time they leave goes to the hard ones; then the int8 models' properties the same
 property. ``verify.jobs`` worker processes (0: the run's thread count) solve properties side by side, on
 ``verify.device``.
 
-Reads: `swap/<variant>/relu.pt`, `train/<variant>/best.pt`, `quantize/quantize.json` and its int8 files, each variant's
-record, the validation split. Writes under ``verify/``: ``onnx/<variant>.onnx``, ``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
+Reads: the export stage's verifiers' form of each ReLU model (`export/export.json`), `train/<variant>/best.pt`,
+`quantize/quantize.json` and its int8 files, each variant's record, the validation split. Writes under ``verify/``:
+``onnx/<variant>.onnx`` (a copy of its network's file, so the folder stands alone as a benchmark),
+``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
 ``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, at least what its network's first
 bound pass needs as measured (`harness.PASS_SHARE` of the limit, rounded up to a second), or the cap), ``results.csv``
 (VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
@@ -33,7 +35,6 @@ rows marked final and solves the rest.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     out = run.dir("verify")
     ds = dataset_for(cfg)
     info = ds.info
-    samples = Samples.of(ds, vcfg.samples, cfg.export.check_samples)
+    samples = Samples.of(ds, vcfg.samples)
     n = samples.n
     clock = "cpu" if vcfg.cpu_time else "wall"
     names = list(dict.fromkeys(vcfg.verifiers))
@@ -124,9 +125,9 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
                                                      for o, v in relu.instances])
         seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
         if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
-            need = {name: c["seconds"] / harness.PASS_SHARE for rec in passes.values() for name, c in rec["costs"].items()}
+            need = {name: c["limit_s"] for rec in passes.values() for name, c in rec["costs"].items()}
             write_instances_csv(out / "instances.csv", [
-                (o, v, round(max(share[is_int8(Path(o).stem)], math.ceil(need.get(Path(o).name, 0.0))), 3))
+                (o, v, round(max(share[is_int8(Path(o).stem)], need.get(Path(o).name, 0)), 3))
                 for o, v in relu.instances])
     finally:
         torch.set_num_threads(threads)
