@@ -240,7 +240,7 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
     if jacobian_samples <= 0 or chain32.chain(model) is None:
         acc["float32_jacobian"]["refused"] = ("not a chain of Linear layers and activations (certificate.chain32)"
                                               if jacobian_samples > 0 else "not asked for (check.float32_jacobian_samples = 0)")
-    per_sample_refused = None
+    per_sample_refused = growth = None
     bar = _progress(progress, "swap certificate", split, batch_size)
     for b, (x, _) in enumerate(batches(split, batch_size), start=1):
         if bar:
@@ -252,11 +252,12 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         if per_sample_refused is not None:
             continue
         try:
-            ps = cert.per_sample(x)
+            ps = cert.per_sample(x, trace=b == 1)  # where its boxes grow: said if the bound keeps no prediction
         except certificate.Refused as exc:
             per_sample_refused = str(exc)
             continue
         exact_max = max(exact_max, ps.max)
+        growth = ps.growth if b == 1 else growth
         k = max(0, min(len(x), jacobian_samples - (n - len(x))))  # this batch's samples among the first jacobian_samples
         jac = None
         if k and acc["float32_jacobian"]["refused"] is None:
@@ -296,7 +297,8 @@ def swap_certificate(model: nn.Module, split, batch_size: int, example: torch.Te
         acc = {k: {**a, "refused": per_sample_refused} for k, a in acc.items()}
     else:
         out["per_sample"] = {"status": "sound", "bound_max": exact_max, "bound_to_change": ratio(exact),
-                             "top1_kept_in_real_arithmetic": exact["certified"] / n if n else None}
+                             "top1_kept_in_real_arithmetic": exact["certified"] / n if n else None,
+                             **({"growth": growth} if growth else {})}
     rules = {"float32": "measured float32 |Δlogit| ≤ δ̃ + ε̃ (the per-sample float32 bound) on every validation sample",
              "float32_global": "measured float32 |Δlogit| ≤ B + ρ + ε̃ (the global bound plus both networks' rounding) on every sample",
              "float32_jacobian": f"measured float32 |Δlogit| ≤ δ + ρ_J + ε_J (rounding through the Jacobians) on the first "
@@ -347,6 +349,9 @@ def verdict(layers: list[dict[str, Any]], cert: dict[str, Any]) -> dict[str, Any
     if kept == 0:
         why += ("; but no bound is below any sample's top-1 margin, so it proves no prediction unchanged (the share "
                 "of samples whose top-1 it keeps is 0)")
+        growth = (cert.get("per_sample") or {}).get("growth")
+        if growth:  # which ops make it vacuous
+            why += f"; the per-sample bound ({cert['per_sample']['bound_max']:.2g}): {growth}"
     return {"certificate": "holds", "statements": list(sound), "why": why, "certified_fraction": kept}
 
 

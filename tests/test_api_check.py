@@ -155,3 +155,33 @@ def test_efficientnet_b0_gets_the_float32_certificate():
     x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     out = api.check(model, (x, torch.zeros(4, dtype=torch.long)))
     assert out.verdict == "holds" and out.statements == ["float32"], out.why
+
+
+def test_the_growth_note_credits_each_rise_of_the_largest_box_to_its_function():
+    """A walk's trace (function, module, largest input box, largest output box): the largest box so far goes 0.1 →
+    0.5 (linear ×5) → 2.0 (linear ×4; the relu's 0.4 raises nothing) → 4.0 (mul ×2), so linear gets ×20 in 2 steps
+    and mul ×2, and the factors multiply to the whole growth 4.0/0.1."""
+    from analysis.theory.certificate.interpreter import growth_note
+
+    trace = [("conv2d", "a", 0.0, 0.0), ("linear", "a", 0.1, 0.5), ("relu", "b", 0.5, 0.4), ("linear", "c", 0.4, 2.0),
+             ("mul", "d", 2.0, 4.0), ("add", "e", 4.0, 3.0)]
+    note = growth_note(trace, 4.0)
+    assert note.startswith("its boxes grow from 0.1 (the first gate's deviation) to 4: ")
+    assert "×20 at `linear` (2 steps, ×4.47 each on average), ×2 at `mul` (1 step, ×2 each on average)" in note
+    assert "relu" not in note and "add" not in note and growth_note(trace, 0.05) is None
+
+
+def test_a_vacuous_bound_names_the_functions_its_boxes_grow_through(capsys):
+    """Eight GELU layers converted at λ = 1: a gate deviates from ReLU by up to 0.17 and every Linear carries the box as
+    |W|·d, so the per-sample bound is far above every margin; api.check's line says it grows at `linear`."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 32), nn.GELU()]
+    for _ in range(7):
+        layers += [nn.Linear(32, 32), nn.GELU()]
+    model, _ = to_gates(nn.Sequential(*layers, nn.Linear(32, 3)).eval())
+    x = torch.randn(100, 6)
+    out = api.check(model.eval(), (x, torch.zeros(100, dtype=torch.long)))
+    assert out.verdict == "holds" and out.certified_fraction == 0
+    growth = out["certificate"]["per_sample"]["growth"]
+    assert "at `linear` (8 steps" in growth and f"the per-sample bound ({out['certificate']['per_sample']['bound_max']:.2g}): {growth}" in out.why
+    assert growth in capsys.readouterr().out

@@ -31,6 +31,8 @@ class _Walk:
         self.channels = channels
         self.refused: dict[int, str] = {}  # channel index -> the first reason
         self.stack = stack if stack is not None else []  # (fqn, class) of the modules whose forward runs now
+        # (torch function, innermost module, largest exact input box, largest exact output box) per op, when asked for
+        self.trace: list[tuple[str, str, float, float]] | None = None
 
     def where(self) -> str:
         """The innermost module running, for a refusal's message."""
@@ -85,6 +87,10 @@ class _Walk:
                     b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
             boxes.append(b)
         wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))]) for j, o in enumerate(outs)]
+        if self.trace is not None and self.channels[EXACT].sample:
+            top = lambda ts: max((float(t.max()) for t in ts if t.numel()), default=0.0)
+            self.trace.append((name, self.stack[-1][0] if self.stack else "", top([d.boxes[EXACT] for d in devs]),
+                               top(boxes[EXACT])))
         return type(out)(wrapped) if isinstance(out, (tuple, list)) else wrapped[0]
 
 
@@ -115,6 +121,7 @@ class SwapBound:
     float32_refused: str | None = None
     rounding: torch.Tensor | None = None
     rounding_refused: str | None = None
+    growth: str | None = None  # per sample, when traced: where the exact boxes grow (`growth_note`)
 
     def as_dict(self) -> dict[str, Any]:
         return {"per_logit": self.per_logit.tolist(), "max": self.max, "layers": self.layers}
@@ -158,9 +165,11 @@ class Certifier:
         if self.records is not None and isinstance(output, _Dev):
             self.records.append({"name": name, "type": type(module).__name__, "max_deviation": float(output.boxes[EXACT].max())})
 
-    def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...]) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
+    def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...],
+              trace: bool = False) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
         self.stack.clear()  # a refused walk may have left modules on it
         walk = _Walk(channels, self.stack)
+        walk.trace = [] if trace else None
         value = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
         self.records = []
         try:
@@ -180,12 +189,14 @@ class Certifier:
         per_logit = out.boxes[EXACT].reshape(-1)
         return SwapBound(per_logit=per_logit, max=float(per_logit.max()), layers=layers)
 
-    def per_sample(self, x: torch.Tensor) -> SwapBound:
-        """δ(x) (exact), δ̃ + ε̃ (float32) and ρ + ε̃ (rounding beside a global bound) for a batch x [N, ...]."""
-        out, walk, layers = self._walk(x, SAMPLE_CHANNELS)
+    def per_sample(self, x: torch.Tensor, trace: bool = False) -> SwapBound:
+        """δ(x) (exact), δ̃ + ε̃ (float32) and ρ + ε̃ (rounding beside a global bound) for a batch x [N, ...]; `trace`:
+        also where the exact boxes grow (`growth`)."""
+        out, walk, layers = self._walk(x, SAMPLE_CHANNELS, trace)
         flat = lambda t: t.reshape(t.shape[0], -1)
         exact = flat(out.boxes[EXACT])
-        bound = SwapBound(per_logit=exact, max=float(exact.max()), layers=layers)
+        bound = SwapBound(per_logit=exact, max=float(exact.max()), layers=layers,
+                          growth=growth_note(walk.trace, float(exact.max())) if trace else None)
         premise = self.float32_premise
         reason = lambda *cs: premise or next((walk.refused[c] for c in cs if c in walk.refused), None)
         bound.float32_refused = reason(RELU32, SMOOTH32)
@@ -195,6 +206,26 @@ class Certifier:
         if bound.rounding_refused is None:
             bound.rounding = flat(out.boxes[RELU_ROUNDING] + out.boxes[SMOOTH32])
         return bound
+
+
+def growth_note(trace: list[tuple[str, str, float, float]], final: float) -> str | None:
+    """Where a walk's exact boxes grow, as one clause: from the first box an op reads (a gate's deviation) to `final`,
+    the largest so far raised step by step, each step's factor credited to its torch function (the factors telescope
+    to the whole growth); the three functions that raise it most, with their steps' count and mean factor."""
+    start = next((i for _, _, i, _ in trace if i > 0), 0.0)
+    if not start or not final > start:
+        return None
+    credit: dict[str, list] = {}  # function -> [log factor, steps]
+    top = start
+    for name, _, _, out in trace:
+        if out > top:
+            c = credit.setdefault(name, [0.0, 0])
+            c[0], c[1] = c[0] + (math.log(out / top) if math.isfinite(out) else math.inf), c[1] + 1
+            top = out
+    parts = [f"×{math.exp(lf):.2g} at `{name}` ({n} step{'s' * (n > 1)}, ×{math.exp(lf / n):.3g} each on average)"
+             for name, (lf, n) in sorted(credit.items(), key=lambda kv: -kv[1][0])[:3]]
+    return (f"its boxes grow from {start:.2g} (the first gate's deviation) to {final:.2g}: " + ", ".join(parts)
+            + " (a box carries |W|·d through a linear map, dropping the signs that cancel)")
 
 
 def swap_bound(model: nn.Module, input_shape: tuple[int, ...], gate_constants: Mapping[str, float] | None = None,
