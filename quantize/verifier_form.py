@@ -25,6 +25,15 @@ neuralsat; auto_LiRPA's convolutional path behind onnx2pytorch), recorded in ben
 - A constant operand of Add, Sub, Mul or Div takes the rank of the variable it meets ((C, 1, 1) against
   [N, C, H, W] becomes (1, C, 1, 1), a scalar (1, 1, 1, 1)): auto_LiRPA's convolutional path (its patches mode)
   multiplies only by 4-D constants and asserts so.
+- LayerNormalization is written in the ops it computes, ReduceMean → Sub → Mul (the square) → ReduceMean → Add ε →
+  Sqrt → Div, then Mul γ and Add β: α,β-CROWN's loader (its fork of onnx2pytorch at the commit its `load_model.py`
+  pins, fe7281b) has no LayerNormalization ("Conversion not implemented for op_type=LayerNormalization"), nor has
+  neuralsat's copy of it. The project's own reader fuses the chain back into one LayerNorm
+  (`analysis.verification.readers.norm.fuse_layer_norms`), so its bounds are those of the op.
+- A Split becomes one Slice per output: auto_LiRPA traces onnx2pytorch's `torch.split` as `split_with_sizes`, whose
+  outputs it miscounts ("symbolic for split_with_sizes produced an incorrect number of outputs"). Attention's unbind
+  of q, k, v (Transpose → Split and Squeeze of axis 0) slices the Transpose's input instead, since auto_LiRPA keeps
+  axis 0 for the batch ("Squeezing with axes == 0 is not allowed").
 """
 
 from __future__ import annotations
@@ -74,6 +83,10 @@ class _Graph:
         return f"{base}_{k}"
 
     def drop_unused(self) -> None:
+        outputs = {o.name for o in self.g.output}
+        while dead := [n for n in self.g.node if not any(o in outputs or self.consumers(o) for o in n.output)]:
+            for n in dead:  # a node whose outputs nothing reads (what a rewrite bypassed)
+                self.g.node.remove(n)
         used = {i for n in self.g.node for i in n.input}
         for t in [t for t in self.g.initializer if t.name not in used]:
             self.g.initializer.remove(t)
@@ -178,6 +191,128 @@ def _fold_into(g: _Graph, node: onnx.NodeProto, s: np.ndarray, t: np.ndarray) ->
     return True
 
 
+def _replace(g: _Graph, node: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> None:
+    """`node` replaced by `nodes` at its place in the graph's order."""
+    kept = list(g.g.node)
+    at = kept.index(node)
+    del g.g.node[:]
+    g.g.node.extend(kept[:at] + nodes + kept[at + 1:])
+
+
+def layer_norm_to_primitives(g: _Graph, proto: onnx.ModelProto) -> int:
+    """Each LayerNormalization over the last axis written as ReduceMean → Sub → Mul → ReduceMean → Add ε → Sqrt →
+    Div → Mul γ → Add β (opset 17's ReduceMean, axes an attribute), in float32 as onnxruntime computes the op."""
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    rank = {vi.name: len(vi.type.tensor_type.shape.dim)
+            for vi in [*inferred.graph.value_info, *inferred.graph.input] if vi.type.tensor_type.HasField("shape")}
+    n = 0
+    for node in [n for n in g.g.node if n.op_type == "LayerNormalization"]:
+        x = node.input[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        axis = int(attrs.get("axis", -1))
+        if x not in rank or axis not in (-1, rank[x] - 1) or any(node.output[1:]):
+            raise ExportError(f"{node.name}: a LayerNormalization over axis {axis} of a rank-{rank.get(x, '?')} tensor "
+                              "(or with its Mean/InvStdDev outputs read) has no primitive form here; normalize the last "
+                              "axis (nn.LayerNorm)")
+        names = {k: g.fresh(f"{node.name or 'ln'}_{k}") for k in ("mean", "centred", "square", "var", "eps", "var_eps",
+                                                                   "std", "normed", "scaled")}
+        g.set_const(names["eps"], np.full((1,) * rank[x], attrs.get("epsilon", 1e-5), np.float32))
+        mean = dict(axes=[-1], keepdims=1)
+        chain = [onnx.helper.make_node("ReduceMean", [x], [names["mean"]], f"{names['mean']}_op", **mean),
+                 onnx.helper.make_node("Sub", [x, names["mean"]], [names["centred"]], f"{names['centred']}_op"),
+                 onnx.helper.make_node("Mul", [names["centred"], names["centred"]], [names["square"]], f"{names['square']}_op"),
+                 onnx.helper.make_node("ReduceMean", [names["square"]], [names["var"]], f"{names['var']}_op", **mean),
+                 onnx.helper.make_node("Add", [names["var"], names["eps"]], [names["var_eps"]], f"{names['var_eps']}_op"),
+                 onnx.helper.make_node("Sqrt", [names["var_eps"]], [names["std"]], f"{names['std']}_op"),
+                 onnx.helper.make_node("Div", [names["centred"], names["std"]], [names["normed"]], f"{names['normed']}_op")]
+        beta = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        scaled = names["scaled"] if beta else node.output[0]
+        chain.append(onnx.helper.make_node("Mul", [names["normed"], node.input[1]], [scaled], f"{names['scaled']}_op"))
+        if beta:
+            chain.append(onnx.helper.make_node("Add", [scaled, beta], [node.output[0]], f"{node.output[0]}_op"))
+        _replace(g, node, chain)
+        n += 1
+    return n
+
+
+def _shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    return {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in [*inferred.graph.value_info, *inferred.graph.input] if vi.type.tensor_type.HasField("shape")}
+
+
+def _squeezed_axis(g: _Graph, node: onnx.NodeProto) -> list[int] | None:
+    """A Squeeze's axes (an input from opset 13, an attribute before)."""
+    if len(node.input) > 1:
+        c = g.const(node.input[1])
+        return None if c is None else [int(a) for a in np.asarray(c).reshape(-1)]
+    return [int(a) for a in next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axes"), [])]
+
+
+def _last_axis_block(g: _Graph, shapes: dict[str, list[int]], name: str, k: int) -> tuple[str, int] | None:
+    """(the Reshape's input, the block length m) where `name` is a Reshape that only splits its input's last axis and
+    index j of its axis k is the block [j·m, (j + 1)·m) of that last axis; None otherwise."""
+    node = next((p for p in g.g.node if name in p.output), None)
+    if node is None or node.op_type != "Reshape" or node.input[0] not in shapes or name not in shapes:
+        return None
+    src, out = shapes[node.input[0]], shapes[name]
+    if not (0 < k < len(out) and np.prod(src[:-1]) == np.prod(out[:k]) and src[-1] == int(np.prod(out[k:]))):
+        return None
+    return node.input[0], int(np.prod(out[k + 1:]))
+
+
+def split_to_slices(g: _Graph, proto: onnx.ModelProto) -> int:
+    """Each Split with constant sizes (an input, or the attribute before opset 13) as one Slice per output (starts,
+    ends and axes as initializers). Attention's unbind of q, k and v, Transpose → Split on axis 0 → Squeeze of axis 0
+    (the axis auto_LiRPA keeps for the batch: it refuses to squeeze it), becomes per part a Slice of the Transpose's
+    input on the axis that the Transpose moves first, a Reshape without it and the Transpose of the other axes."""
+    shapes = _shapes(proto)
+    n = 0
+    for node in [n for n in g.g.node if n.op_type == "Split"]:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        axis = int(attrs.get("axis", 0))
+        sizes = g.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("split")
+        if sizes is None:
+            continue  # equal parts of an unknown length: left as it is
+        ends = np.cumsum(np.asarray(sizes, np.int64))
+        starts = ends - np.asarray(sizes, np.int64)
+        src = next((p for p in g.g.node if node.input[0] in p.output), None)
+        squeezes = [g.consumers(o) for o in node.output]
+        unbind = (axis == 0 and src is not None and src.op_type == "Transpose" and len(g.consumers(node.input[0])) == 1
+                  and src.input[0] in shapes and all(len(c) == 1 and c[0].op_type == "Squeeze" and _squeezed_axis(g, c[0]) == [0]
+                                                     for c in squeezes) and set(sizes) == {1})
+        made, gone = [], [node]
+        for i, (out, s, e) in enumerate(zip(node.output, starts, ends)):
+            if unbind:
+                perm = list(next(onnx.helper.get_attribute_value(a) for a in src.attribute if a.name == "perm"))
+                k, shape = perm[0], list(shapes[src.input[0]])
+                # part i of axis k: a block of the last axis of the Reshape before it, where that Reshape only splits
+                # its input's last axis (x·W of q, k and v side by side, as [B, T, 3, H, d])
+                cut = _last_axis_block(g, shapes, src.input[0], k)
+                names = [g.fresh(f"{out}_{x}") for x in ("starts", "ends", "axes", "sliced", "shape", "reshaped")]
+                source, lo, hi, along = (cut[0], cut[1] * s, cut[1] * e, -1) if cut else (src.input[0], s, e, k)
+                for name, v in zip(names[:3], (lo, hi, along)):
+                    g.set_const(name, np.array([v], np.int64))
+                g.set_const(names[4], np.array(shape[:k] + shape[k + 1:], np.int64))
+                made += [onnx.helper.make_node("Slice", [source, *names[:3]], [names[3]], f"{out}_slice"),
+                         onnx.helper.make_node("Reshape", [names[3], names[4]], [names[5]], f"{out}_reshape"),
+                         onnx.helper.make_node("Transpose", [names[5]], [squeezes[i][0].output[0]], f"{out}_transpose",
+                                               perm=[p - (p > k) for p in perm[1:]])]
+                gone.append(squeezes[i][0])
+            else:
+                names = [g.fresh(f"{out}_{x}") for x in ("starts", "ends", "axes")]
+                for name, v in zip(names, (s, e, axis)):
+                    g.set_const(name, np.array([v], np.int64))
+                made.append(onnx.helper.make_node("Slice", [node.input[0], *names], [out], f"{out}_slice"))
+        if unbind:
+            gone.append(src)
+        _replace(g, node, made)
+        for dead in gone[1:]:
+            g.g.node.remove(dead)
+        n += 1
+    return n
+
+
 def constants_at_full_rank(g: _Graph, proto: onnx.ModelProto) -> int:
     """Each constant operand of an elementwise op below its variable operand's rank, reshaped to that rank (a new
     initializer where the old one is shared)."""
@@ -214,6 +349,8 @@ def to_verifier_form(proto: onnx.ModelProto, input_shape: tuple[int, ...]) -> tu
     facts = {"constants_to_initializers": constants_to_initializers(g),
              "training_mode_dropped": drop_default_training_mode(g),
              "normalization": normalization_into_conv(g, (1, *input_shape)) if len(input_shape) == 3 else None}
+    facts["layer_norms_written_out"] = layer_norm_to_primitives(g, out)
+    facts["splits_as_slices"] = split_to_slices(g, out)
     facts["constants_reshaped"] = constants_at_full_rank(g, out)
     g.drop_unused()
     if facts["normalization"]:

@@ -208,3 +208,59 @@ def test_the_signature_follows_the_form_not_the_weights(tmp_path):
     b, _, _ = _export(_randomize_batchnorm(PreAct()), tmp_path, "b")
     old, _ = to_onnx(verifier_model(PreAct().eval(), (2, 8, 8)), torch.rand(1, 2, 8, 8), 20, simplify=True, dynamic_batch=False)
     assert verifier_form.signature(a) == verifier_form.signature(b) != verifier_form.signature(old)
+
+
+def test_a_transformers_layer_norms_and_qkv_split_are_written_in_primitive_ops(tmp_path):
+    """The tiny deit (`coverage.TINY`): LayerNormalization written as ReduceMean/Sub/Mul/ReduceMean/Add/Sqrt/Div and
+    Mul γ, Add β (α,β-CROWN's loader has no LayerNormalization), the q/k/v Split and Squeeze as Slices of the qkv
+    projection (auto_LiRPA miscounts a traced split and refuses to squeeze axis 0); onnxruntime still computes the
+    float64 torch model, and our reader fuses each LayerNorm back, so its bounds are those of the old form."""
+    from analysis.robustness import coverage
+
+    model, shape, x = coverage._build("deit_tiny", "relu")
+    facts = export_for_verifiers(model, shape, tmp_path / "new.onnx", x)
+    new = onnx.load(str(tmp_path / "new.onnx"))
+    ops = _ops(new)
+    assert facts["verifier_form"]["layer_norms_written_out"] == 3 and facts["verifier_form"]["splits_as_slices"] == 1
+    assert not ops & Counter({"LayerNormalization": 1, "Split": 1, "Squeeze": 1}) and ops["Sqrt"] == 3 and ops["Slice"] == 3
+    _agrees_with_float64(tmp_path / "new.onnx", model, x)
+    old, _ = to_onnx(verifier_model(model, shape), x[:1], 20, simplify=True, dynamic_batch=False)
+    save(old, tmp_path / "old.onnx")
+    assert _ops(old)["LayerNormalization"] == 3
+    net = from_onnx(tmp_path / "new.onnx")
+    assert sum(type(n.op).__name__ == "Variance" for n in net.nodes) == 3  # each LayerNorm read as the op
+    x0 = x[0].numpy().reshape(-1).astype(np.float64)
+    lb, ub = x0 - 0.002, x0 + 0.002
+    lo_old, hi_old = _crown_output_bounds(tmp_path / "old.onnx", lb, ub)
+    lo_new, hi_new = _crown_output_bounds(tmp_path / "new.onnx", lb, ub)
+    np.testing.assert_allclose(lo_new, lo_old, rtol=0, atol=BOUND_ATOL)
+    np.testing.assert_allclose(hi_new, hi_old, rtol=0, atol=BOUND_ATOL)
+
+
+def test_a_layer_norm_exported_as_its_ops_is_read_as_the_op(tmp_path):
+    """nn.LayerNorm exported at opset 16 (ReduceMean, Sub, Pow 2, ReduceMean, Add ε, Sqrt, Div, Mul γ, Add β) is read
+    as one LayerNorm (its `Variance` node), with the bounds of the opset-17 LayerNormalization op, which hold at 2000
+    points of the box in onnxruntime."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 4), nn.LayerNorm(4), nn.ReLU(), nn.Linear(4, 3)).eval()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.5, 0.5)
+    paths = {}
+    for opset in (16, 17):
+        proto, _ = to_onnx(model, torch.zeros(1, 6), opset, simplify=True, dynamic_batch=False)
+        paths[opset] = tmp_path / f"ln{opset}.onnx"
+        save(proto, paths[opset])
+    assert _ops(onnx.load(str(paths[16])))["LayerNormalization"] == 0 and _ops(onnx.load(str(paths[17])))["LayerNormalization"] == 1
+    assert sum(type(n.op).__name__ == "Variance" for n in from_onnx(paths[16]).nodes) == 1
+    x0 = np.random.default_rng(0).uniform(-1, 1, 6)
+    lb, ub = x0 - 0.2, x0 + 0.2
+    lo16, hi16 = _crown_output_bounds(paths[16], lb, ub)
+    lo17, hi17 = _crown_output_bounds(paths[17], lb, ub)
+    np.testing.assert_allclose(lo16, lo17, rtol=0, atol=BOUND_ATOL)
+    np.testing.assert_allclose(hi16, hi17, rtol=0, atol=BOUND_ATOL)
+    xs = (lb + (ub - lb) * np.random.default_rng(1).uniform(size=(2000, 6))).astype(np.float32)
+    sess = ort.InferenceSession(str(paths[16]), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    ys = np.concatenate([sess.run(None, {name: xs[i:i + 1]})[0] for i in range(len(xs))])
+    assert (ys >= lo16 - FLOAT32_ATOL).all() and (ys <= hi16 + FLOAT32_ATOL).all()

@@ -11,6 +11,10 @@ Imports only numpy, onnx, torch and the loader (the project is not installed in 
 - `auto_lirpa`: onnx2pytorch as above, then auto_LiRPA's `BoundedModule` (its default convolutional mode, patches)
   and one CROWN pass on the box [box_lo, box_hi]: read when the pass gives finite bounds that hold at
   `SOUNDNESS_SAMPLES` points of the box (a quarter of them corners, the rest uniform), run through the loaded model.
+- `abcrown`: α,β-CROWN's loader, its fork of onnx2pytorch at the commit its `load_model.py` pins
+  (`abcrown_loader_setup.sh` installs it into a folder put first on PYTHONPATH), called as `load_model_onnx` calls it
+  (`ConvertModel(model, experimental=True, quirks={})`), then auto_LiRPA's CROWN pass as for `auto_lirpa`: the two
+  steps α,β-CROWN takes before its own bounds.
 
 A job: {"name", "onnx", "npz"} where the npz holds x [N, ...], onnxruntime's outputs y [N, K] and a box box_lo,
 box_hi of one input's shape (a property's input set). A file is read when the loader builds a model and its outputs on every x are within
@@ -41,6 +45,10 @@ def load(tool: str, path: str) -> torch.nn.Module:
         from onnx2pytorch import ConvertModel
 
         return ConvertModel(model, experimental=True).eval()
+    if tool == "abcrown":
+        from onnx2pytorch import ConvertModel
+
+        return ConvertModel(model, experimental=True, quirks={}).eval()
     if tool == "onnx2torch":
         from onnx2torch import convert
 
@@ -51,8 +59,14 @@ def load(tool: str, path: str) -> torch.nn.Module:
 def version(tool: str) -> str:
     import importlib.metadata as md
 
-    names = {"onnx2pytorch": ["onnx2pytorch"], "onnx2torch": ["onnx2torch"], "auto_lirpa": ["auto_LiRPA", "onnx2pytorch"]}[tool]
+    names = {"onnx2pytorch": ["onnx2pytorch"], "onnx2torch": ["onnx2torch"], "auto_lirpa": ["auto_LiRPA", "onnx2pytorch"],
+             "abcrown": ["auto_LiRPA"]}[tool]
     out = []
+    if tool == "abcrown":  # the fork is a source folder without its own metadata: the commit its setup wrote beside it
+        import onnx2pytorch
+
+        stamp = Path(onnx2pytorch.__file__).parents[1] / "COMMIT"
+        out.append(f"onnx2pytorch {stamp.read_text().strip() if stamp.is_file() else '?'} (α,β-CROWN's fork)")
     for n in names:
         try:
             out.append(f"{n} {md.version(n)}")
@@ -114,10 +128,10 @@ def check(tool: str, job: dict) -> dict:
         diff = float(np.max(np.abs(got - y.reshape(len(y), -1))))
         out.update(max_abs_diff=diff, tolerance=READ_RTOL * (1 + float(np.max(np.abs(y)))))
         out["same_function"] = diff <= out["tolerance"]
-        if tool == "auto_lirpa" and out["same_function"]:
+        if tool in ("auto_lirpa", "abcrown") and out["same_function"]:
             stage = "bound"
             out["crown"] = crown(net, data["box_lo"], data["box_hi"])
-        out["read"] = out["same_function"] and (tool != "auto_lirpa" or out["crown"]["holds"])
+        out["read"] = out["same_function"] and ("crown" not in out or out["crown"]["holds"])
     except Exception as e:  # noqa: BLE001 (a peer's failure of any kind is the measurement)
         out.update(read=False, stage=stage, error=first_line(e), at=where(e))
     return out

@@ -127,10 +127,14 @@ def run_cases(run_name: str, run_dir: Path, work: Path) -> list[dict[str, Any]]:
     return cases
 
 
-def run_loader(tool: str, venv: Path, cases: list[dict[str, Any]], work: Path) -> tuple[str, dict[str, dict[str, Any]]]:
+def run_loader(tool: str, venv: Path, cases: list[dict[str, Any]], work: Path,
+               first: Path | None = None) -> tuple[str, dict[str, dict[str, Any]]]:
+    """read_check.py's `tool` in `venv` on every case; `first`: a folder put before everything on PYTHONPATH (a loader
+    installed as source, α,β-CROWN's fork)."""
     jobs, out = work / f"{tool}.jobs.json", work / f"{tool}.out.json"
     jobs.write_text(json.dumps([{k: c[k] for k in ("name", "onnx", "npz")} for c in cases]))
-    env = dict(os.environ, PYTHONPATH=str(STAND_INS), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    path = os.pathsep.join(str(p) for p in (first, STAND_INS) if p is not None)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([str(venv / "bin" / "python"), str(Path(__file__).with_name("read_check.py")), tool, str(jobs), str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
@@ -180,8 +184,32 @@ def run_neuralsat(venv: Path, cases: list[dict[str, Any]], work: Path) -> tuple[
     return version, out
 
 
+def _keep(previous: dict[str, Any], cases: list[dict[str, Any]], versions: dict[str, str],
+          results: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """The tools not run now: their recorded result for each case whose form (signature) is unchanged, else a result
+    that says it was not measured on this form (it counts as not read)."""
+    old = {c["name"]: c for c in previous["cases"]}
+    for tool in [t for t in TOOLS if t not in results]:
+        versions[tool] = previous["tools"][tool]["version"]
+        results[tool] = {}
+        for c in cases:
+            was = old.get(c["name"])
+            same = was is not None and was["signature"] == c["signature"] and tool in was["results"]
+            results[tool][c["name"]] = was["results"][tool] if same else {"read": False, "not_measured": True}
+
+
+def write_record(out: Path, record: dict[str, Any], render) -> None:
+    """`out`/record.json and `out`/SUMMARY.md (`render(record)`), which is printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "record.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out / "SUMMARY.md", render(record))
+    print(render(record))
+
+
 def why(result: dict[str, Any]) -> str:
     """A result's cell: "read" (with neuralsat's answer, auto_LiRPA's CROWN time), or "not read: <what failed>"."""
+    if result.get("not_measured"):
+        return "not measured on this form"
     if result["read"]:
         if "answer" in result:
             wit = result.get("witness_check")
@@ -233,11 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", action="append", default=[], metavar="NAME=RUN_DIR", help="a finished run's verify/onnx too")
     p.add_argument("--no-tiny", action="store_true", help="only the --run files")
     p.add_argument("--render", action="store_true", help="only rewrite SUMMARY.md from --out's record.json")
+    p.add_argument("--only", action="append", default=[], metavar="TOOL",
+                   help="run only these tools; the others keep --out's recorded results where a file's form (signature) "
+                        "is unchanged and are 'not measured' on a changed one")
     args = p.parse_args(argv)
     if args.render:
         atomic_write_text(args.out / "SUMMARY.md", markdown(json.loads((args.out / "record.json").read_text())))
         return 0
-    venvs = {t: ROOT / ".peers" / t for t in TOOLS}
+    run = args.only or list(TOOLS)
+    if unknown := sorted(set(run) - set(TOOLS)):
+        p.error(f"--only {', '.join(unknown)}: unknown (tools: {', '.join(TOOLS)})")
+    previous = json.loads((args.out / "record.json").read_text()) if set(run) != set(TOOLS) else None
+    if previous is None and set(run) != set(TOOLS):
+        p.error(f"--only needs a record to keep the other tools' results from: {args.out / 'record.json'}")
+    venvs = {t: ROOT / ".peers" / t for t in run}
     for item in args.venv:
         tool, _, path = item.partition("=")
         if tool not in TOOLS:
@@ -255,24 +292,27 @@ def main(argv: list[str] | None = None) -> int:
             cases += run_cases(name, Path(path), work)
         results: dict[str, dict[str, dict[str, Any]]] = {}
         versions: dict[str, str] = {}
-        for tool in LOADERS:
+        for tool in [t for t in LOADERS if t in run]:
             versions[tool], results[tool] = run_loader(tool, venvs[tool], cases, work)
             for c in cases:
                 print(f"{tool}: {c['name']}: {why(results[tool][c['name']])}", flush=True)
-        versions["neuralsat"], results["neuralsat"] = run_neuralsat(venvs["neuralsat"], cases, work)
+        if "neuralsat" in run:
+            versions["neuralsat"], results["neuralsat"] = run_neuralsat(venvs["neuralsat"], cases, work)
+        if previous is not None:
+            _keep(previous, cases, versions, results)
     record = {"commit": common.commit(), "seconds": time.perf_counter() - t0,
               "load_before": load0, "load_after": common.load(), "eps": EPS,
               "tools": {t: {"label": LABELS[t], "version": versions[t]} for t in TOOLS},
               "cases": [{**{k: c[k] for k in ("name", "architecture", "kind", "source", "signature")},
                          "onnx": c["onnx"] if c["source"] != "tiny" else Path(c["onnx"]).name,
                          "results": {t: results[t][c["name"]] for t in TOOLS}} for c in cases]}
+    if previous is not None:  # the finished runs' files this call did not read again, as recorded
+        now = {c["name"] for c in record["cases"]}
+        record["cases"] += [c for c in previous["cases"] if c["name"] not in now and c["source"] != "tiny"]
     for c in record["cases"]:  # temporary paths are meaningless afterwards
         for r in c["results"].values():
             r.pop("onnx", None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "record.json", json.dumps(record, indent=2) + "\n")
-    atomic_write_text(args.out / "SUMMARY.md", markdown(record))
-    print(markdown(record))
+    write_record(args.out, record, markdown)
     return 0
 
 

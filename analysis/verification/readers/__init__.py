@@ -140,6 +140,7 @@ def from_onnx(model: Any) -> Graph:
         model = onnx.load(str(model))
     elif isinstance(model, (bytes, bytearray)):
         model = onnx.load_from_string(bytes(model))
+    model = norm.fuse_layer_norms(model)  # a LayerNorm written as its ops is bounded as the op
     reader = OnnxReader(model, HANDLERS, CONSTANT_OPS, gate_op, smooth.standalone, smooth.chain_alone)
     graph = reader.read()
     if reader.sixteen_bit:
