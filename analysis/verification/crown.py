@@ -39,6 +39,22 @@ class CrownPass:
         node = self.net.nodes[j]
         return j == 0 or (node.op.affine and all(i == 0 for i in node.inputs) and len(node.inputs) == 1)
 
+    def _copied(self, s: int) -> tuple[int, torch.Tensor] | None:
+        """(site t, the unit of t per unit of s) when site s's input is per-unit copies (`unit_sources`) of the output of
+        a site t whose interval is its exact range (`exact_interval`: a clamp's second ReLU reads its first's output):
+        then a unit of s whose source CROWN queried at t has an interval CROWN cannot beat (the source's relaxation
+        evaluated at the source's CROWN bounds), and needs no query of its own; None otherwise."""
+        j, units = self.site_input[s], None
+        while j not in self.site_of:
+            node = self.net.nodes[j]
+            src = node.op.unit_sources() if j and node.op.affine and len(node.inputs) == 1 else None
+            if src is None:
+                return None
+            units = src if units is None else src[units]
+            j = node.inputs[0]
+        t = self.site_of[j]
+        return (t, units) if units is not None and self.op(t).exact_interval else None
+
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
         E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
@@ -187,18 +203,26 @@ class CrownPass:
         via, nodes = self._crown_plan()
         need = self.needed()
         cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if self.cut_depth else None
+        queried: dict[int, torch.Tensor] = {}  # per site, the units CROWN queried (`_copied`)
 
         def tighten(s: int, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal stopped
             self._crown_site = s  # where a relaxation that refuses its interval stops the pass (`_unbounded_layer_norms`)
             self._tighten(s, torch.arange(lo.numel(), device=lo.device), lo, hi)
             stopped = stopped or self.expired()
+            j = self.site_input[s]
+            if not stopped and self._exact_by_ibp(s):  # exact already: as good as queried
+                queried[s] = torch.ones(self.net.sizes[j], dtype=torch.bool, device=lo.device)
             if stopped or self._exact_by_ibp(s) or s in via:
                 return self.pre[s]
-            j = self.site_input[s]
             idx = self._query(s)
             every = idx.numel() == self.net.sizes[j]
+            copied = self._copied(s)
+            if copied is not None and copied[0] in queried:
+                idx = idx[~queried[copied[0]][copied[1][idx]]]
             idx = idx[need[j][idx]]  # the units the output depends on (`needed`)
+            queried[s] = torch.zeros(self.net.sizes[j], dtype=torch.bool, device=idx.device)
+            queried[s][idx] = True
             if idx.numel() == 0:
                 return self.pre[s]
             n = self.pre[s][0].numel()

@@ -24,8 +24,8 @@ or the int32 sum's conversion and the requantization multiply by fl(fl(s_x·s_w)
 the bound's own float64 evaluation (no `GAMMA_SLACK`); the last term is the zero point's float32 add. Every
 term but s/2 acts before the rounding: y = clamp(s·k, lo, hi) with k = round(t/s), |t − v| ≤ E − s/2. The graph gets
 an `ops.Rounding` node (s·k within v ± E, which knows its grid: exact where v's interval fits in one cell) and the
-clamp as two ReLUs (lo + ReLU(w − lo) − ReLU(w − hi)), which branch and bound splits like any ReLU. A ReLU absorbed
-into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
+clamp as two nested ReLUs (hi − ReLU(hi − lo − ReLU(w − lo)), `readers.activations.clamp`), which branch and bound
+splits like any ReLU. A ReLU absorbed into the QuantizeLinear (z = q_min, so lo = 0) is that clamp's lower end.
 
 The graph input's own QuantizeLinear is exact: `ops.QuantizedInput` maps the box to the grid points it reaches.
 

@@ -256,6 +256,9 @@ class Scale(Affine):
     def abs_forward(self, d: torch.Tensor) -> torch.Tensor:
         return d * self.scale.abs()
 
+    def unit_sources(self) -> torch.Tensor:
+        return torch.arange(self.scale.numel(), device=self.scale.device)
+
     def sparse(self):
         from scipy import sparse
 

@@ -111,6 +111,11 @@ class Affine(Op):
     def ibp(self, *bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def unit_sources(self) -> torch.Tensor | None:
+        """For a one-input op whose every output unit is an affine function of one input unit (`copies`): that input
+        unit per output unit; None otherwise."""
+        return None
+
     def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
         """Σ_i |M_i| d_i: how far the output can move when each input moves by at most d_i (elementwise)."""
         raise NotImplementedError
@@ -141,6 +146,9 @@ class Activation(Op):
     # False: not elementwise (a product of two variables): `relax(l, u)` and `back(A, relax)` instead of lines
     elementwise: ClassVar[bool] = True
     branchable: ClassVar[bool] = False
+    # True: `interval(l, u)` is the op's exact range over [l, u], so a per-unit copy of a unit whose interval CROWN
+    # bounded needs no CROWN query of its own (`crown.CrownPass._copied`)
+    exact_interval: ClassVar[bool] = False
     # "sign": CROWN screens the site's input with float32 convolutions and redoes in float64 the units still crossing 0
     # (a ReLU's relaxation of a stable unit is exact whatever its interval); "gate": float32 throughout when
     # `float32.FLOAT32_GATES`; None: float64 (the relaxation depends on every unit's interval)

@@ -111,6 +111,9 @@ class Select(Affine):
     def in_sizes(self) -> tuple[int, ...]:
         return (self.in_size,)
 
+    def unit_sources(self) -> torch.Tensor:
+        return self.index
+
     @property
     def out_size(self) -> int:
         return self.index.numel()

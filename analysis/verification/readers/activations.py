@@ -1,5 +1,5 @@
 """Piecewise-linear activations, each read as an exact sum of ReLUs and affine maps, so CROWN relaxes and branch and
-bound splits them as ReLUs: Relu; Clip (clamp(x, lo, hi) = lo + ReLU(x − lo) − ReLU(x − hi)); LeakyRelu and PRelu
+bound splits them as ReLUs: Relu; Clip (clamp(x, lo, hi) = hi − ReLU(hi − lo − ReLU(x − lo))); LeakyRelu and PRelu
 (a·x + (1 − a)·ReLU(x)); Abs (2·ReLU(x) − x); Max and Min (b + ReLU(a − b), a − ReLU(a − b)); HardSigmoid (a clamp
 of α·x + β to [0, 1]); and HardSwish, x·hardsigmoid(x), its own op (`ops.relu.HardSwish`)."""
 
@@ -35,13 +35,16 @@ def clip(r: OnnxReader) -> None:
 
 
 def clamp(r: OnnxReader, x: Value, lo: np.ndarray, hi: np.ndarray | None) -> Value:
-    """clamp(x, lo, hi) = lo + ReLU(x − lo) − ReLU(x − hi) per unit: ReLUs, so branch and bound splits it like one."""
+    """clamp(x, lo, hi) = hi − ReLU(hi − lo − ReLU(x − lo)) per unit: ReLUs, so branch and bound splits it like one.
+    Nested rather than lo + ReLU(x − lo) − ReLU(x − hi): interval arithmetic keeps the range [lo, hi] (the difference of
+    two ReLUs of x reads [lo − (u − hi), u]), and a unit crossing both kinks gets the flat line hi as an upper bound."""
     n, one = numel(x.shape), np.ones(numel(x.shape))
     low = r.add(ReLU(n, source=r.node.input[0]), [r.add(Scale(one, -lo), [x], x.shape, flops=0)], x.shape)
-    if hi is not None:
-        high = r.add(ReLU(n), [r.add(Scale(one, -hi), [x], x.shape, flops=0)], x.shape)
-        low = r.add(Sum(n, (1.0, -1.0)), [low, high], x.shape, flops=0)
-    return r.add(Scale(one, lo), [low], x.shape, flops=0)
+    if hi is None:
+        return r.add(Scale(one, lo), [low], x.shape, flops=0)
+    room = r.add(Scale(-one, hi - lo), [low], x.shape, flops=0)  # hi − clamp(x, lo, ∞) ≥ 0 below hi
+    top = r.add(ReLU(n), [room], x.shape)
+    return r.add(Scale(-one, hi), [top], x.shape, flops=0)
 
 
 def _minus_relu(r: OnnxReader, base: Value, x: Value, c: np.ndarray) -> Value:
