@@ -55,6 +55,17 @@ def read_details(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def unposed(details: Sequence[dict[str, str]]) -> dict[str, int]:
+    """Per verified model (variant or int8 model name), how many properties were never posed: open with reason
+    "budget", no bound pass finished in the stage budget's time. Its certified and falsified shares then count them as
+    neither, so they measure in which order the stage verified the networks, not the network."""
+    out: dict[str, int] = {}
+    for r in details:
+        if r.get("reason") == "budget":
+            out[r["variant"]] = out.get(r["variant"], 0) + 1
+    return out
+
+
 def verify_columns(details: Sequence[dict[str, str]], model: str, verifier: str) -> list[dict[str, Any]]:
     """Per ε (ascending) of one verified model (`model`: a variant, or its int8 model's name), from the verify stage's
     details.csv rows of `verifier`: properties, certified / falsified fractions (a misclassified sample counts as

@@ -17,6 +17,7 @@ import numpy as np
 from pipeline import render
 from pipeline.rundir import RunDir
 
+from . import downstream as ds_mod
 from .stats import CONFIDENCE, mean_ci
 
 # annealed variant -> the directly swapped smooth network of its family; every one is also paired with "relu"
@@ -67,8 +68,11 @@ def collect(paths: list[Path]) -> dict[str, dict[str, dict[int, dict[str, Any]]]
         cfg = run.cfg
         bench = f"{cfg.data.name}/{cfg.model.name}" + (f" ({cfg.data.subset})" if cfg.data.subset else "")
         peer = (run.read_json("downstream", "lirpa.json") or {}).get("variants", {})
+        details = run.file("verify", "details.csv")
+        never = ds_mod.unposed(ds_mod.read_details(details)) if details.exists() else {}
         for v, r in rec["variants"].items():
-            out.setdefault(bench, {}).setdefault(v, {})[cfg.seed] = {**r, "lirpa": peer.get(v)}
+            out.setdefault(bench, {}).setdefault(v, {})[cfg.seed] = {
+                **r, "lirpa": peer.get(v), "unposed": {"float": never.get(v, 0), "int8": never.get(f"{v}-int8", 0)}}
     return out
 
 
@@ -145,6 +149,7 @@ def markdown(study: dict[str, Any], numbers: dict[str, Any], out: Path | None) -
     for bench, t in numbers.items():
         variants = sorted(t["variants"], key=lambda v: ORDER.index(v) if v in ORDER else 9)
         md += [f"### {bench}", "", "Seeds: " + ", ".join(f"{NAMES.get(v, v)} {len(t['seeds'][v])}" for v in variants), ""]
+        md += unposed_lines(study[bench])
         md += [render.table(["measure", *(NAMES.get(v, v) for v in variants)],
                             [[k, *(_pm(t["variants"][v][k]) for v in variants)] for k in t["measures"]]), ""]
         if t["pairs"]:
@@ -159,6 +164,19 @@ def markdown(study: dict[str, Any], numbers: dict[str, Any], out: Path | None) -
                 plot_curves(out / name, f"{bench}: certified accuracy vs ε, {label} (band: {CONFIDENCE:.0%} t-interval)", curves)
                 md += [f"![certified accuracy vs ε, {bench}, {label}]({name})", ""]
     return md
+
+
+def unposed_lines(variants: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """A warning where a run's verify budget ran out before every property was posed (reason "budget"): those
+    networks' certified and falsified shares then depend on the order of verification, and the line names them."""
+    hit = [f"{NAMES.get(v, v)} seed {s} {kind} {n}" for v, seeds in sorted(variants.items()) for s, r in sorted(seeds.items())
+           for kind, n in (r.get("unposed") or {}).items() if n]
+    if not hit:
+        return []
+    return [("**Not measured where the budget ran out:** properties never posed (reason `budget` in the run's "
+             "verify/details.csv): " + "; ".join(hit) + ". Their networks' certified and falsified shares count them as "
+             "neither, so at those seeds they say in which order the networks were verified; rerun the point with a "
+             "larger `verify.budget_s` / `verify.int8_budget_s`, on a machine that is not loaded."), ""]
 
 
 def support_lines(pairs: dict[str, dict[str, tuple]]) -> list[str]:

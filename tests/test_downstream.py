@@ -119,3 +119,16 @@ def test_the_study_pairs_seeds_and_gives_t_intervals_of_the_differences():
     assert "lambda_swish − relu" not in t["pairs"]  # no λ-Swish runs
     curves = st._curves(study["b"], "relu")
     assert curves["gelu"][1][1][0] == pytest.approx(np.mean([0.0, 0.05, 0.1]), abs=EXACT)
+
+
+def test_properties_never_posed_for_lack_of_budget_are_counted_and_named_in_the_report():
+    from analysis import downstream_study as st
+
+    rows = [{"variant": v, "reason": r} for v, r in (("relu", "budget"), ("relu", "timeout"), ("relu-int8", "budget"),
+                                                      ("relu-int8", "budget"), ("gelu", ""), ("gelu-int8", "budget"))]
+    assert ds_mod.unposed(rows) == {"relu": 1, "relu-int8": 2, "gelu-int8": 1}  # "timeout" and decided rows are posed
+    variants = {"relu": {0: {"unposed": {"float": 0, "int8": 0}}, 4: {"unposed": {"float": 0, "int8": 269}}},
+                "gelu": {0: {"unposed": {"float": 0, "int8": 0}}}}
+    (line, blank) = st.unposed_lines(variants)
+    assert "ReLU from scratch seed 4 int8 269" in line and "GELU" not in line and "seed 0" not in line and blank == ""
+    assert st.unposed_lines({"relu": {0: {"unposed": {"float": 0, "int8": 0}}}}) == []
