@@ -24,7 +24,10 @@ neuralsat; auto_LiRPA's convolutional path behind onnx2pytorch), recorded in ben
   (The Linear case is folded before the export, `quantize.export.fold_normalization`.)
 - A constant operand of Add, Sub, Mul or Div takes the rank of the variable it meets ((C, 1, 1) against
   [N, C, H, W] becomes (1, C, 1, 1), a scalar (1, 1, 1, 1)): auto_LiRPA's convolutional path (its patches mode)
-  multiplies only by 4-D constants and asserts so.
+  multiplies only by 4-D constants and asserts so. A bias added to a MatMul by a constant stays 1-D: onnx2pytorch
+  makes the two one Linear.
+- A Linear on tokens, which onnxsim writes as Reshape [1, T, d] → [T, d] → Gemm, is a MatMul and Add on [1, T, d]
+  (`token_gemms_to_matmuls`): auto_LiRPA takes a value's first axis for the batch, and its CROWN pass fails on [T, d].
 - LayerNormalization is written in the ops it computes, ReduceMean → Sub → Mul (the square) → ReduceMean → Add ε →
   Sqrt → Div, then Mul γ and Add β: α,β-CROWN's loader (its fork of onnx2pytorch at the commit its `load_model.py`
   pins, fe7281b) has no LayerNormalization ("Conversion not implemented for op_type=LayerNormalization"), nor has
@@ -313,6 +316,72 @@ def split_to_slices(g: _Graph, proto: onnx.ModelProto) -> int:
     return n
 
 
+def token_gemms_to_matmuls(g: _Graph, proto: onnx.ModelProto) -> int:
+    """Each Gemm on a token matrix [T, d] that a Reshape made of [1, T, d] (how onnxsim writes a Linear on tokens) as
+    MatMul by Wᵀ and Add b on [1, T, d] itself; what reads its output, a Reshape, a Slice of the last axis, a Relu, or
+    another such Gemm, reads the [1, T, e] value (anything else through a Reshape back to [T, e]). auto_LiRPA takes a
+    value's first axis for the batch: on [T, d] its CROWN pass fails (a shape mismatch of T·e against e)."""
+    shapes = _shapes(proto)  # as exported: the [T, d] values stay 2-D here while their twins are made
+    made = 0
+    lifted: dict[str, str] = {}  # a [T, e] value → its [1, T, e] twin
+
+    def three_d(name: str) -> tuple[str | None, list[onnx.NodeProto]]:
+        """The [1, T, d] value of the token matrix `name`, and the Reshape that makes it where none exists."""
+        if name in lifted:
+            return lifted[name], []
+        src = next((p for p in g.g.node if name in p.output), None)
+        before = shapes.get(src.input[0], [None]) if src is not None and src.op_type == "Reshape" else [None]
+        if before[0] != 1 or int(np.prod(before[1:])) != int(np.prod(shapes[name])):
+            return None, []
+        if before[1:] == shapes[name]:
+            return src.input[0], []
+        target, out = g.fresh(f"{name}_tokens_shape"), g.fresh(f"{name}_tokens")
+        g.set_const(target, np.array([1, *shapes[name]], np.int64))
+        return out, [onnx.helper.make_node("Reshape", [src.input[0], target], [out], f"{out}_op")]
+
+    for node in list(g.g.node):
+        if node.op_type != "Gemm" or len(shapes.get(node.input[0], [])) != 2 or shapes[node.input[0]][0] == 1:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        w, b = g.const(node.input[1]), g.const(node.input[2]) if len(node.input) > 2 else None
+        x3, lift = three_d(node.input[0])
+        if x3 is None or w is None or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            continue
+        wt = w.T if attrs.get("transB", 0) else w
+        names = {k: g.fresh(f"{node.output[0]}_{k}") for k in ("wt", "mm", "out3", "bias")}
+        g.set_const(names["wt"], np.ascontiguousarray(wt))
+        chain = lift + [onnx.helper.make_node("MatMul", [x3, names["wt"]], [names["mm"] if b is not None else names["out3"]], f"{names['mm']}_op")]
+        if b is not None:
+            g.set_const(names["bias"], b.reshape(-1))
+            chain.append(onnx.helper.make_node("Add", [names["mm"], names["bias"]], [names["out3"]], f"{names['out3']}_op"))
+        out, out3 = node.output[0], names["out3"]
+        T, e = shapes[node.input[0]][0], wt.shape[1]
+        for c in g.consumers(out):
+            if c.op_type == "Reshape" or (c.op_type == "Slice" and len(c.input) > 3 and g.const(c.input[3]) is not None
+                                          and list(g.const(c.input[3]).reshape(-1)) in ([-1], [1])):
+                if c.op_type == "Slice":
+                    axes = g.fresh(f"{c.output[0]}_axes3")
+                    g.set_const(axes, np.array([-1], np.int64))
+                    c.input[3] = axes
+                c.input[list(c.input).index(out)] = out3
+            elif c.op_type == "Relu" and all(r.op_type == "Gemm" for r in g.consumers(c.output[0])):
+                c.input[0] = out3
+                lifted[c.output[0]] = c.output[0]
+            elif c.op_type == "Gemm" and c.input[0] == out:
+                lifted[out] = out3
+            else:
+                back = g.fresh(f"{out}_back")
+                if not any(n.output[0] == out for n in chain):
+                    shape = g.fresh(f"{out}_shape2")
+                    g.set_const(shape, np.array([T, e], np.int64))
+                    chain.append(onnx.helper.make_node("Reshape", [out3, shape], [out], f"{back}_op"))
+        _replace(g, node, chain)
+        made += 1
+    if made:  # shapes recorded for the 2-D values are stale: value_info is optional, and the checker infers it again
+        del g.g.value_info[:]
+    return made
+
+
 def constants_at_full_rank(g: _Graph, proto: onnx.ModelProto) -> int:
     """Each constant operand of an elementwise op below its variable operand's rank, reshaped to that rank (a new
     initializer where the old one is shared)."""
@@ -332,6 +401,9 @@ def constants_at_full_rank(g: _Graph, proto: onnx.ModelProto) -> int:
         c = g.const(node.input[k])
         if c.ndim >= rank[var]:
             continue
+        src = next((p for p in g.g.node if var in p.output), None)
+        if node.op_type == "Add" and c.ndim == 1 and src is not None and src.op_type == "MatMul" and src.input[1] in g.init:
+            continue  # x·W + b: onnx2pytorch makes it one Linear, whose bias must stay 1-D
         shaped = c.reshape((1,) * (rank[var] - c.ndim) + c.shape)
         name = node.input[k] if uses[node.input[k]] == 1 else g.fresh(f"{node.input[k]}_rank{rank[var]}")
         g.set_const(name, shaped)
@@ -351,6 +423,7 @@ def to_verifier_form(proto: onnx.ModelProto, input_shape: tuple[int, ...]) -> tu
              "normalization": normalization_into_conv(g, (1, *input_shape)) if len(input_shape) == 3 else None}
     facts["layer_norms_written_out"] = layer_norm_to_primitives(g, out)
     facts["splits_as_slices"] = split_to_slices(g, out)
+    facts["token_gemms_as_matmuls"] = token_gemms_to_matmuls(g, out)
     facts["constants_reshaped"] = constants_at_full_rank(g, out)
     g.drop_unused()
     if facts["normalization"]:
