@@ -177,8 +177,8 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
                "—" if r["mean_unstable_tight"] is None else f"{r['mean_unstable_tight']:.1f}", r["relus"]]
               for r in s["table"]]
     int8_note = (" For an int8 model (its `-int8` rows) the ReLU units are those of the clamps the reader puts after "
-                 "every requantization (`analysis/verification/readers/qdq.py`): clamp(x, lo, hi) = lo + ReLU(x − lo) − "
-                 "ReLU(x − hi), two ReLUs per requantized unit (the ReLU the quantizer absorbed is the lower end), the "
+                 "every requantization (`analysis/verification/readers/qdq.py`): clamp(x, lo, hi) = hi − ReLU(hi − lo − "
+                 "ReLU(x − lo)), two ReLUs per requantized unit (the ReLU the quantizer absorbed is the lower end), the "
                  "logits' too; hence about twice the float network's count (a network of hidden widths h₁…h_k with K "
                  "outputs: 2·(h₁ + … + h_k + K))." if any(is_int8(v) and m.get("onnx") for v, m in s["models"].items())
                  else "")
