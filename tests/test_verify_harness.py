@@ -347,7 +347,7 @@ def test_the_attack_is_a_probe_that_never_starves_the_bound():
     the chain it gets its share of the limit, and the bound answers within the limit."""
     from analysis.verification.problem import Problem as P
     from analysis.verification.registry import get_verifier
-    from analysis.verification.verifiers import ATTACK_SHARE
+    from analysis.verification.pgd_verifier import ATTACK_SHARE
 
     net = _relu_net()
     task = _robustness_tasks(net, radii=(1e-3,), n=1)[0]

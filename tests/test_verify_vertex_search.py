@@ -1,4 +1,4 @@
-"""The attack scored on the model itself (`attack.vertex_search`, the int8 probe in `verifiers.PgdVerifier`): on
+"""The attack scored on the model itself (`attack.vertex_search`, the int8 probe in `pgd_verifier.PgdVerifier`): on
 functions with no useful gradient it finds a strictly unsafe point, reports a tie (margin exactly 0) as a tie and
 never as a counterexample, keeps to the box and its time; on a quantized network its answers agree with exhaustive
 enumeration of the input grid in onnxruntime; a tie ends the staged chain with reason ``tie``."""
@@ -18,7 +18,7 @@ from analysis.verification.problem import Budget, Problem, float32_in_box, open_
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
 from analysis.verification.registry import get_verifier
-from analysis.verification.verifiers import PgdVerifier
+from analysis.verification.pgd_verifier import PgdVerifier
 from analysis.verification.vnnlib import VnnlibSpec, robustness_spec
 from quantize import ort as ort_util
 from test_verify_int8 import _tiny

@@ -22,7 +22,8 @@
 - marabou: Marabou 2.0 in a child process;
 - vnnlib: VNN-LIB 1.0 properties, instances.csv, counterexample witnesses;
 - problem: results, the one clock (Budget), one property and the counterexample rule;
-- registry, verifiers: the Verifier base class, chains, the registry, and the registered verifiers;
+- registry: the Verifier base class, chains, the registry; verifiers: the bound links (IBP, CROWN, α-CROWN,
+  via-relu) and their shared state; pgd_verifier: the attack link; complete_verifiers: MILP, Marabou, branch and bound;
 - harness: the one property loop (the verify stage, `analysis.api.verify` and `pipeline vnncomp` all use it) and what
   its first-pass plans say about the budget; tasks: its data (a Task per property, the rechecks, the limits, outcomes
   and plans); pool: its workers (a process's share of the tasks, per-task limits or rounds under one budget, the
@@ -32,4 +33,5 @@
 - stability: units provably dead or always active over the whole input domain.
 """
 
-from . import verifiers  # noqa: F401  (registers the verifiers)
+# importing them registers the verifiers, in the order `check_name`'s message lists them
+from . import pgd_verifier, verifiers, complete_verifiers  # noqa: F401, I001

@@ -12,7 +12,7 @@ starting onnxruntime; timed as ``prepare_time``) and the verifier that answers i
    cover one pass per property, the limit that would (`shortfall`), and which `run` returns with the outcomes. A
    property the pass decides is answered at once.
 2. **Each open property's own turns**: its verifier's chain, whose bound links find the pass's bounds computed; the
-   attack is a probe with its own small share (`verifiers.ATTACK_SHARE`); then α-CROWN where the pass did not run it,
+   attack is a probe with its own small share (`pgd_verifier.ATTACK_SHARE`); then α-CROWN where the pass did not run it,
    then branch and bound, the properties nearest to a decision (the largest margin bound) first.
 
 Two ways to spend time:

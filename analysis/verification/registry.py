@@ -1,11 +1,11 @@
 """The Verifier base class, the registry of verifiers, and chains of them.
 
 A verifier answers one `problem.Problem` under one `problem.Budget` with a `problem.Result`. The registered
-verifiers live in `verifiers.py` (registered when the package is imported). A chain ``a+b+…`` runs its links
-in order on one shared Problem until one answers sat or unsat, under one budget; later links reuse what earlier
-ones computed (the bounds, the disjuncts still open); a link that is a probe (`Verifier.probe_share`, the attack)
-gets only that share of the chain's limit. ``auto`` is the staged chain `STAGED`: the bound first, the attack as a
-probe, then α-CROWN and branch and bound.
+verifiers live in `verifiers.py`, `pgd_verifier.py` and `complete_verifiers.py` (registered when the package is
+imported). A chain ``a+b+…`` runs its links in order on one shared Problem until one answers sat or unsat, under one
+budget; later links reuse what earlier ones computed (the bounds, the disjuncts still open); a link that is a probe
+(`Verifier.probe_share`, the attack) gets only that share of the chain's limit. ``auto`` is the staged chain `STAGED`:
+the bound first, the attack as a probe, then α-CROWN and branch and bound.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""The registered verifiers: ``pgd`` (attack: sat or unknown), ``ibp``, ``crown``, ``alpha-crown`` (bounds: unsat or
-unknown), ``bab`` (branch and bound on unstable ReLUs, β-CROWN-style bounds, LP leaves) and ``milp`` (big-M MILP;
-big-M constants and stable/unstable split from the tight bounds), both complete for ReLU networks, ``marabou``
-(complete, maraboupy), ``via-relu`` (a smooth network through its ReLU version).
+"""The registered verifiers, one module per kind: here the bound links ``ibp``, ``crown``, ``alpha-crown`` (unsat or
+unknown) and ``via-relu`` (a smooth network through its ReLU version), with the state they share (`BoundsState`);
+``pgd`` (attack: sat or unknown) in `pgd_verifier`; ``bab`` (branch and bound on unstable ReLUs, β-CROWN-style
+bounds, LP leaves) and ``milp`` (big-M MILP), both complete for ReLU networks, and ``marabou`` (complete, maraboupy) in
+`complete_verifiers`.
 
 ``auto`` (`registry.STAGED`) is CROWN, then the attack as a probe with its own small share of the property's time
-(`ATTACK_SHARE`), then α-CROWN, then branch and bound on the disjuncts the bounds left open (the disjunction split,
-one search per open disjunct). The bounds come first so that an attack that finds nothing never starves them (a
-ViT's attack once spent the whole limit and the bound never ran). Branch and bound, not the MILP, ends the chain: it
-decides the hard properties faster (docs/EXPERIMENTS.md, "Branch and bound against the MILP").
+(`pgd_verifier.ATTACK_SHARE`), then α-CROWN, then branch and bound on the disjuncts the bounds left open (the
+disjunction split, one search per open disjunct). The bounds come first so that an attack that finds nothing never
+starves them (a ViT's attack once spent the whole limit and the bound never ran). Branch and bound, not the MILP, ends
+the chain: it decides the hard properties faster (docs/EXPERIMENTS.md, "Branch and bound against the MILP").
 
 A verifier that computes bounds says what its first bound pass is (`bound_pass`: the state its links share, holding
 a `bounds.Bounder`): the property loop (`harness`, `first_pass`) runs that pass for all the properties of a network
@@ -20,130 +21,19 @@ under the CPU clock it gets the CPU seconds left as wall seconds (it stops early
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import attack, bounds, marabou, milp, smooth_bab
+from . import bounds
 from .gap import swap_gap
 from .graph import Graph
-from .ops.rounding import Rounding
-from .problem import BOX_TOL, Budget, Problem, float32_in_box
-from .refine import Refiner
-from .registry import Answer, Verifier, confirmed, register_verifier
+from .problem import Budget, Problem
+from .registry import Verifier, register_verifier
 
 
-# The attack's share of a property's time inside a chain of several links: a probe, so that on a property whose every
-# bound is out of reach it never starves the bound (a chain's `Chain.check` gives it `Budget.part(probe_share)`)
-ATTACK_SHARE = 0.1
-
-
-@register_verifier("pgd")
-class PgdVerifier(Verifier):
-    """Attack only (`attack.pgd`): sat with a counterexample, else unknown (never unsat). On a network with grid
-    roundings (int8) the gradient is a surrogate, so the box is first searched on the model itself
-    (`attack.vertex_search`, half of the time). A point where the model gives a tie (the property's margin exactly 0)
-    means the box reaches the unsafe set: no certificate exists, yet the point is not a counterexample (it must be
-    strict, `Problem.confirm`). Then the bounds are not run and a chain gives the searches the rest of the property's
-    time (`searches`, `Chain.check`): PGD once, the search on the model until the time is up, with fresh random
-    points per try; without a strict point the property stays open with reason ``tie``. Inside a chain it is a probe
-    (`probe_share`); a run that did all its steps is not repeated in a later turn on the same problem (its unknown is
-    remembered), one cut short by its share is, with the longer turn's share."""
-
-    probe_share = ATTACK_SHARE
-    searches = True
-
-    def __init__(self, steps: int = 40, restarts: int = 2, margin: float = 1e-4, seed: int = 0,
-                 vertex_batch: int = 256, vertex_rounds: int = 400) -> None:
-        self.steps, self.restarts, self.margin, self.seed = int(steps), int(restarts), float(margin), seed
-        self.vertex_batch, self.vertex_rounds = int(vertex_batch), int(vertex_rounds)
-
-    def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        grid = _on_grid(problem.network)
-        said: dict[str, str] = {}
-        if grid and problem.cache.get("tie") is None:
-            status, x, said["search"] = self._vertices(problem, k, budget.part(0.5))
-            if status == "sat":
-                return status, x, said["search"]
-        status, x, said["pgd"] = self._pgd(problem, k, budget, grid)
-        if status == "sat":
-            return status, x, said["pgd"]
-        if grid and problem.cache.get("tie") is not None and not budget.expired():  # PGD first: a different search
-            # the input boxes after this one get their part of what is left (`Verifier.check` takes them in order)
-            mine = Budget(budget.left() / (len(problem.specs) - k), budget.clock)
-            status, x, said["search"] = self._vertices(problem, k, mine)
-            if status == "sat":
-                return status, x, said["search"]
-        return "unknown", None, "; ".join(said.values())
-
-    def _pgd(self, problem: Problem, k: int, budget: Budget, grid: bool) -> tuple[str, np.ndarray | None, str]:
-        key = ("pgd", k, self.steps, self.restarts, self.seed)
-        if key in problem.cache:
-            return "unknown", None, problem.cache[key]
-        x, v = attack.pgd(problem.network, problem.specs[k], self.steps, self.restarts, self.margin, self.seed,
-                          budget.expired)
-        if x is not None:  # confirmed here, so that a candidate the model does not confirm leaves the search going
-            x32, _, why = problem.confirm(k, x, budget.expired)
-            if x32 is not None:
-                return "sat", x32, "PGD counterexample"
-            spec = problem.specs[k]
-            if grid and spec.violation(problem.recheck(float32_in_box(x, spec.lb, spec.ub))) == 0:
-                _tie(problem)  # the model ties there: the box reaches the unsafe set
-            return "unknown", None, f"PGD counterexample: candidate {why}"
-        msg = f"PGD ({self.steps} steps, {self.restarts + 1} starts per disjunct): best margin {v:.4g}"
-        if budget.expired():
-            return "unknown", None, msg + " (cut short by its share of the time)"
-        problem.cache[key] = msg + " (an earlier turn)"
-        return "unknown", None, msg
-
-    def _vertices(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        """The search scored on the model: once per turn until a tie is known; after a tie, tries with fresh random
-        points until a strict point or the end of `budget`."""
-        spec = problem.specs[k]
-        key = ("vertices", k, self.vertex_batch, self.vertex_rounds, self.seed)
-        if key in problem.cache and problem.cache.get("tie") is None:
-            return "unknown", None, problem.cache[key]
-        lo, hi = float32_in_box(spec.lb, spec.lb, spec.ub), float32_in_box(spec.ub, spec.lb, spec.ub)
-        seen = problem.cache.get(("vertex points", k), 0)
-        while True:
-            # a turn cut short by its share is taken again later with fresh random points (the next seed)
-            tries = problem.cache[("vertex turns", k)] = problem.cache.get(("vertex turns", k), -1) + 1
-            r = attack.vertex_search(problem.recheck_many, spec, lo, hi, self.vertex_batch, self.vertex_rounds,
-                                     self.seed + tries, expired=budget.expired, left=budget.left)
-            seen = problem.cache[("vertex points", k)] = seen + r.evaluated
-            if r.x is not None:
-                return "sat", r.x, f"search on the model ({seen} points scored)"
-            if r.tie is not None:
-                _tie(problem)
-            if problem.cache.get("tie") is None or budget.expired():
-                break
-        if problem.cache.get("tie") is not None:
-            return "unknown", None, (f"no certificate exists: the model gives a tie (margin exactly 0) at a point of "
-                                     f"the box, so the box reaches the unsafe set; no point strictly in it found "
-                                     f"({seen} points scored on the model)")
-        msg = f"search on the model ({seen} points scored): best margin {r.violation:.4g}"
-        if budget.expired():
-            return "unknown", None, msg + " (cut short by its share of the time)"
-        problem.cache[key] = msg + " (an earlier turn)"
-        return "unknown", None, msg
-
-
-def _tie(problem: Problem) -> None:
-    """Note that the model gives a tie at a point of the box: no certificate exists (`Chain.check` then runs only the
-    searches; `problem.open_reason` says ``tie``)."""
-    problem.cache["tie"] = True
-    problem.info["tie"] = True
-
-
-def _on_grid(net: Graph) -> bool:
-    """Whether the network rounds to a grid (an int8 graph): there the attack's gradient is only a surrogate."""
-    return any(isinstance(n.op, Rounding) and n.op.step is not None for n in net.nodes[1:])
-
-
-class _BoundsState:
+class BoundsState:
     """What the bound links leave for the next: the Bounder, the rows' best lower bounds, the open disjuncts. It is
     also a property's first bound pass (`Verifier.bound_pass`, batched by `first_pass`): its `bounder` gets CROWN
     with the other properties of the network, then `crowned()` takes the bounds; `alpha_rows()` are the rows its
@@ -257,10 +147,10 @@ class _BoundsState:
         return min(best)
 
 
-def _state(problem: Problem, k: int, budget: Budget | None = None) -> _BoundsState:
+def bound_state(problem: Problem, k: int, budget: Budget | None = None) -> BoundsState:
     key = ("bounds", k)
     if key not in problem.cache:
-        problem.cache[key] = _BoundsState(problem, k, budget)
+        problem.cache[key] = BoundsState(problem, k, budget)
     st = problem.cache[key]
     if budget is not None:
         st.bounder.expired = budget.expired
@@ -272,7 +162,7 @@ class IbpVerifier(Verifier):
     """Interval bounds, the last layer folded into the property's rows: unsat or unknown."""
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        st = _state(problem, k, budget)
+        st = bound_state(problem, k, budget)
         return st.answer("IBP", problem, st.ibp)  # interval arithmetic's own answer, whatever else ran before
 
 
@@ -280,11 +170,11 @@ class IbpVerifier(Verifier):
 class CrownVerifier(Verifier):
     """CROWN: back-substitution bounds for every layer, then for the property's rows: unsat or unknown."""
 
-    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
-        return _state(problem, k)
+    def bound_pass(self, problem: Problem, k: int) -> BoundsState:
+        return bound_state(problem, k)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        st = _state(problem, k, budget)
+        st = bound_state(problem, k, budget)
         st.crown()
         return st.answer("CROWN", problem)
 
@@ -298,14 +188,14 @@ class AlphaCrownVerifier(Verifier):
     def __init__(self, steps: int = 30, lr: float = 0.1, intermediate: bool = False) -> None:
         self.steps, self.lr, self.intermediate = int(steps), float(lr), bool(intermediate)
 
-    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
-        return _state(problem, k)
+    def bound_pass(self, problem: Problem, k: int) -> BoundsState:
+        return bound_state(problem, k)
 
     def alpha_pass(self) -> tuple[int, float] | None:
         return None if self.intermediate else (self.steps, self.lr)
 
     def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        st = _state(problem, k, budget)
+        st = bound_state(problem, k, budget)
         st.crown()
         if st.open and st.level == "crown":
             if self.intermediate:
@@ -314,79 +204,7 @@ class AlphaCrownVerifier(Verifier):
         return st.answer("α-CROWN", problem)
 
 
-@register_verifier("milp")
-class MilpVerifier(Verifier):
-    """The complete method for ReLU networks (`milp.solve`): big-M constants and the stable/unstable split
-    from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
-    for the ReLU layers), on the disjuncts the bounds left open."""
-
-    requires = ("scipy",)
-
-    def __init__(self, margin: float = 1e-4, lp_first: bool = True, tighten: bool = True, steps: int = 20,
-                 skip_closed: bool = True) -> None:
-        self.margin, self.lp_first, self.tighten, self.steps = float(margin), bool(lp_first), bool(tighten), int(steps)
-        self.skip_closed = bool(skip_closed)  # False: every disjunct through the MILP, even those the bounds closed
-
-    def bound_pass(self, problem: Problem, k: int) -> _BoundsState | None:
-        return _state(problem, k) if self.tighten else None
-
-    def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        st = _state(problem, k, budget)
-        if self.tighten:
-            st.crown()
-        if not st.open and self.skip_closed:
-            return st.answer("bounds", problem)
-        if self.tighten and st.level != "alpha-milp":
-            st.alpha_intermediate(self.steps)
-            if not st.open and self.skip_closed:
-                return st.answer("α-CROWN (intermediate)", problem)
-        problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
-        opn = st.open if self.skip_closed else list(range(st.n))
-        order = [max(float(st.lower[i]) for i, j in enumerate(st.owner) if j == d) for d in opn]
-        return milp.solve(st.bounder.net, problem.specs[k], st.bounder.pre, opn, budget.left, self.margin,
-                          self.lp_first, order)
-
-
-@register_verifier("marabou")
-class MarabouVerifier(Verifier):
-    """maraboupy 2.0 in a child process on the ONNX file and the VNN-LIB file themselves (`marabou.run`);
-    with `tight_bounds`, the pre-activation bounds of a bound link that ran before are handed to it."""
-
-    requires = ("maraboupy", "onnx")
-
-    def __init__(self, grace_s: float = 20.0, log_dir: str | Path | None = None, python: str | None = None,
-                 clock: str = "wall", wall_factor: float = 20.0, tight_bounds: bool = True) -> None:
-        self.grace_s, self.clock, self.wall_factor = float(grace_s), clock, float(wall_factor)
-        self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.python, self.tight_bounds = python, tight_bounds
-
-    @classmethod
-    def available(cls) -> bool:
-        return marabou.available()
-
-    def check(self, problem: Problem, budget: Budget) -> Answer:
-        if not isinstance(problem.onnx, (str, Path)) or problem.vnnlib_path is None:
-            return Answer("error", message="marabou needs the ONNX and VNN-LIB files", stage=self.name)
-        tight = None
-        st = problem.cache.get(("bounds", 0))
-        if self.tight_bounds and st is not None and len(problem.specs) == 1:
-            tight = {}
-            for s, k in enumerate(st.bounder.sites):
-                src = getattr(st.bounder.net.nodes[k].op, "source", "")
-                if src:
-                    l, u = st.bounder.pre[s]
-                    tight[src] = (l.tolist(), u.tolist())
-        log = self.log_dir / f"{problem.vnnlib_path.stem}.marabou.log" if self.log_dir is not None else None
-        status, x, msg = marabou.run(Path(problem.onnx), problem.vnnlib_path, max(budget.left(), 0.0), clock=budget.clock,
-                                     grace_s=self.grace_s, wall_factor=self.wall_factor, python=self.python,
-                                     log_path=log, bounds=tight)
-        if status == "sat" and x is not None:
-            k = next((k for k, s in enumerate(problem.specs) if s.in_box(x, BOX_TOL)), 0)
-            return confirmed(problem, k, x, msg, self.name, budget.expired)
-        return Answer(status, message=msg, stage=self.name)
-
-
-class _ViaReluState(_BoundsState):
+class _ViaReluState(BoundsState):
     """The via-relu route's bounds: those of the smooth network's ReLU version (`Graph.relu_version`, same weights) on
     the property's box, as a first bound pass like any other; the margin it records is the smooth network's (the
     ReLU version's rows minus their |smooth − ReLU| gap)."""
@@ -463,88 +281,3 @@ class ViaReluVerifier(Verifier):
             margin, gap = st.margins()
         problem.info.update(relu_margin_lb=float(st.lower.max()), unstable_tight=sum(b.result().unstable()))
         return ("unsat" if all(bounds.excluded(margin, owner, n)) else "unknown"), None, st.verdict()
-
-
-# the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: unbounded, it
-# can take half a limit the search then needs little of (docs/EXPERIMENTS.md, "Branch-and-bound settings")
-INTERMEDIATE_SHARE = 0.25
-
-
-@register_verifier("bab")
-class BabVerifier(Verifier):
-    """Branch and bound on unstable ReLUs with β-CROWN bounds (`bab.bab`), one search over every disjunct the bounds
-    left open, from the tightest bounds available (computed here when no bound link ran before: CROWN, then α-CROWN
-    for the ReLU layers). Complete for ReLU networks."""
-
-    def __init__(self, batch: int = 0, bab_steps: int = 10, lr: float = 0.05, steps: int = 20, candidates: int | None = None,
-                 intermediate_share: float = INTERMEDIATE_SHARE, rebound: int | None = None, refine: bool | None = None,
-                 sharers: int = 1, grid_values: int | None = None) -> None:
-        from .bab import Settings
-
-        self.settings = Settings(batch=int(batch), steps=int(bab_steps), lr_alpha=float(lr), lr_beta=float(lr),
-                                 sharers=int(sharers))
-        if rebound is not None:  # else the search's own default (bab.Settings)
-            self.settings.rebound = int(rebound)
-        # MILP refinement of a deep net's early sites beside the search (`refine`); None: only when the search runs on
-        # a GPU and the machine has a core for each worker's refinement beside its search (on a CPU it does not pay:
-        # docs/EXPERIMENTS.md, "MILP refinement beside branch and bound")
-        self.refine = refine
-        self.sharers = int(sharers)
-        if candidates is not None:  # else the search's own default (bab.Settings)
-            self.settings.candidates = int(candidates)
-        if grid_values is not None:  # else the search's own default (bab.Settings)
-            self.settings.grid_values = int(grid_values)
-        self.steps = int(steps)
-        if not 0 < float(intermediate_share) <= 1:
-            raise ValueError(f"intermediate_share must be in (0, 1], got {intermediate_share}")
-        self.intermediate_share = float(intermediate_share)
-
-    def bound_pass(self, problem: Problem, k: int) -> _BoundsState:
-        return _state(problem, k)
-
-    def refuses(self, problem: Problem) -> str | None:
-        if problem.network is not None and problem.network.smooth:
-            return ("branch and bound splits ReLUs and this network has smooth gates, which keep their relaxations; "
-                    "to search further, verify its ReLU version (pipeline.to_relu)")
-        return None
-
-    def solve(self, problem: Problem, k: int, budget: Budget) -> tuple[str, np.ndarray | None, str]:
-        from . import bab
-
-        st = _state(problem, k, budget)
-        st.crown()
-        if st.open:
-            st.alpha_intermediate(self.steps, Budget(self.intermediate_share * budget.left(), budget.clock).expired)
-        if not st.open:
-            return st.answer("bounds", problem)
-        problem.info["unstable_tight"] = sum(st.bounder.result().unstable())
-        opn = st.open
-        b, spec = st.bounder, problem.specs[k]
-        if problem.network.num_relus == 0 and smooth_bab.sites(b):  # a network of smooth activations: split their intervals
-            status, x, msg, stats = smooth_bab.search(b, spec, opn, budget.expired,
-                                                      lambda x: problem.confirm(k, x, budget.expired)[0])
-            problem.info["bab_domains"] = stats["domains"]
-            return status, x, f"{len(opn)} open disjuncts: {msg}"
-        refiner = None
-        auto = b.device.type == "cuda" and (os.cpu_count() or 1) >= 2 * self.sharers
-        if (self.refine if self.refine is not None else auto) and Refiner.worth_it(b):
-            rows, _ = bounds.Spec.from_disjuncts([spec.disjuncts[d] for d in opn], b.device)
-            refiner = Refiner(b, rows.C, budget.left).start()
-        try:
-            # a stage budget's next turn on this problem goes on from the domains this one leaves open
-            status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings,
-                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner,
-                                            problem.cache.setdefault(("bab", k), {}))
-        finally:
-            if refiner is not None:
-                refiner.stop()
-        problem.info["bab_domains"] = stats["domains"]
-        if stats.get("global_lower") is not None:  # how near it came: the order of a stage budget's later rounds
-            problem.info["bab_lower"] = float(stats["global_lower"])
-        if "grid_splits" in stats:
-            problem.info["bab_grid_splits"] = stats["grid_splits"]
-        if refiner is not None:
-            problem.info["refine"] = dict(refiner.stats)
-            r = refiner.stats
-            msg += f"; MILP refinement of the early sites: {r['units']} units, {r['tightened']} tightened"
-        return status, x, f"{len(opn)} open disjuncts: {msg}"
