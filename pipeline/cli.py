@@ -23,7 +23,7 @@ EPILOG = """examples:
   pipeline run -c configs/digits-tiny.toml       # a ready config
   pipeline run train.epochs=5 data.name=adult    # key.sub=value overrides
   pipeline run --resume runs/<name>              # continue a killed run where it stopped
-  pipeline stages                                # list the stages in run order
+  pipeline stages                                # list the stages in run order, with the files each writes
   pipeline analyze --run runs/<name>             # activation properties + the papers' claims table
   pipeline sweep configs/sweeps/zoo-fmnist.toml --report   # the GELU analysis paper's activation zoo (Table 1)
   torchrun --nproc_per_node=4 -m pipeline.cli run -c configs/cifar10-resnet18.toml   # DDP, one GPU per process
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", help="resume this run directory with its own config.json")
     r.add_argument("--redo", action="append", default=[], metavar="STAGE", help="rerun STAGE and every later stage")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5")
-    sub.add_parser("stages", help="list the stages in run order")
+    sub.add_parser("stages", help="list the stages in run order, with the files each writes")
     vc = sub.add_parser("vnncomp", help="verify a VNN-COMP benchmark folder (instances.csv, ONNX, VNN-LIB) and write results.csv",
                         add_help=False)
     vc.add_argument("args", nargs="*", help="arguments of the VNN-COMP runner (`pipeline vnncomp --help`)")
@@ -111,6 +111,9 @@ def cmd_stages(args: argparse.Namespace) -> int:
     width = max(map(len, STAGES))
     for name, st in STAGES.items():
         print(f"{name:<{width}}  {st.directory + '/':<12} {st.describe()}")
+        for o in st.outputs:  # what the stage declares it writes, as the runner checks it
+            cond = "; ".join(c for c in (o.when, f"{o.only} form only" if o.only else "") if c)
+            print(f"{'':<{width}}    {o.path}" + (f"  ({cond})" if cond else ""))
     return 0
 
 

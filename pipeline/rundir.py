@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import re
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,44 @@ def sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file a stage writes under the run directory, as the stage declares it (each stage module's `OUTPUTS`, carried by
+    its entry in `pipeline/stages/__init__.py`): what the runner checks the stage's writes against and the README's
+    table "The run directory" describes. `path` is relative to the run directory, in the README's notation: `<variant>`
+    stands for each variant of the run, `<form>` for each form the variant is exported in (`RunDir.forms`), `*` for any
+    name within one folder."""
+
+    path: str
+    # Where the file is written when not always ("" = always: a stage that finishes without it is a bug the runner names).
+    when: str = ""
+    only: str = ""  # a form ("relu", "smooth"): only the variants exported in that form have the file
+
+    def matches(self, rel: str) -> bool:
+        """Whether `rel` (a path relative to the run directory) is one of the files this declares."""
+        pattern = "".join("[^/]+" if part in ("<variant>", "<form>") else "[^/]*" if part == "*" else re.escape(part)
+                          for part in re.split(r"(<variant>|<form>|\*)", self.path))
+        return re.fullmatch(pattern, rel) is not None
+
+    def expected(self, run: "RunDir", variants: list[str]) -> list[str]:
+        """The paths (each may still hold `*`) this declares for the run's variants."""
+        paths = []
+        for v in variants if "<variant>" in self.path else [None]:
+            forms = run.forms(v) if v is not None else ()
+            if self.only and self.only not in forms:
+                continue
+            p = self.path if v is None else self.path.replace("<variant>", v)
+            paths += [p.replace("<form>", f) for f in forms] if "<form>" in p else [p]
+        return paths
+
+    def missing(self, run: "RunDir", variants: list[str]) -> list[str]:
+        """The always-written files of this declaration the run directory does not hold (a `*` wants one match)."""
+        if self.when:
+            return []
+        return [p for p in self.expected(run, variants)
+                if not (any(run.path.glob(p)) if "*" in p else run.file(p).is_file())]
 
 
 def versions() -> dict[str, str]:
@@ -162,6 +202,12 @@ class RunDir:
             raise RunDirError(f"{self.path}: no record of variant {name!r} from this version's train stage; "
                               f"rerun it with `pipeline run --resume {self.path} --redo train`")
         return record
+
+    def forms(self, name: str) -> tuple[str, ...]:
+        """The forms a variant is exported in, from its record: "smooth" (its own network, when it has one other than
+        ReLU) and "relu" (its swapped network; a non-gate, which the swap leaves, has none)."""
+        record = self.variant(name)
+        return (("smooth",) if record.smooth else ()) + (("relu",) if record.swapped_to is not None else ())
 
     def variants(self) -> dict[str, VariantRecord]:
         """Every variant's record the train stage wrote ({} before it has run); `variant` for one that must exist."""

@@ -20,7 +20,7 @@ from .cores import choose_threads
 from .errors import CheckpointError, PipelineError
 from .atomic_io import hold, release
 from .rundir import RunDir, now
-from .stages import DISTRIBUTED, STAGES, check_names, expand_redo, first_readers, selected
+from .stages import DISTRIBUTED, STAGES, check_names, check_outputs, expand_redo, first_readers, selected
 
 
 def validate(cfg: Config) -> Config:
@@ -212,8 +212,15 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
             mark(name, status="failed" if not isinstance(exc, KeyboardInterrupt) else "interrupted",
                  ended=now(), seconds=round(time.time() - started, 3), error=msg)
             raise
-        mark(name, status="done", ended=now(), seconds=round(time.time() - started, 3),
-             outputs=run.record_outputs(name, stage.directory, before) if world.main else {}, metrics=metrics, error=None)
+        outputs = run.record_outputs(name, stage.directory, before) if world.main else {}
+        try:
+            if world.main:
+                check_outputs(name, run, cfg.variants, outputs)
+        except PipelineError as exc:
+            mark(name, status="failed", ended=now(), seconds=round(time.time() - started, 3), outputs=outputs, error=str(exc))
+            raise
+        mark(name, status="done", ended=now(), seconds=round(time.time() - started, 3), outputs=outputs, metrics=metrics,
+             error=None)
         log(f"[{name}] done in {time.time() - started:.1f}s")
         results[name] = metrics
     return results

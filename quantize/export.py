@@ -38,7 +38,7 @@ from torch import nn
 
 from pipeline.atomic_io import atomic_path
 from pipeline.config import ExportConfig
-from pipeline.opset import OPSET
+from pipeline.opset import OPSET, VERIFIERS_OPSET
 from pipeline.devices import cpu_model
 # The exporter itself lives with onnxruntime's sessions (`pipeline.onnx_io`); the stages and their callers use it here.
 from pipeline.onnx_io import ExportError, check_graph, to_onnx  # noqa: F401
@@ -202,7 +202,7 @@ def export_for_verifiers(model: nn.Module, input_shape: tuple[int, ...], path: P
         return proto, {"verifier_form": made}
 
     return write_checked(verifier_model(model, input_shape), x[:1], path, x, reference=model,
-                         opset=min(opset, verifier_form.OPSET), metadata=metadata, dynamic_batch=False, atol=atol,
+                         opset=min(opset, VERIFIERS_OPSET), metadata=metadata, dynamic_batch=False, atol=atol,
                          rtol=rtol, form=to_form).record()
 
 

@@ -3,9 +3,10 @@ verifiers read it (`to_verifier_form`, called by `quantize.export.export_for_ver
 result is measured by benchmarks/peers/readers.py (onnx2pytorch, whose fork α,β-CROWN loads with; onnx2torch;
 neuralsat; auto_LiRPA's convolutional path behind onnx2pytorch), recorded in benchmarks/peers/readers/.
 
-- Opset 17 (`OPSET`, or the export's own where that is lower): the first with LayerNormalization as one op, the
-  newest any ReLU graph of ours needs. Later opsets only renumber ops these graphs use (Reshape 19, Split 18,
-  Constant 19), which onnx2torch 1.5.15 then refuses ("Converter is not implemented ... Reshape, version=19").
+- Opset 17 (`pipeline.opset.VERIFIERS_OPSET`, or the export's own where that is lower): the first with
+  LayerNormalization as one op, the newest any ReLU graph of ours needs. Later opsets only renumber ops these graphs
+  use (Reshape 19, Split 18, Constant 19), which onnx2torch 1.5.15 then refuses ("Converter is not implemented ...
+  Reshape, version=19").
 - A Constant node (onnxsim leaves one for attention's scale) becomes an initializer, so that the rank rewrite below
   sees it (and onnx2torch 1.5.15, which has no converter for Constant 19, reads it at any opset).
 - BatchNormalization drops `training_mode` where it is 0, its default: onnx2pytorch 0.6.0 raises
@@ -50,7 +51,6 @@ from onnx import numpy_helper
 
 from pipeline.onnx_io import ExportError
 
-OPSET = 17
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 
 

@@ -161,19 +161,19 @@ def test_export_stage(nets, tmp_path):
     assert saved["models"]["lambda_gelu"]["relu"]["ops"]["Relu"] == 2
     assert result["models"] == saved["models"]
     # every form a later stage reads, written here and declared: the stage's directory holds exactly those files
-    assert saved["files"] == export_stage.OUTPUTS
+    assert saved["files"] == export_stage.FILES
     want = {"export/export.json"}
     for v, forms in saved["models"].items():
         for form, entry in forms.items():
             want.add(entry["path"])
             folded = entry["folded"]  # the digits MLPs start with their normalization and a Linear: it folds
-            assert folded["path"].endswith(export_stage.OUTPUTS["folded"]) and folded["into"]
+            assert folded["path"].endswith(export_stage.FILES["folded"]) and folded["into"]
             assert folded["check"]["ort_bound_ratio"] <= 1 and folded["check"]["argmax_agreement"] == 1.0
             assert folded["ops"]["Gemm"] == entry["ops"]["Gemm"]  # the prologue folded away, the layers kept
             assert sum(folded["ops"].values()) < sum(entry["ops"].values()), (folded["ops"], entry["ops"])
             want.add(folded["path"])
             if form == "relu":
-                assert entry["verifiers"]["path"].endswith(export_stage.OUTPUTS["verifiers"])
+                assert entry["verifiers"]["path"].endswith(export_stage.FILES["verifiers"])
                 assert entry["verifiers"]["ort_bound_ratio"] <= 1 and entry["verifiers"]["verifier_form"]
                 want.add(entry["verifiers"]["path"])
             else:

@@ -16,7 +16,7 @@ import torch
 
 from pipeline import checkpoint
 from pipeline.cli import main
-from pipeline.rundir import sha256
+from pipeline.rundir import RunDir, sha256
 from pipeline.stages import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,3 +166,61 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     assert code == 2 and "at epoch 3" in err and "last good checkpoint (epoch 2)" in err
     assert (run / "train" / "lambda_gelu" / "last.pt").read_bytes() == good
     assert checkpoint.load_payload(run / "train" / "lambda_gelu" / "best.pt")["epoch"] <= 2
+
+
+# Declared files the tiny run need not reach, each with why: one verifier (auto), no resume state set aside, and a
+# falsified property only where an attack finds one at the tiny radii.
+MAY_BE_ABSENT = {"verify/results.*.csv", "train/<variant>/*.unusable-*", "verify/counterexamples/*.counterexample"}
+
+
+def test_every_stage_writes_exactly_what_it_declares(finished):
+    m = json.loads((finished / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(finished)) for p in finished.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    # what each stage wrote: its record, and the files a later stage rewrote (harden rewrites train's)
+    wrote = {name: {*st["outputs"], *st.get("rewritten_by", {})} for name, st in m["stages"].items()}
+    assert on_disk - {"config.json", "manifest.json"} == set().union(*wrote.values())  # every file, by some stage
+    for name, files in wrote.items():
+        for rel in files:
+            assert any(o.matches(rel) for o in STAGES[name].outputs), (name, rel)
+    run = RunDir.open(finished)
+    for name, stage in STAGES.items():
+        for o in stage.outputs:
+            mine = [rel for rel in wrote[name] if o.matches(rel)]
+            expected = o.expected(run, run.cfg.variants)
+            if o.path in MAY_BE_ABSENT:
+                continue
+            assert mine, (name, o.path)  # no declaration this run leaves unused
+            if "*" not in o.path:  # one file per variant (and form) the declaration names; a conditional one, some
+                assert set(mine) <= set(expected) and (o.when or set(mine) == set(expected)), (name, o.path, mine)
+    forms = {v: run.forms(v) for v in run.cfg.variants}
+    assert forms == {"lambda_gelu": ("smooth", "relu"), "gelu": ("smooth", "relu")}
+
+
+def test_a_stage_writing_other_files_than_it_declares_fails_in_one_line(finished, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import shutil
+
+    from pipeline.rundir import Output
+
+    run = tmp_path / "o"
+    shutil.copytree(finished, run)
+    report = STAGES["report"]
+    undeclared = tuple(o for o in report.outputs if o.path != "report/report.md")
+    monkeypatch.setitem(STAGES, "report", dataclasses.replace(report, outputs=undeclared))
+    assert main(["run", "--resume", str(run), "--redo", "report"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "the report stage wrote report/report.md, which" in err and "do not declare" in err and "\n" not in err
+    assert json.loads((run / "manifest.json").read_text())["stages"]["report"]["status"] == "failed"
+    never = (*report.outputs, Output("report/never.md"))
+    monkeypatch.setitem(STAGES, "report", dataclasses.replace(report, outputs=never))
+    assert main(["run", "--resume", str(run)]) != 0  # the failed stage runs again
+    err = capsys.readouterr().err.strip()
+    assert "the report stage finished without writing report/never.md" in err and "\n" not in err
+
+
+def test_readme_run_directory_table_names_every_declared_file():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## The run directory"):readme.index("## Hardening")]
+    for name, stage in STAGES.items():
+        for o in stage.outputs:
+            assert o.path.rsplit("/", 1)[-1] in table, (name, o.path)  # the declaration, as the README spells it

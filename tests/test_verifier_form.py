@@ -20,6 +20,7 @@ from _modules import Affine
 from _onnx import make_model
 from analysis.verification.bounds import Bounder, Spec
 from analysis.verification.readers import from_onnx
+from pipeline.opset import VERIFIERS_OPSET
 from quantize import verifier_form
 from quantize.export import ExportError, export_for_verifiers, save, to_onnx, verifier_model
 
@@ -126,7 +127,7 @@ def test_a_residual_network_has_no_training_mode_no_free_constant_and_folded_bat
     np.testing.assert_array_equal(w[:, :, 0, 0], np.diag([4.0, 2.0]).astype(np.float32))
     assert ops["Conv"] == 1 + 4 and ops["Mul"] == 0 and ops["Constant"] == 0
     assert all(c == v for _, c, v in _ranks(proto)), _ranks(proto)
-    assert proto.opset_import[0].version == verifier_form.OPSET
+    assert proto.opset_import[0].version == VERIFIERS_OPSET
     _agrees_with_float64(tmp_path / "preact.onnx", model, x)
 
 

@@ -330,10 +330,12 @@ def test_the_radius_units_are_named_for_tables_and_images():
     """A table's radius is in its raw feature units (the model standardizes inside); an image's in its pixel range."""
     from types import SimpleNamespace
 
+    from analysis.robustness.properties import eps_units
+
     table_info = SimpleNamespace(feature_names=["age", "hours"], input_low=[17.0, 1.0], input_high=[90.0, 99.0])
     image_info = SimpleNamespace(feature_names=[], input_low=0.0, input_high=1.0)
-    assert "raw feature units" in verify_mod._eps_units(table_info)
-    assert verify_mod._eps_units(image_info) == "the input's own units (valid range 0.0 to 1.0)"
+    assert "raw feature units" in eps_units(table_info)
+    assert eps_units(image_info) == "the input's own units (valid range 0.0 to 1.0)"
 
 
 def test_nothing_unverified_passes_in_silence(done):

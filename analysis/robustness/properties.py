@@ -53,9 +53,6 @@ from analysis.verification.vnnlib import format_real, robustness_spec, write_vnn
 from pipeline import checkpoint
 from pipeline.activations import gate_of, gate_sites
 from pipeline.atomic_io import atomic_write_bytes
-from pipeline.config import Config
-from pipeline.errors import RunDirError
-from pipeline.rundir import RunDir
 from quantize import ort as ort_util
 
 # direct: the bounds before the attack, unlike the ReLU chain: through the gates CROWN costs less than the attack on the
@@ -107,9 +104,10 @@ class Kind:
     rows, the CSV it is written to."""
 
     def __init__(self, name: str, models: dict[str, Any], tasks: list[harness.Task], rows: dict[Any, dict[str, Any]],
-                 instances: list[tuple[str, str]] | None = None):
+                 instances: list[tuple[str, str, bool]] | None = None, int8: frozenset = frozenset()):
         self.name, self.models, self.tasks, self.rows = name, models, tasks, rows
-        self.instances = instances or []
+        self.instances = instances or []  # (onnx, vnnlib, is it an int8 model's) per instances.csv row
+        self.int8 = int8  # the keys of the tasks about an int8 model, decided where they are made
         self.order = {t.key: i for i, t in enumerate(tasks)}
         for k in rows:
             self.order.setdefault(k, len(self.order))
@@ -138,50 +136,76 @@ class Samples:
                    np.asarray(ds.info.input_low, dtype=np.float64), np.asarray(ds.info.input_high, dtype=np.float64))
 
 
-def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list[str]) -> Kind:
+def eps_units(info) -> str:
+    """What ε is measured in, for data of these facts (`DataInfo`), in the summary's words."""
+    if getattr(info, "feature_names", None):
+        return "raw feature units of each input column (the model standardizes inside)"
+    return f"the input's own units (valid range {info.input_low} to {info.input_high})"
+
+
+@dataclass(frozen=True)
+class Network:
+    """One variant's networks as the run holds them (paths relative to `RunFacts.root`)."""
+
+    variant: str
+    activation: str
+    relu: dict[str, Any] | None  # the export stage's verifiers' form of its ReLU model ({"path", "error"}); None: no gate
+    int8: str | None  # the int8 stage's model of its ReLU form; None: none written
+    smooth: str | None  # its smooth checkpoint; None: it has no smooth form
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the builders read of a run, handed over by the stage that reads the run directory and its config: the
+    engine reads neither."""
+
+    root: Path  # the run directory
+    networks: tuple[Network, ...]  # in the run's variant order
+    epsilons: tuple[float, ...]
+    timeout_s: float | None  # a cap per property; None: none
+    int8: bool  # the int8 models are verified too
+    reduce_range: bool  # the int8 stage's setting, recorded beside each int8 model
+
+
+def relu_properties(facts: RunFacts, out: Path, s: Samples, names: list[str]) -> Kind:
     """The swapped ReLU networks and their int8 models: every ONNX, property file and instances row first (the
     benchmark exists before any solving), and a task per property and verifier; the rows a previous run finished are
     kept."""
-    vcfg, info = cfg.verify, s.info
+    info = s.info
     xs, labels, lo, hi, n = s.xs, s.labels, s.lo, s.hi, s.n
     done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["verifier"]): r
             for r in read_rows(out / "details.csv") if _final(r)}
     models: dict[str, Any] = {}
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
-    instances: list[tuple[str, str]] = []
+    instances: list[tuple[str, str, bool]] = []
+    int8: set[Any] = set()
     # (the name its rows and files carry, the variant, "relu" | "int8", its network's file relative to the run: the
     # export stage's verifiers' form of the ReLU model, the int8 stage's model)
     entries: list[tuple[str, str, str, str | None]] = []
-    exported = run.read_json("export", "export.json") or {}
-    for variant in cfg.variants:
-        if run.variant(variant).swapped_to is None:
+    for given in facts.networks:
+        variant, form = given.variant, given.relu
+        if form is None:
             models[variant] = {"onnx": None, "note": "not verified: its activation is no gate, so the swap left it smooth"}
             continue
-        form = (exported.get("models", {}).get(variant) or {}).get("relu", {}).get("verifiers")
-        if form is None:
-            raise RunDirError(f"{run.path}: export/export.json has no verifiers' form of {variant}'s ReLU model (the "
-                              f"export stage writes it); run `pipeline run --resume {run.path} --redo export`")
         if form["path"] is None:
             models[variant] = {"onnx": None, "variant": variant, "network": "relu",
                                "note": f"not verified: the export stage could not write its verifiers' form: {form['error']}"}
             continue
         entries.append((variant, variant, "relu", form["path"]))
-    quantized = (run.read_json("quantize", "quantize.json") or {}) if vcfg.int8 else {}
-    if vcfg.int8:
-        for variant in cfg.variants:
-            entry = (quantized.get("models", {}).get(variant) or {}).get("relu")
-            if entry is None:
-                models[int8_name(variant)] = {"onnx": None, "variant": variant, "network": "int8",
-                                          "note": "not verified: the int8 stage wrote no int8 model of its ReLU form"}
+    if facts.int8:
+        for given in facts.networks:
+            if given.int8 is None:
+                models[int8_name(given.variant)] = {"onnx": None, "variant": given.variant, "network": "int8",
+                                              "note": "not verified: the int8 stage wrote no int8 model of its ReLU form"}
                 continue
-            entries.append((int8_name(variant), variant, "int8", entry["int8_path"]))
+            entries.append((int8_name(given.variant), given.variant, "int8", given.int8))
+    activation = {given.variant: given.activation for given in facts.networks}
     for name, variant, network, source in entries:
         onnx_rel = Path("onnx") / f"{name}.onnx"
         onnx_path = out / onnx_rel
-        facts = run.variant(variant)
         if not onnx_path.is_file():  # the export or int8 stage's file itself, so that the benchmark folder stands alone
-            atomic_write_bytes(onnx_path, (run.path / source).read_bytes())
+            atomic_write_bytes(onnx_path, (facts.root / source).read_bytes())
         t0 = time.perf_counter()
         try:
             net = from_onnx(onnx_path)
@@ -191,19 +215,19 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list
         read_s = time.perf_counter() - t0
         sess = ort_util.session(onnx_path)
         predicted = [int(np.argmax(ort_util.forward_flat(sess, x))) for x in xs]
-        models[name] = {"onnx": onnx_rel.as_posix(), "variant": variant, "network": network, "activation": facts.activation,
+        models[name] = {"onnx": onnx_rel.as_posix(), "variant": variant, "network": network, "activation": activation[variant],
                         "relus": net.num_relus, "read_seconds": round(read_s, 4),
                         "clean_correct": int(sum(p == c for p, c in zip(predicted, labels))), "samples": n}
         if network == "int8":
-            models[name].update(source=source, reduce_range=quantized["settings"].get("reduce_range", False))
-        for eps in vcfg.epsilons:
+            models[name].update(source=source, reduce_range=facts.reduce_range)
+        for eps in facts.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
                 rel = Path("vnnlib") / f"{property_name(variant, k, eps)}.vnnlib"
                 if not (out / rel).is_file():
                     write_vnnlib(out / rel, spec, comment=f"L-inf robustness of validation sample {k}: eps={format_real(eps)}, "
                                                           f"true class {labels[k]} of {info.num_classes}; model {onnx_rel.as_posix()}")
-                instances.append((onnx_rel.as_posix(), rel.as_posix()))
+                instances.append((onnx_rel.as_posix(), rel.as_posix(), network == "int8"))
                 for verifier in names:
                     key = (name, k, format_real(eps), verifier)
                     base = {"variant": name, "sample": k, "eps": format_real(eps), "verifier": verifier, "label": labels[k],
@@ -217,26 +241,28 @@ def relu_properties(cfg: Config, run: RunDir, out: Path, s: Samples, names: list
                         known = Result("sat", 0.0, x32, ort_util.forward_flat(sess, x32),
                                        f"the network predicts {predicted[k]} at the sample itself (true class {labels[k]}); "
                                        "no verifier ran", "clean")
-                    tasks.append(harness.FileTask(key=key, verifier=verifier, timeout=vcfg.timeout_s or None, known=known,
+                    tasks.append(harness.FileTask(key=key, verifier=verifier, timeout=facts.timeout_s, known=known,
                                                   onnx=onnx_path, vnnlib=out / rel))
+                    if network == "int8":
+                        int8.add(key)
                     rows[key] = {**base, "result": "", "final": 0}
-    return Kind("relu", models, tasks, rows, instances)
+    return Kind("relu", models, tasks, rows, instances, frozenset(int8))
 
 
-def smooth_properties(cfg: Config, run: RunDir, out: Path, s: Samples) -> Kind:
+def smooth_properties(facts: RunFacts, out: Path, s: Samples) -> Kind:
     """A task per property and route for every variant with a smooth model; rows a previous run finished are kept."""
-    vcfg, info = cfg.verify, s.info
+    info = s.info
     xs, labels, lo, hi, n = s.xs, s.labels, s.lo, s.hi, s.n
     done = {(r["variant"], int(r["sample"]), format_real(float(r["eps"])), r["route"]): r
             for r in read_rows(out / "smooth.csv") if _final(r)}
     models: dict[str, Any] = {}
     tasks: list[harness.Task] = []
     rows: dict[Any, dict[str, Any]] = {}
-    for variant in cfg.variants:
-        facts = run.variant(variant)
-        if not facts.smooth:
+    for given in facts.networks:
+        variant = given.variant
+        if given.smooth is None:
             continue
-        src = run.file("train", variant, "best.pt")
+        src = facts.root / given.smooth
         model, _ = checkpoint.load_model(src)
         try:
             net = from_torch(model, info.input_shape)
@@ -245,13 +271,13 @@ def smooth_properties(cfg: Config, run: RunDir, out: Path, s: Samples) -> Kind:
             continue
         # from the model's gates: a gate the reader takes as its own op (λ-HardSwish: Mul → HardSwish → Div) keeps its λ
         lam = [float(gate_of(m)[1].mean()) for _, m in gate_sites(model)]
-        models[variant] = {"network": str(src.relative_to(run.path)), "activation": facts.activation,
+        models[variant] = {"network": given.smooth, "activation": given.activation,
                            "mean_lambda_per_layer": [round(v, 4) for v in lam]}
         recheck = harness.ModuleRecheck(model, info.input_shape, load=functools.partial(checkpoint.load_module, src))
         with torch.no_grad():
             predicted = [int(v) for v in model(torch.as_tensor(xs, dtype=torch.float32).reshape(n, *info.input_shape)).argmax(1)]
         models[variant]["clean_correct"] = int(sum(p == c for p, c in zip(predicted, labels)))
-        for eps in vcfg.epsilons:
+        for eps in facts.epsilons:
             for k in range(n):
                 spec = robustness_spec(xs[k], eps, lo, hi, labels[k], info.num_classes)
                 for route, chain in ROUTES.items():
@@ -263,9 +289,9 @@ def smooth_properties(cfg: Config, run: RunDir, out: Path, s: Samples) -> Kind:
                     if predicted[k] != labels[k]:
                         known = Result("sat", 0.0, message=f"the smooth network predicts {predicted[k]} at the sample itself",
                                        stage="clean")
-                    tasks.append(harness.SpecTask(key=key, verifier=chain, timeout=vcfg.timeout_s or None, known=known,
+                    tasks.append(harness.SpecTask(key=key, verifier=chain, timeout=facts.timeout_s, known=known,
                                                   net=net, specs=[spec], recheck=recheck, network=f"{variant} (smooth)"))
                     rows[key] = {"variant": variant, "sample": k, "eps": format_real(eps), "route": route,
-                                 "network": f"smooth {facts.activation} ({src.relative_to(run.path)})",
+                                 "network": f"smooth {given.activation} ({given.smooth})",
                                  "label": labels[k], "predicted": predicted[k], "result": "", "final": 0}
     return Kind("smooth", models, tasks, rows)

@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,20 @@ def witness_path(out_csv: Path, onnx: str, vnnlib: str) -> Path:
         return name
 
     return Path(out_csv).parent / "counterexamples" / f"{stem(onnx)}__{stem(vnnlib)}.counterexample"
+
+
+def results_row(category: str, onnx: str, vnnlib: str, row: Mapping[str, Any], prepare_seconds: float) -> dict[str, Any]:
+    """One results.csv row (`FIELDS`) of an instance from its answer, a row with `Outcome.row()`'s fields (the verify
+    stage's details.csv rows keep them), and its preparing seconds: the one place an answer becomes VNN-COMP's row."""
+    return {"category": category, "onnx": onnx, "vnnlib": vnnlib, "prepare_time": prepare_seconds, "result": row["result"],
+            "run_time": row["seconds"]}
+
+
+def write_witness(out_csv: Path, onnx: str, vnnlib: str, result: Any) -> Path:
+    """A sat result's witness, in VNN-COMP's counterexample form, where `witness_path` puts it; returns the path."""
+    path = witness_path(out_csv, onnx, vnnlib)
+    atomic_write_text(path, format_witness(result.counterexample, result.output))
+    return path
 
 
 def format_results(rows: Sequence[dict[str, Any]]) -> str:
@@ -188,11 +202,10 @@ def run_benchmark(folder: str | Path, out_csv: str | Path, timeout_override: flo
         def done(o: harness.Outcome) -> None:
             onnx_rel, vnnlib_rel = o.key
             res, common = o.result, o.row()
-            rows[o.index] = {"category": category, "onnx": onnx_rel, "vnnlib": vnnlib_rel, "prepare_time": o.prepare_seconds,
-                             "result": common["result"], "run_time": common["seconds"], "message": common["message"],
+            rows[o.index] = {**results_row(category, onnx_rel, vnnlib_rel, common, o.prepare_seconds), "message": common["message"],
                              "stage": common["stage"], "reason": common["reason"], "info": res.info}
             if res.status == "sat":
-                atomic_write_text(witness_path(out_csv, onnx_rel, vnnlib_rel), format_witness(res.counterexample, res.output))
+                write_witness(out_csv, onnx_rel, vnnlib_rel, res)
             elif res.status == "error":
                 log(f"{onnx_rel} {vnnlib_rel}: error: {res.message}")
             write()

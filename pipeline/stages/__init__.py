@@ -2,7 +2,8 @@
 order as data. A stage is `run(cfg, run) -> metrics`, a thin entry that reads its inputs from the run directory, calls
 the library (`pipeline/`, `quantize/`, `analysis/`) and writes only under its own directory; it may have a `report`
 section `(cfg, run) -> Markdown | None` and a `validate(cfg)` hook for its own config section, and it declares the
-config sections it reads.
+config sections it reads and the files it writes (its module's `OUTPUTS`, `pipeline.rundir.Output`; the runner checks
+every stage's writes against them, `check_outputs`).
 
 This module is the one place a stage is registered: its functions are imported, never named by strings, so a reader
 (or an IDE) follows `pipeline run` from here into each stage and on into the library. `tests/test_layout.py` fails on
@@ -18,7 +19,7 @@ from typing import Any, Callable
 from pipeline.config import Config, check_choice
 from pipeline.devices import resolve as resolve_device
 from pipeline.errors import PipelineError
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 
 from . import check, downstream, export, int8, report, sparsity, swap, train, verify, verify_report
 
@@ -32,6 +33,7 @@ class Stage:
     directory: str  # where the stage writes (train and harden share train/)
     help: str  # what it does; "{cfg.<section>.<key>}" fields are filled from the run's config (`describe`)
     reads: tuple[str, ...]  # the config sections it reads: a --resume override of one takes effect from the first reader
+    outputs: tuple[Output, ...]  # every file it writes under the run directory (its module's OUTPUTS)
     report: Section | None = None  # this stage's section of report.md (None: no section of its own)
     validate: Callable[[Config], None] | None = None  # raises ConfigError for a bad setting of its own section
     # Where its work runs, recorded in the manifest: (device, what) pairs; "run" is the run's device (`device=`, resolved
@@ -70,26 +72,29 @@ _MODEL = ("seed", "variants", "data", "model", "gate", "train")  # what builds a
 STAGES: dict[str, Stage] = {
     "train": Stage(train.run_train, "train",
                    "learn weights and λ for epochs 1..e_s, e_s = ⌊{cfg.train.switch_fraction:g}·T⌋ (Algorithm 1, line 1)",
-                   _MODEL, report=train.report_section),
+                   _MODEL, train.OUTPUTS["train"], report=train.report_section),
     "harden": Stage(train.run_harden, "train",
                     "epochs e_s+1..T by harden.method={cfg.harden.method} (anneal: λ linearly to λ_target; swap: ReLU, "
-                    "fine-tuned); keep the checkpoint harden.select={cfg.harden.select} picks", (*_MODEL, "harden")),
+                    "fine-tuned); keep the checkpoint harden.select={cfg.harden.select} picks", (*_MODEL, "harden"),
+                    train.OUTPUTS["harden"]),
     "check": Stage(check.run_check, "check", "bounds: sympy closed forms, per-layer check on validation pre-activations, swap certificate",
-                   ("variants", "data", "harden", "check"), report=check.report_section,
+                   ("variants", "data", "harden", "check"), check.OUTPUTS, report=check.report_section,
                    where=(("run", "per-layer statistics, the float32 Jacobian bound's arithmetic"),
                           ("cpu", "the certificate's walks: statements about CPU runs"))),
     "swap": Stage(swap.run_swap, "swap", "replace every gate of the selected checkpoint by ReLU and re-evaluate, no weight update",
-                  ("variants", "data", "train"), report=swap.report_section),
+                  ("variants", "data", "train"), swap.OUTPUTS, report=swap.report_section),
     "export": Stage(export.run_export, "export", "fp32 ONNX (opset {cfg.export.opset}, onnxsim, dynamic batch) of the smooth and "
-                    "the swapped models, checked against PyTorch", ("variants", "data", "export"), report=export.report_section,
+                    "the swapped models, checked against PyTorch", ("variants", "data", "export"), export.OUTPUTS,
+                    report=export.report_section,
                     where=(("cpu", ""),)),
     "int8": Stage(int8.run_int8, "quantize", "onnxruntime static int8 (QDQ, per-channel): accuracy, size, latency, op counts, SQNR",
-                  ("variants", "data", "export", "quantize"), report=int8.report_section, where=(("cpu", "onnxruntime"),)),
+                  ("variants", "data", "export", "quantize"), int8.OUTPUTS, report=int8.report_section,
+                  where=(("cpu", "onnxruntime"),)),
     "sparsity": Stage(sparsity.run_sparsity, "sparsity", "APoZ of the swapped ReLU models, dead units pruned losslessly and exported",
-                      ("variants", "data", "export", "quantize", "sparsity"), report=sparsity.report_section,
+                      ("variants", "data", "export", "quantize", "sparsity"), sparsity.OUTPUTS, report=sparsity.report_section,
                       where=(("run", "APoZ pass"), ("cpu", "pruning, its check and export"))),
     "verify": Stage(verify.run_verify, "verify", "L∞ robustness of the swapped ReLU, int8 and smooth models (VNN-COMP layout, staged verifier, tight bounds)",
-                    ("variants", "data", "export", "quantize", "verify"), report=verify_report.report_section,
+                    ("variants", "data", "export", "quantize", "verify"), verify.OUTPUTS, report=verify_report.report_section,
                     validate=verify.validate_config,
                     where=(("verify.device", "bound passes and branch and bound"),
                            ("cpu", "the MILP, onnxruntime's replays of witnesses"))),
@@ -97,12 +102,27 @@ STAGES: dict[str, Stage] = {
                         "per shipped network: certified radius per sample by bisection (float ReLU and int8), unstable "
                         "ReLUs after one CROWN pass per ε, pruned vs unpruned latency; with the int8, sparsity and verify "
                         "stages' numbers (downstream.json)",
-                        ("variants", "data", "export", "quantize", "sparsity", "verify", "downstream"),
+                        ("variants", "data", "export", "quantize", "sparsity", "verify", "downstream"), downstream.OUTPUTS,
                         report=downstream.report_section, validate=downstream.validate_config,
                         where=(("cpu", ""),)),
-    "report": Stage(run_report, "report", "report.md with tables and figures from every stage above", _MODEL,
+    "report": Stage(run_report, "report", "report.md with tables and figures from every stage above", _MODEL, report.OUTPUTS,
                     where=(("cpu", ""),)),
 }
+
+
+def check_outputs(name: str, run: RunDir, variants: list[str], written: dict[str, str]) -> None:
+    """PipelineError (one line) when a stage has written a file its declaration does not name, or finished without a file
+    it declares it always writes: either is a bug in the stage, named before it is recorded as done."""
+    stage = STAGES[name]
+    where = "its OUTPUTS (its module in pipeline/stages/)"
+    stray = [rel for rel in written if not any(o.matches(rel) for o in stage.outputs)]
+    if stray:
+        raise PipelineError(f"the {name} stage wrote {stray[0]}, which {where} do not declare: a bug in the stage, declare "
+                            f"it there ({len(stray)} undeclared file{'s' if len(stray) > 1 else ''})")
+    missing = [p for o in stage.outputs for p in o.missing(run, variants)]
+    if missing:
+        raise PipelineError(f"the {name} stage finished without writing {missing[0]}, which {where} say it always "
+                            f"writes: a bug in the stage ({len(missing)} missing)")
 
 
 def first_readers() -> dict[str, str]:

@@ -16,7 +16,9 @@ from pipeline import checkpoint, render
 from pipeline.atomic_io import atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
+
+OUTPUTS = (Output("check/bounds.json"), Output("check/gate_error.png", when="a variant has gates"))
 
 
 def run_check(cfg: Config, run: RunDir) -> dict[str, Any]:

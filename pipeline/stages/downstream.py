@@ -31,10 +31,11 @@ from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
 from pipeline.errors import RunDirError
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from quantize import ort as ort_util
 
 CURVE_FILE = "certified_accuracy.png"
+OUTPUTS = (Output("downstream/downstream.json"), Output(f"downstream/{CURVE_FILE}"))
 
 
 def validate_config(cfg: Config) -> None:

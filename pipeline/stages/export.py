@@ -7,8 +7,8 @@ record says which). Writes, per form, `export/<variant>/<form>/model.onnx` (the 
 the int8 stage quantizes), `model.folded.onnx` where the input normalization folds into the first Linear
 (`export_mod.fold_normalization`; the int8 stage's other input form) and, for the ReLU form, `model.verifiers.onnx` (the
 batch-1 form the verifiers read, `export_mod.export_for_verifiers`; the verify stage's ReLU networks). The pruned model
-is the sparsity stage's, which needs its APoZ. `export/export.json` keeps every file with its checks (`OUTPUTS` names
-them); and the stage's section of report.md.
+is the sparsity stage's, which needs its APoZ. `export/export.json` keeps every file with its checks (`FILES` names
+them; `OUTPUTS` declares what the stage writes); and the stage's section of report.md.
 """
 
 from __future__ import annotations
@@ -23,25 +23,25 @@ from pipeline import checkpoint, render
 from pipeline.atomic_io import atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from quantize.export import (EXPORTER, export_for_verifiers, fold_normalization, metadata_for,
                              settings, write_checked)
 
 
 def sources(cfg: Config, run: RunDir) -> list[tuple[str, str, Path]]:
     """(variant, form, checkpoint) for every model the run exports, in a fixed order."""
-    out = []
-    for v in cfg.variants:
-        record = run.variant(v)
-        if record.smooth:
-            out.append((v, "smooth", run.file("train", v, "best.pt")))
-        if record.swapped_to is not None:  # a non-gate (Tanh, ...) has no ReLU form: the swap left it
-            out.append((v, "relu", run.file("swap", v, "relu.pt")))
-    return out
+    return [(v, form, run.file("train", v, "best.pt") if form == "smooth" else run.file("swap", v, "relu.pt"))
+            for v in cfg.variants for form in run.forms(v)]
 
 
-# What the stage writes per form, beside export/export.json: the plain graph always, the others where they exist.
-OUTPUTS = {"plain": "model.onnx", "folded": "model.folded.onnx", "verifiers": "model.verifiers.onnx"}
+# The file name of each form, as export.json's `files` names them for the stages that read them.
+FILES = {"plain": "model.onnx", "folded": "model.folded.onnx", "verifiers": "model.verifiers.onnx"}
+OUTPUTS = (
+    Output("export/export.json"),
+    Output(f"export/<variant>/<form>/{FILES['plain']}"),
+    Output(f"export/<variant>/<form>/{FILES['folded']}", when="the input normalization folds into the first Linear"),
+    Output(f"export/<variant>/relu/{FILES['verifiers']}", when="the verifiers' form takes the model", only="relu"),
+)
 
 
 def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
@@ -53,20 +53,20 @@ def run_export(cfg: Config, run: RunDir) -> dict[str, Any]:
     for variant, form, src in sources(cfg, run):
         model, payload = checkpoint.load_model(src)
         meta = metadata_for(payload, variant, form, ds.info)
-        path = run.file("export", variant, form, OUTPUTS["plain"])
+        path = run.file("export", variant, form, FILES["plain"])
         written = write_checked(model, xval[:2], path, xval, **options, metadata=meta)
         entry = models.setdefault(variant, {})[form] = {**written.record(), "path": str(path.relative_to(run.path)),
                                                         "source": str(Path(src).relative_to(run.path))}
         folded = fold_normalization(model, tuple(payload["spec"]["input_shape"]))
         if folded is not None:
-            path = run.file("export", variant, form, OUTPUTS["folded"])
+            path = run.file("export", variant, form, FILES["folded"])
             written = write_checked(folded, xval[:2], path, xval, reference=model, **options, metadata=meta)
             entry["folded"] = {"path": str(path.relative_to(run.path)), "into": list(folded._modules)[1],
                                **written.facts, "check": written.check}
         if form == "relu":
             entry["verifiers"] = _verifiers_form(run, variant, src, ds.info.input_shape, xval, ecfg)
     result = {"exporter": EXPORTER, "opset": ecfg.opset, "simplified": ecfg.simplify, "atol": ecfg.atol, "rtol": ecfg.rtol,
-              "torch": torch.__version__, "onnx": onnx.__version__, "files": OUTPUTS, "models": models}
+              "torch": torch.__version__, "onnx": onnx.__version__, "files": FILES, "models": models}
     atomic_write_json(run.file("export", "export.json"), result)
     return result
 
@@ -75,7 +75,7 @@ def _verifiers_form(run: RunDir, variant: str, src: Path, input_shape, xval: tor
     """The ReLU model in the verifiers' form, or why it has none: a model that form cannot take is the verify stage's
     "not verified" line, never a failed export of the forms the other stages read."""
     model, _ = checkpoint.load_model(src)  # the checkpoint as saved: the plain export's module stays out of it
-    path = run.file("export", variant, "relu", OUTPUTS["verifiers"])
+    path = run.file("export", variant, "relu", FILES["verifiers"])
     try:
         rec = export_for_verifiers(model, tuple(input_shape), path, xval, ecfg.opset, ecfg.atol, ecfg.rtol)
     except (NotImplementedError, RuntimeError, TypeError, ValueError) as e:  # the exporter's refusals, not a failed check

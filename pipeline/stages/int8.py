@@ -21,10 +21,13 @@ from pipeline.atomic_io import atomic_write_csv, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.errors import RunDirError
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from quantize import ort as ort_util
 from quantize.int8 import (LOW_SQNR_DB, QUANTIZED_OPS, agreement_warning, calibration_samples, clip_fidelity,
                            evaluate_file, input_sqnr_rows, quantize_forms, sqnr_rows)
+
+OUTPUTS = (Output("quantize/quantize.json"), Output("quantize/sqnr.csv"), Output("quantize/<variant>/<form>/model.int8.onnx"),
+           Output("quantize/<variant>/<form>/model.fp32.onnx", when="the folded graph was the one quantized"))
 
 
 def quantize_one(cfg: Config, run: RunDir, ds, variant: str, form: str, entry: dict[str, Any], calib: np.ndarray,

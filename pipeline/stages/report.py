@@ -11,7 +11,14 @@ from typing import Any, Callable
 from pipeline.config import Config
 from pipeline.render import table
 from pipeline.atomic_io import atomic_write_text
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
+
+from .verify_report import FRACTIONS_PNG
+
+# The page, and the figures the stages' sections draw beside it (train.py's, verify_report.py's).
+OUTPUTS = (Output("report/report.md"), Output("report/validation.png", when="the train stage wrote metrics"),
+           Output("report/lambda_<variant>.png", when="the variant has λ"),
+           Output(f"report/{FRACTIONS_PNG}", when="the verify stage ran"))
 
 
 def section_overview(cfg: Config, run: RunDir) -> str:

@@ -23,8 +23,13 @@ from pipeline.atomic_io import atomic_write_csv, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import dataset_for
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from quantize import export as export_mod
+
+OUTPUTS = (Output("sparsity/apoz.csv"), Output("sparsity/sparsity.json"),
+           Output("sparsity/<variant>/apoz_hist.png", only="relu"),
+           *(Output(f"sparsity/<variant>/{f}", when="sparsity.prune and the model can be pruned", only="relu")
+             for f in ("pruned.pt", "pruned.onnx")))
 
 
 def run_sparsity(cfg: Config, run: RunDir) -> dict[str, Any]:

@@ -15,8 +15,10 @@ from pipeline.data import dataset_for
 from pipeline.errors import TrainingError
 from pipeline.relu_swap import relu_spec, swap_report, to_relu
 from pipeline.render import table
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from pipeline.train_loop import diverged
+
+OUTPUTS = (Output("swap/swap.json"), Output("swap/<variant>/relu.pt"))  # every variant: a ReLU baseline's is its own model
 
 
 def _refuse_diverged(payload: dict[str, Any], cfg: Config, variant: str, source) -> None:

@@ -19,8 +19,20 @@ from pipeline.data import dataset_for
 from pipeline.errors import CheckpointError
 from pipeline.evaluate import METRICS
 from pipeline.render import figure, save, table
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 from pipeline.train_loop import train_variant
+
+_SET_ASIDE = Output("train/<variant>/*.unusable-*", when="a resume state found unusable is kept beside, never deleted")
+# Per stage (train and harden share train/; harden rewrites the files train wrote). A phase without epochs writes none.
+OUTPUTS = {
+    "train": (Output("train/metrics.csv", when="e_s ≥ 1"),
+              *(Output(f"train/<variant>/{f}", when="e_s ≥ 1") for f in ("best.pt", "last.pt", "timing.json", "switch.pt",
+                                                                             "switch_best.pt")),
+              _SET_ASIDE),
+    "harden": (Output("train/metrics.csv", when="e_s < T"),
+               *(Output(f"train/<variant>/{f}", when="e_s < T") for f in ("best.pt", "last.pt", "timing.json")),
+               _SET_ASIDE),
+}
 
 
 def _run_phase(cfg: Config, run: RunDir, harden_phase: bool, log=print) -> dict[str, Any]:

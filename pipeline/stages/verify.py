@@ -15,19 +15,18 @@ property. ``verify.jobs`` worker processes (0: the run's thread count) solve pro
 ``verify.device``.
 
 Reads: the export stage's verifiers' form of each ReLU model (`export/export.json`), `train/<variant>/best.pt`,
-`quantize/quantize.json` and its int8 files, each variant's record, the validation split. Writes under ``verify/``:
-``onnx/<variant>.onnx`` (a copy of its network's file, so the folder stands alone as a benchmark),
-``vnnlib/<variant>_<sample>_<eps>.vnnlib``,
-``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per property, at least what its network's first
-bound pass needs as measured (`harness.PASS_SHARE` of the limit, rounded up to a second), or the cap), ``results.csv``
-(VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the category being the variant),
-``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property: stage that decided, why an
-open one is open (``reason``: ``budget`` when no bound pass finished in its time, ``timeout`` when the search after it
-ran out, ``unknown``, ``error``; `analysis.verification.problem.open_reason`), wall and CPU seconds (all it spent: its
-share of the first pass and its turns), unstable ReLUs by IBP and by the tight bounds, the best bound pass that
-finished and its margin lower bound, message), ``smooth.csv`` (the same per route), ``chain.csv``, ``summary.json``
-(with each part's first pass: the measured cost of one pass per network, whether the budget covered it). A further
-verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
+`quantize/quantize.json` and its int8 files, each variant's record, the validation split. Writes under ``verify/``
+(`OUTPUTS`): ``onnx/<variant>.onnx`` (a copy of its network's file, so the folder stands alone as a benchmark),
+``vnnlib/<variant>_<sample>_<eps>.vnnlib``, ``instances.csv`` (``onnx,vnnlib,timeout``: the budget's fair share per
+property, at least what its network's first bound pass needs as measured (`harness.PASS_SHARE` of the limit, rounded up
+to a second), or the cap), ``results.csv`` (VNN-COMP: ``category,onnx,vnnlib,prepare_time,result,run_time``, the
+category being the variant), ``counterexamples/*.counterexample`` (VNN-COMP witnesses), ``details.csv`` (per property:
+stage that decided, why an open one is open (``reason``: ``budget`` when no bound pass finished in its time, ``timeout``
+when the search after it ran out, ``unknown``, ``error``; `analysis.verification.problem.open_reason`), wall and CPU
+seconds (all it spent: its share of the first pass and its turns), unstable ReLUs by IBP and by the tight bounds, the
+best bound pass that finished and its margin lower bound, message), ``smooth.csv`` (the same per route), ``chain.csv``,
+``summary.json`` (with each part's first pass: the measured cost of one pass per network, whether the budget covered
+it). A further verifier in ``verify.verifiers`` writes ``results.<name>.csv`` beside.
 
 Resumable per property: ``details.csv`` and ``smooth.csv`` are rewritten as answers arrive; a rerun keeps the
 rows marked final and solves the rest.
@@ -43,22 +42,28 @@ import torch
 
 from analysis.robustness.chain import (CHAIN_FIELDS, chain_rows, conflicts, decided, either_route, not_verified,
                                        open_rows)
-from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, Samples,
-                                            is_int8, relu_properties, smooth_properties)
+from analysis.robustness.properties import (INT8, INT8_NETWORK, RELU_NETWORK, ROUTES, SMOOTH_NETWORK, Kind, Network,
+                                            RunFacts, Samples, eps_units, is_int8, relu_properties,
+                                            smooth_properties)
 from analysis.verification import harness, registry
-from analysis.verification.vnncomp import witness_path, write_results
-from analysis.verification.vnnlib import format_real, format_witness, write_instances_csv
-from pipeline.atomic_io import atomic_write_csv, atomic_write_json, atomic_write_text
+from analysis.verification.vnncomp import results_row, write_results, write_witness
+from analysis.verification.vnnlib import format_real, write_instances_csv
+from pipeline.atomic_io import atomic_write_csv, atomic_write_json
 from pipeline.config import Config, ConfigError
 from pipeline.data import dataset_for
+from pipeline.errors import RunDirError
 from pipeline.progress import Progress
-from pipeline.rundir import RunDir
+from pipeline.rundir import Output, RunDir
 
 DETAIL_FIELDS = ["variant", "sample", "eps", "verifier", "label", "predicted", "result", "reason", "stage", "seconds",
                  "cpu_seconds", "prepare_seconds", "unstable_ibp", "unstable_tight", "relus", "bound", "margin_lb",
                  "vnnlib", "witness", "final", "message"]
 SMOOTH_FIELDS = ["variant", "sample", "eps", "route", "network", "label", "predicted", "result", "reason", "stage",
                  "seconds", "bound", "margin_lb", "gap_max", "final", "message"]
+OUTPUTS = (*(Output(f"verify/{f}") for f in ("instances.csv", "results.csv", "details.csv", "smooth.csv", "chain.csv", "summary.json")),
+           Output("verify/results.*.csv", when="a further verifier in verify.verifiers"),
+           *(Output(f, when="a network is verified") for f in ("verify/onnx/*.onnx", "verify/vnnlib/*.vnnlib")),
+           Output("verify/counterexamples/*.counterexample", when="a property is falsified"))
 PROGRESS_EVERY_S = 5.0  # at most one progress line in the log this often (and the last one)
 
 
@@ -92,10 +97,6 @@ def validate_config(cfg: Config) -> None:
             raise ConfigError(f"verify.verifiers: {e}") from None
 
 
-def _clean(msg: str) -> str:
-    return msg.replace("\n", " ")
-
-
 def _r(v: Any) -> Any:
     return "" if v is None else round(float(v), 6)
 
@@ -104,7 +105,6 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     vcfg = cfg.verify  # validated once, by the runner (`validate_config` is the stage's hook)
     out = run.dir("verify")
     ds = dataset_for(cfg)
-    info = ds.info
     samples = Samples.of(ds, vcfg.samples)
     n = samples.n
     clock = "cpu" if vcfg.cpu_time else "wall"
@@ -114,21 +114,20 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is as fast, and the workers share the cores
     try:
-        relu = relu_properties(cfg, run, out, samples, names)
-        smooth = smooth_properties(cfg, run, out, samples) if vcfg.smooth else Kind("smooth", {}, [], {})
-        int8_keys = {t.key for t in relu.tasks if is_int8(relu.rows[t.key]["variant"])}
+        facts = run_facts(cfg, run)
+        relu = relu_properties(facts, out, samples, names)
+        smooth = smooth_properties(facts, out, samples) if vcfg.smooth else Kind("smooth", {}, [], {})
+        int8_keys = relu.int8
         open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in int8_keys)
         open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
         share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
                  True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
-        write_instances_csv(out / "instances.csv", [(o, v, round(share[is_int8(Path(o).stem)], 3))
-                                                     for o, v in relu.instances])
+        write_instances_csv(out / "instances.csv", [(o, v, round(share[i8], 3)) for o, v, i8 in relu.instances])
         seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
         if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
             need = {name: c["limit_s"] for rec in passes.values() for name, c in rec["costs"].items()}
             write_instances_csv(out / "instances.csv", [
-                (o, v, round(max(share[is_int8(Path(o).stem)], need.get(Path(o).name, 0)), 3))
-                for o, v in relu.instances])
+                (o, v, round(max(share[i8], need.get(Path(o).name, 0)), 3)) for o, v, i8 in relu.instances])
     finally:
         torch.set_num_threads(threads)
     verified = [name for name, m in relu.models.items() if m.get("onnx")]
@@ -148,8 +147,8 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         "networks": {"relu": RELU_NETWORK, "smooth": SMOOTH_NETWORK, "int8": INT8_NETWORK},
         "not_verified": missing,
         "samples": n, "sample_selection": f"the first {n} validation examples, the same for every variant",
-        "epsilons": list(vcfg.epsilons), "input_range": [info.input_low, info.input_high],
-        "eps_units": _eps_units(info),
+        "epsilons": list(vcfg.epsilons), "input_range": [samples.info.input_low, samples.info.input_high],
+        "eps_units": eps_units(samples.info),
         "budget_s": vcfg.budget_s, "int8_budget_s": vcfg.int8_budget_s if vcfg.int8 else 0.0, "timeout_s": vcfg.timeout_s,
         "jobs": jobs, "device": device, "solve_seconds": round(seconds, 3), "int8_solve_seconds": round(int8_wall, 3),
         "first_pass": passes,
@@ -174,10 +173,23 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
                                  for r in smooth_table}}
 
 
-def _eps_units(info) -> str:
-    if getattr(info, "feature_names", None):
-        return "raw feature units of each input column (the model standardizes inside)"
-    return f"the input's own units (valid range {info.input_low} to {info.input_high})"
+def run_facts(cfg: Config, run: RunDir) -> RunFacts:
+    """What the property builders read of the run: each variant's record, networks and the verify settings."""
+    v = cfg.verify
+    exported = (run.read_json("export", "export.json") or {}).get("models", {})
+    quantized = (run.read_json("quantize", "quantize.json") or {}) if v.int8 else {}
+    nets = []
+    for name in cfg.variants:
+        rec = run.variant(name)
+        form = (exported.get(name) or {}).get("relu", {}).get("verifiers") if rec.swapped_to is not None else None
+        if rec.swapped_to is not None and form is None:
+            raise RunDirError(f"{run.path}: export/export.json has no verifiers' form of {name}'s ReLU model (the "
+                              f"export stage writes it); run `pipeline run --resume {run.path} --redo export`")
+        int8 = (quantized.get("models", {}).get(name) or {}).get("relu")
+        nets.append(Network(name, rec.activation, form, int8["int8_path"] if int8 else None,
+                            str(Path("train", name, "best.pt")) if rec.smooth else None))
+    return RunFacts(run.path, tuple(nets), tuple(v.epsilons), v.timeout_s or None, v.int8,
+                    quantized.get("settings", {}).get("reduce_range", False))
 
 
 def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_keys: set[Any], clock: str,
@@ -195,8 +207,7 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
         for i, name in enumerate(names):
             mine = [r for r in rows if r["verifier"] == name and r["result"]]
             write_results(out / ("results.csv" if i == 0 else f"results.{name}.csv"),
-                          [{"category": r["variant"], "onnx": f"onnx/{r['variant']}.onnx", "vnnlib": r["vnnlib"],
-                            "prepare_time": r.get("prepare_seconds") or 0.0, "result": r["result"], "run_time": r["seconds"]}
+                          [results_row(r["variant"], f"onnx/{r['variant']}.onnx", r["vnnlib"], r, r.get("prepare_seconds") or 0.0)
                            for r in mine])
         atomic_write_csv(out / "smooth.csv", [smooth.rows[k] for k in sorted(smooth.rows, key=smooth.order.__getitem__)],
                          SMOOTH_FIELDS)
@@ -205,15 +216,14 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
         res = o.result
         common = o.row()
         common.update(seconds=round(res.seconds, 4), margin_lb=_r(common["margin_lb"]), final=int(o.final),
-                      message=_clean(res.message))
+                      message=res.message.replace("\n", " "))
         if is_relu[o.key]:
             row = relu.rows[o.key]
-            wfile = witness_path(out / "results.csv", f"onnx/{row['variant']}.onnx", row["vnnlib"])
             row.update(common, cpu_seconds=round(res.cpu_seconds, 4), prepare_seconds=round(o.prepare_seconds, 4),
                        unstable_ibp=res.info.get("unstable_ibp", ""), unstable_tight=res.info.get("unstable_tight", ""),
                        witness="")
             if res.status == "sat" and o.final:
-                atomic_write_text(wfile, format_witness(res.counterexample, res.output))
+                wfile = write_witness(out / "results.csv", f"onnx/{row['variant']}.onnx", row["vnnlib"], res)
                 row["witness"] = wfile.relative_to(out).as_posix()
         else:
             smooth.rows[o.key].update(common, gap_max=_r(res.info.get("gap_max")))
