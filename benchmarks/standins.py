@@ -42,10 +42,10 @@ from torch import nn
 
 from analysis.verification import attack
 from analysis.verification.ops.base import UnsupportedModel
+from analysis.verification.pgd_verifier import PgdVerifier
 from analysis.verification.problem import Budget, Problem
 from analysis.verification.readers import read
 from analysis.verification.registry import get_verifier
-from analysis.verification.pgd_verifier import PgdVerifier
 from analysis.verification.vnnlib import robustness_spec, write_instances_csv, write_vnnlib
 from pipeline.config import DataConfig
 from pipeline.data import Dataset, batches, load_fashion_mnist

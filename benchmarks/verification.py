@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from analysis.verification import registry
+from analysis.verification.complete_verifiers import MarabouVerifier, MilpVerifier
 from analysis.verification.graph import Graph
 from analysis.verification.problem import RESULTS, Budget, Problem, Result
 from analysis.verification.readers import from_onnx, from_torch
-from analysis.verification.complete_verifiers import MarabouVerifier, MilpVerifier
 from analysis.verification.vnnlib import robustness_spec
 from pipeline import checkpoint
 from pipeline.config import from_dict

@@ -751,3 +751,45 @@ def test_a_transformer_quantized_with_16_bit_activations_keeps_float32_gemms_and
 
 
 GEMM_T_ATOL = 1e-5  # float32 Gemm with the weight transposed: another summation order at most
+
+
+def test_units_read_only_by_dead_clamps_are_not_queried_and_the_bounds_do_not_move(tmp_path, monkeypatch):
+    """A rounding's unit whose clamp ReLU is dead on the interval it gets has coefficient 0 in every back-substitution:
+    CROWN skips its query (`CrownPass._read_only_by_zeros`). Its own interval stays interval arithmetic's, but every
+    ReLU's stable and unstable units and the output bounds equal those of the pass that queries it (the reference: the
+    same pass with the skip turned off)."""
+    from analysis.verification import crown
+
+    _, int8 = _builtin_int8(tmp_path, "cnn", channels=[4, 8], cnn_hidden=16)
+    graph = from_onnx(int8)
+    queried = [0]
+    rows = crown.CrownPass._rows
+
+    def counting(self, j, idx, n, *a, **k):
+        queried[0] += idx.numel()
+        return rows(self, j, idx, n, *a, **k)
+
+    monkeypatch.setattr(crown.CrownPass, "_rows", counting)
+    rng = np.random.default_rng(3)
+    skipped = 0
+    for eps in (0.002, 0.02, 0.1):
+        x0 = rng.uniform(0, 1, 64)
+        lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+        out = {}
+        for skip in (True, False):
+            if not skip:
+                monkeypatch.setattr(crown.CrownPass, "_read_only_by_zeros", lambda self, s: None)
+            queried[0] = 0
+            b = Bounder(graph, lb, ub)
+            b.crown()
+            states = [(u <= 0, l >= 0) for (l, u), k in zip(b.pre, b.sites) if isinstance(b.net.nodes[k].op, ReLU)]
+            out[skip] = (queried[0], states, _output_bounds(graph, lb, ub))
+            monkeypatch.undo() if not skip else None
+            monkeypatch.setattr(crown.CrownPass, "_rows", counting)
+        assert out[True][0] <= out[False][0]
+        skipped += out[False][0] - out[True][0]
+        for (dead, active), (dead0, active0) in zip(out[True][1], out[False][1]):
+            assert torch.equal(dead, dead0) and torch.equal(active, active0), eps
+        for a, c in zip(out[True][2], out[False][2]):
+            assert np.allclose(a, c, atol=SUM_TOL, rtol=0), eps
+    assert skipped > 0  # some clamp was dead on some box

@@ -14,10 +14,10 @@ from onnx import helper
 from analysis.verification.bab import Settings
 from analysis.verification.bab_domains import Search
 from analysis.verification.bounds import Bounder
+from analysis.verification.complete_verifiers import BabVerifier
 from analysis.verification.ops.rounding import QuantizedInput, Rounding
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
-from analysis.verification.complete_verifiers import BabVerifier
 from analysis.verification.vnnlib import VnnlibSpec
 from quantize import ort as ort_util
 from test_verify_int8 import SUM_TOL, _tiny, _vnnlib

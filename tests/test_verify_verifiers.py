@@ -23,10 +23,10 @@ from analysis.verification import milp
 from analysis.verification.bab import Settings, bab
 from analysis.verification.bab_domains import Search
 from analysis.verification.bounds import Bounder
+from analysis.verification.complete_verifiers import MarabouVerifier, MilpVerifier
 from analysis.verification.problem import BOX_TOL, Budget, Problem, Result
 from analysis.verification.readers import from_torch
 from analysis.verification.registry import STAGED, VERIFIERS, Verifier, available_verifiers, check_name, get_verifier
-from analysis.verification.complete_verifiers import MarabouVerifier, MilpVerifier
 from analysis.verification.vnnlib import read_vnnlib, robustness_spec, write_robustness_vnnlib
 from quantize.export import export_for_verifiers
 from quantize.ort import forward_flat

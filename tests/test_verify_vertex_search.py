@@ -14,11 +14,11 @@ from analysis.verification import attack
 from analysis.verification.graph import Graph
 from analysis.verification.ops.affine import Linear
 from analysis.verification.ops.rounding import QuantizedInput, Rounding
+from analysis.verification.pgd_verifier import PgdVerifier
 from analysis.verification.problem import Budget, Problem, float32_in_box, open_reason
 from analysis.verification.quantized import grid_index
 from analysis.verification.readers import from_onnx
 from analysis.verification.registry import get_verifier
-from analysis.verification.pgd_verifier import PgdVerifier
 from analysis.verification.vnnlib import VnnlibSpec, robustness_spec
 from quantize import ort as ort_util
 from test_verify_int8 import _tiny

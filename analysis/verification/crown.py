@@ -55,6 +55,26 @@ class CrownPass:
         t = self.site_of[j]
         return (t, units) if units is not None and self.op(t).exact_interval else None
 
+    def _read_only_by_zeros(self, s: int) -> torch.Tensor | None:
+        """Mask of site s's units whose output reaches the rest of the graph only through one-input elementwise affine
+        ops into units of one later site t that are `constant` over the interval t's input gets from s's current one
+        (an int8 rounding followed by its clamp's dead ReLU): every back-substitution gives them coefficient 0, and
+        t's interval of them only narrows, so CROWN need not query them. None where s's output is read otherwise."""
+        if self._consumers is None:
+            self._consumers = self.net.consumers()
+        lo, hi = (t[None] for t in self.op(s).interval(*self.pre[s]))
+        j = self.sites[s]
+        while j != self.net.output and len(self._consumers[j]) == 1:
+            j = self._consumers[j][0]
+            if j in self.site_of:
+                return self.op(self.site_of[j]).constant(lo[0], hi[0])
+            op = self.net.nodes[j].op
+            src = op.unit_sources() if op.affine and len(self.net.nodes[j].inputs) == 1 else None
+            if src is None or src.numel() != lo.shape[1] or not torch.equal(src, torch.arange(src.numel(), device=src.device)):
+                return None
+            lo, hi = op.ibp((lo, hi))
+        return None
+
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
         E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
@@ -221,6 +241,9 @@ class CrownPass:
             if copied is not None and copied[0] in queried:
                 idx = idx[~queried[copied[0]][copied[1][idx]]]
             idx = idx[need[j][idx]]  # the units the output depends on (`needed`)
+            zeros = self._read_only_by_zeros(s)
+            if zeros is not None:
+                idx = idx[~zeros[idx]]
             queried[s] = torch.zeros(self.net.sizes[j], dtype=torch.bool, device=idx.device)
             queried[s][idx] = True
             if idx.numel() == 0:

@@ -134,7 +134,7 @@ class Activation(Op):
     - `crown_lines(l, u, slopes, exact)`: the relaxation CROWN and α-CROWN use, with α-CROWN's slopes when given;
     - `optimizable()`, `initial_slopes(lines, rows)`, `project(slopes, l, u)`: the α it optimizes, if any;
     - `query(l, u)`: the units whose interval is worth tightening by CROWN; `unstable(l, u)`: the units a split would
-      help (counted in reports);
+      help (counted in reports); `constant(l, u)`: the units whose lines are 0 there (no query reads through them);
     - `branchable`: branch and bound splits its units at 0 with ReLU's rules (`relu.ReluLines`);
     - `float32_rows`: how CROWN's queries of its input may use float32 convolutions (`bounds.Bounder._crown`);
     - `refine_rows`, `unbounded_note`: a site's own last word on its CROWN rows and on why a bound is missing;
@@ -190,6 +190,11 @@ class Activation(Op):
     def query(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """The units whose bounds CROWN should tighten (every unit, none where the lines ignore the interval)."""
         return torch.arange(l.numel() if self.needs_bounds else 0, device=l.device)
+
+    def constant(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Mask of the units whose lines on [l, u] and on every interval inside it are 0·x + 0 (a dead ReLU): a unit
+        read only by such units gets coefficient 0 in every back-substitution (`crown.CrownPass._read_only_by_zeros`)."""
+        return torch.zeros_like(l, dtype=torch.bool)
 
     def unstable(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Mask of the units whose interval holds a kink a split would remove (none for ops that are not split)."""
