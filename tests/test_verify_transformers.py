@@ -450,3 +450,31 @@ def test_a_pass_that_overflows_runs_once_and_says_so(monkeypatch):
     (row,) = res["rows"]
     assert row["result"] == "unknown" and "OutOfDomain" in row["message"], row["message"]
     assert len(calls) == 1
+
+
+# the graph's float64 outputs against the float64 bounds: a few roundings of the logits' scale
+MLP_SOUND_TOL = 1e-9
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1])
+def test_a_layer_norm_mlp_without_attention_gets_its_crown_pass_and_bounds_that_hold(eps):
+    """A LayerNorm in a network without attention (an MLP, MLP-Mixer's channel norm): CROWN queries its variance's
+    input units, which are not its output's, so no per-output-unit skip may index them (that crashed the pass). The
+    pass finishes, and the logits' bounds contain the graph's outputs at 4000 points of the box, each side apart."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    net = from_torch(model.eval(), (6,))
+    x0 = torch.rand(6, dtype=torch.float64)
+    lb, ub = x0 - eps, x0 + eps
+    b = Bounder(net, lb, ub)
+    b.crown()
+    assert b.method == "crown"
+    eye = torch.eye(3, dtype=torch.float64)
+    both = b.spec_bounds(Spec(torch.cat([eye, -eye]), torch.zeros(6, dtype=torch.float64)))
+    lower, upper = both[:3], -both[3:]
+    gen = torch.Generator().manual_seed(1)
+    xs = torch.cat([lb + torch.rand(2000, 6, generator=gen, dtype=torch.float64) * (ub - lb),
+                    torch.where(torch.rand(2000, 6, generator=gen) < 0.5, lb, ub)])
+    ys = net.values(xs)[net.output]
+    assert bool(torch.all(ys >= lower - MLP_SOUND_TOL)), "below the lower bound"
+    assert bool(torch.all(ys <= upper + MLP_SOUND_TOL)), "above the upper bound"

@@ -59,7 +59,11 @@ class CrownPass:
         """Mask of site s's units whose output reaches the rest of the graph only through one-input elementwise affine
         ops into units of one later site t that are `constant` over the interval t's input gets from s's current one
         (an int8 rounding followed by its clamp's dead ReLU): every back-substitution gives them coefficient 0, and
-        t's interval of them only narrows, so CROWN need not query them. None where s's output is read otherwise."""
+        t's interval of them only narrows, so CROWN need not query them. None where s's output is read otherwise, or
+        where s's op is not elementwise (a LayerNorm's variance: its output units are not its input's, which CROWN
+        queries)."""
+        if not self.op(s).elementwise:
+            return None
         if self._consumers is None:
             self._consumers = self.net.consumers()
         lo, hi = (t[None] for t in self.op(s).interval(*self.pre[s]))
