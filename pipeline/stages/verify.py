@@ -117,13 +117,12 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         facts = run_facts(cfg, run)
         relu = relu_properties(facts, out, samples, names)
         smooth = smooth_properties(facts, out, samples) if vcfg.smooth else Kind("smooth", {}, [], {})
-        int8_keys = relu.int8
-        open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in int8_keys)
+        open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in relu.int8)
         open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
         share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
                  True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
         write_instances_csv(out / "instances.csv", [(o, v, round(share[i8], 3)) for o, v, i8 in relu.instances])
-        seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, int8_keys, clock, jobs, device)
+        seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, clock, jobs, device)
         if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
             need = {name: c["limit_s"] for rec in passes.values() for name, c in rec["costs"].items()}
             write_instances_csv(out / "instances.csv", [
@@ -192,10 +191,10 @@ def run_facts(cfg: Config, run: RunDir) -> RunFacts:
                     quantized.get("settings", {}).get("reduce_range", False))
 
 
-def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_keys: set[Any], clock: str,
-           jobs: int, device: str = "cpu") -> tuple[float, float, dict[str, Any]]:
+def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, clock: str, jobs: int,
+           device: str = "cpu") -> tuple[float, float, dict[str, Any]]:
     """Every open property through the one property loop: the float networks' under `verify.budget_s`, then the int8
-    models' (`int8_keys`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of
+    models' (`relu.int8`) under `verify.int8_budget_s`; the CSVs rewritten as answers come. Returns the wall seconds of
     both, of the int8 part, and each part's first pass (`FirstPass.record`). When a budget cannot cover one bound pass per
     property (measured on each network's first), one line says so with the budget that would."""
     tasks = relu.tasks + smooth.tasks
@@ -245,7 +244,7 @@ def _solve(vcfg, out: Path, names: list[str], relu: Kind, smooth: Kind, int8_key
 
             for int8, budget, setting in ((False, vcfg.budget_s, "verify.budget_s"),
                                           (True, vcfg.int8_budget_s, "verify.int8_budget_s")):
-                part = [t for t in tasks if (t.key in int8_keys) == int8]
+                part = [t for t in tasks if (t.key in relu.int8) == int8]
                 t0 = time.perf_counter()
                 if part:
                     ran = harness.run(part, harness.StageBudget(budget), jobs=jobs, clock=clock, on_done=done_and_shown,
