@@ -112,6 +112,10 @@ class Kind:
         for k in rows:
             self.order.setdefault(k, len(self.order))
 
+    def open(self, int8: bool | None = None) -> int:
+        """How many of its tasks have no known answer: to be solved (`int8`: only the int8 models' or only the others')."""
+        return sum(1 for t in self.tasks if t.known is None and (int8 is None or (t.key in self.int8) == int8))
+
 
 @dataclass(frozen=True)
 class Samples:

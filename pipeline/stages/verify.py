@@ -117,10 +117,8 @@ def run_verify(cfg: Config, run: RunDir) -> dict[str, Any]:
         facts = run_facts(cfg, run)
         relu = relu_properties(facts, out, samples, names)
         smooth = smooth_properties(facts, out, samples) if vcfg.smooth else Kind("smooth", {}, [], {})
-        open_int8 = sum(1 for t in relu.tasks if t.known is None and t.key in relu.int8)
-        open_float = sum(1 for t in relu.tasks + smooth.tasks if t.known is None) - open_int8
-        share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, open_float),
-                 True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, open_int8)}
+        share = {False: vcfg.timeout_s or vcfg.budget_s / max(1, relu.open(int8=False) + smooth.open()),
+                 True: vcfg.timeout_s or vcfg.int8_budget_s / max(1, relu.open(int8=True))}
         write_instances_csv(out / "instances.csv", [(o, v, round(share[i8], 3)) for o, v, i8 in relu.instances])
         seconds, int8_wall, passes = _solve(vcfg, out, names, relu, smooth, clock, jobs, device)
         if not vcfg.timeout_s:  # no instance's limit below what its network's first bound pass needs
