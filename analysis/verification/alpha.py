@@ -1,7 +1,12 @@
 """α-CROWN (`AlphaCrown`, a part of `bounds.Bounder`): the relaxations' slopes of every site that has them (each op's
 `optimizable`, `initial_slopes`, `project`) optimized by projected gradient for the spec rows (`alpha_spec`) or for
-the inputs of the sites that branch and bound splits (`alpha_intermediate`); every iterate is sound, so the best seen
-per row is."""
+the inputs of the sites whose op asks for it (`alpha_intermediate`: ReLU and smooth sites, `alpha_bounds`); every
+iterate is sound, so the best seen per row is.
+
+Intermediate bounds are optimized site by site, each for the sum of its own units' widths, with its own slopes for
+every earlier site: auto_LiRPA's α-CROWN (`optimized_bounds._get_optimized_bounds`) likewise gives each intermediate
+bound its own α per start node and keeps the best bounds seen, but moves them all jointly for the final objective.
+"""
 
 from __future__ import annotations
 
@@ -110,10 +115,11 @@ class AlphaCrown:
         return self.expired if until is None else (lambda: self.expired() or until())
 
     def alpha_intermediate(self, steps: int = 20, lr: float = 0.1, until: Callable[[], bool] | None = None) -> bool:
-        """α-CROWN for the inputs of branchable (ReLU) sites that depend on an earlier site, one site at a time in order: the
-        unstable units' bounds both ways, slopes of the sites before optimized for their sum. Gate sites keep CROWN's.
-        Stops at the budget's end or `until()`; a later call goes on from the first site not done. True when every
-        site is done."""
+        """α-CROWN for the inputs of the sites whose op asks for it (`alpha_bounds`: ReLU, the smooth activations) and
+        that depend on an earlier site, one site at a time in order: the queried units' bounds both ways, slopes of the
+        sites before optimized for their sum, each later site relaxed on the tightened intervals before it. Gate sites
+        keep CROWN's. Stops at the budget's end or `until()`; a later call goes on from the first site not done. True
+        when every site is done."""
         stop = self._stop(until)
         for s in range(len(self.sites)):
             if s in self.alpha_done:
@@ -126,18 +132,20 @@ class AlphaCrown:
         return True
 
     def _alpha_site(self, s: int, steps: int, lr: float, stop: Callable[[], bool]) -> None:
-        if not self.op(s).branchable:
+        op = self.op(s)
+        if not op.alpha_bounds:
             return
         j = self.site_input[s]
-        if not self.sites_before(j):
-            return
+        if not any(self.optimizable(t) for t in self.sites_before(j)):
+            return  # nothing to optimize behind it: CROWN's bounds are α-CROWN's
         idx = self._query(s)
         if idx.numel() == 0 or not self.fits(2 * idx.numel(), j):
-            return  # nothing unstable, or too wide to optimize at once: CROWN's bounds stay
+            return  # nothing to tighten, or too wide to optimize at once: CROWN's bounds stay
         m = idx.numel()
-        # stop once every unit is stable: sign is what the MILP's binaries and the branching need
+        # stop once no unit is `unstable` (a ReLU's sign is what the MILP's binaries and the branching need; a smooth
+        # unit never is stable, so its steps all run)
         best = self._optimize(self._query_rows(idx, self.pre[s][0].numel()), j, steps, lr, objective=lambda b: b.sum(),
-                              done=lambda b: bool(torch.all((b[:m] >= 0) | (b[m:] >= 0))), until=stop)
+                              done=lambda b: not bool(op.unstable(b[:m], -b[m:]).any()), until=stop)
         self._tighten(s, idx, best[:m], -best[m:])
 
     def alpha_spec(self, spec: Any, owner: Sequence[int], steps: int = 30, lr: float = 0.1) -> torch.Tensor:

@@ -136,6 +136,7 @@ class Activation(Op):
     - `query(l, u)`: the units whose interval is worth tightening by CROWN; `unstable(l, u)`: the units a split would
       help (counted in reports); `constant(l, u)`: the units whose lines are 0 there (no query reads through them);
     - `branchable`: branch and bound splits its units at 0 with ReLU's rules (`relu.ReluLines`);
+    - `alpha_bounds`: α-CROWN optimizes its input's interval too (`alpha.AlphaCrown.alpha_intermediate`);
     - `float32_rows`: how CROWN's queries of its input may use float32 convolutions (`bounds.Bounder._crown`);
     - `refine_rows`, `unbounded_note`: a site's own last word on its CROWN rows and on why a bound is missing;
     - `gap(l, u, d)`: the swap gap's rule (how far its output moves when its input moves by d)."""
@@ -146,6 +147,9 @@ class Activation(Op):
     # False: not elementwise (a product of two variables): `relax(l, u)` and `back(A, relax)` instead of lines
     elementwise: ClassVar[bool] = True
     branchable: ClassVar[bool] = False
+    # True: the interval of its `query` units is worth α-CROWN's optimization before a search (its lines tighten with
+    # it, and a search splits it); its units are done once none is `unstable`
+    alpha_bounds: ClassVar[bool] = False
     # True: `interval(l, u)` is the op's exact range over [l, u], so a per-unit copy of a unit whose interval CROWN
     # bounded needs no CROWN query of its own (`crown.CrownPass._copied`)
     exact_interval: ClassVar[bool] = False

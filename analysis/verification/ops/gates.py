@@ -147,19 +147,26 @@ def extremes(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torc
              a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(min, max) of f(y) − a·y over the candidate points P (stacked on dim 0, every point where the extremes may
     lie), each widened by f's rounding and the candidate's own slack S. Differentiable in `a` (envelope theorem)."""
+    return extreme(f, P, S, a, upper=False), extreme(f, P, S, a, upper=True)
+
+
+def extreme(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torch.Tensor, a: torch.Tensor,
+            upper: bool) -> torch.Tensor:
+    """One side of `extremes`: the max (`upper`) or the min of f(y) − a·y over the candidates P, widened outward."""
+    sign = 1.0 if upper else -1.0
     with torch.no_grad():
         ad = a.detach()
         FP = f(P)
-        E = FP - ad * P
         tol = G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
-        i_max = torch.argmax(E + tol, dim=0, keepdim=True)
-        i_min = torch.argmin(E - tol, dim=0, keepdim=True)
-        y_max, y_min = P.gather(0, i_max)[0], P.gather(0, i_min)[0]
-        t_max, t_min = tol.gather(0, i_max)[0], tol.gather(0, i_min)[0]
+        V = sign * (FP - ad * P) + tol  # the widened value, as a max
+        # the first largest candidate (argmax's, NaN winning) in one elementwise pass per candidate: torch's argmax
+        # over a short leading axis reads it strided, several times slower on a CPU
+        y, t, best = P[0], tol[0], V[0]
+        for i in range(1, P.shape[0]):
+            more = (V[i] > best) | (torch.isnan(V[i]) & ~torch.isnan(best))
+            y, t, best = torch.where(more, P[i], y), torch.where(more, tol[i], t), torch.where(more, V[i], best)
     # recomputed with `a` attached: d/da (f(y*) − a·y*) = −y*
-    hi = f(y_max) - a * y_max + t_max
-    lo = f(y_min) - a * y_min - t_min
-    return lo, hi
+    return f(y) - a * y + sign * t
 
 
 def slope_range(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

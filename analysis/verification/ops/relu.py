@@ -43,6 +43,7 @@ class ReLU(Activation):
     source: str = ""  # the ONNX tensor feeding it, when read from ONNX (Marabou's name for those variables)
 
     branchable: ClassVar[bool] = True
+    alpha_bounds: ClassVar[bool] = True
     exact_interval: ClassVar[bool] = True
     float32_rows: ClassVar[str | None] = "sign"
 

@@ -34,9 +34,13 @@ from typing import ClassVar
 import torch
 
 from .base import DTYPE, Activation, UnsupportedModel
-from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY, extremes, least_area_slopes
+from .gates import BISECT_STEPS, G_REL_ERROR, OPT_BISECT_STEPS, TINY, extreme, extremes, least_area_slopes
 
 SQRT_PI = math.sqrt(math.pi)
+# a closed-form root of f' = a is used with this relative bracket around it: its slack (bracket width × the largest
+# |f' − a| at its ends, ~ f''·width²) is far below the rounding slack, and the bracket is wide enough that the sign
+# check across it is not lost in f''s own rounding
+ROOT_BRACKET = 1e-7
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Function:
     breaks: tuple[float, ...]
     rising: tuple[bool, ...]
     limits: tuple[float, float]  # f(−∞), f(+∞)
+    # per piece, the y where f' = a in closed form, a with a leading piece axis (NaN or anything where there is none:
+    # `_roots` checks each against f' and bisects where it fails); None: bisection only
+    inverse: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def at(self, y: torch.Tensor) -> torch.Tensor:
         """f, with its limits at ±∞."""
@@ -71,6 +78,25 @@ def _tanh_df(y: torch.Tensor) -> torch.Tensor:
     return 4.0 * torch.sigmoid(2 * y) * torch.sigmoid(-2 * y)
 
 
+def _symmetric(y0: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The roots −y0(a₀), y0(a₁) of f' = a on the two pieces of an S-shaped f with f' even (a: [2, ...], per piece)."""
+    def inverse(a: torch.Tensor) -> torch.Tensor:
+        r = y0(a).clamp(min=0)
+        return torch.stack([-r[0], r[1]])
+    return inverse
+
+
+def _sigmoid_root(a: torch.Tensor) -> torch.Tensor:
+    # σ(1 − σ) = a: σ = (1 − √(1 − 4a))/2 = 2a/(1 + √(1 − 4a)) (no cancellation for small a), y = logit σ ≤ 0
+    s = (2 * a / (1 + (1 - 4 * a).clamp(min=0).sqrt())).clamp(max=0.5)
+    return torch.log1p(-s) - torch.log(s)
+
+
+def _tanh_root(a: torch.Tensor) -> torch.Tensor:
+    # 1 − t² = a: atanh t = ½ log((1 + t)/(1 − t)) = log(1 + t) − ½ log a, since (1 − t)(1 + t) = a
+    return torch.log1p((1 - a).clamp(min=0).sqrt()) - 0.5 * torch.log(a)
+
+
 def _elu(alpha: float, gamma: float = 1.0) -> tuple[Callable, Callable]:
     def f(y: torch.Tensor) -> torch.Tensor:
         return gamma * torch.where(y > 0, y, alpha * torch.expm1(y.clamp(max=0)))
@@ -84,15 +110,18 @@ def _elu(alpha: float, gamma: float = 1.0) -> tuple[Callable, Callable]:
 def _function(name: str, alpha: float = 1.0, gamma: float = 1.0) -> Function:
     s_shape = ((0.0,), (True, False))
     if name == "sigmoid":
-        return Function(name, torch.sigmoid, _sigmoid_df, *s_shape, (0.0, 1.0))
+        return Function(name, torch.sigmoid, _sigmoid_df, *s_shape, (0.0, 1.0), _symmetric(_sigmoid_root))
     if name == "tanh":
-        return Function(name, torch.tanh, _tanh_df, *s_shape, (-1.0, 1.0))
+        return Function(name, torch.tanh, _tanh_df, *s_shape, (-1.0, 1.0), _symmetric(_tanh_root))
     if name == "softsign":
-        return Function(name, lambda y: y / (1 + y.abs()), lambda y: (1 + y.abs()) ** -2, *s_shape, (-1.0, 1.0))
+        return Function(name, lambda y: y / (1 + y.abs()), lambda y: (1 + y.abs()) ** -2, *s_shape, (-1.0, 1.0),
+                        _symmetric(lambda a: a.rsqrt() - 1))
     if name == "erf":
-        return Function(name, torch.erf, lambda y: (2 / SQRT_PI) * torch.exp(-y * y), *s_shape, (-1.0, 1.0))
+        return Function(name, torch.erf, lambda y: (2 / SQRT_PI) * torch.exp(-y * y), *s_shape, (-1.0, 1.0),
+                        _symmetric(lambda a: torch.log(2 / (SQRT_PI * a)).clamp(min=0).sqrt()))
     if name == "softplus":
-        return Function(name, _softplus, torch.sigmoid, (), (True,), (0.0, math.inf))
+        return Function(name, _softplus, torch.sigmoid, (), (True,), (0.0, math.inf),
+                        lambda a: torch.log(a) - torch.log1p(-a))
     if name in ("elu", "selu"):
         if not alpha >= 0 or not gamma > 0:
             raise UnsupportedModel(f"{name} with alpha {alpha} and gamma {gamma}: alpha ≥ 0 and gamma > 0 are read",
@@ -118,7 +147,8 @@ def function(name: str, alpha: float = 1.0, gamma: float = 1.0) -> Function:
 
 def _roots(fn: Function, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor, steps: int):
     """Per piece (a leading axis): the root of f' = a in [L, U] ∩ piece, or NaN where there is none; the bracket's slack.
-    One bisection over every piece at once."""
+    A closed-form root (`Function.inverse`) is taken with a bracket of relative width `ROOT_BRACKET` around it where f'
+    − a changes sign across that bracket; elsewhere (and for functions without one) one bisection over every piece."""
     edges = (-math.inf, *fn.breaks, math.inf)
     P = len(fn.rising)
     view = (P, *([1] * L.dim()))
@@ -126,11 +156,28 @@ def _roots(fn: Function, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor, step
     q0 = torch.tensor(edges[1:], dtype=DTYPE, device=L.device).view(view)
     rising = torch.tensor(fn.rising, device=L.device).view(view)
     p, q = torch.maximum(L, p0), torch.minimum(U, q0)
+    a = a.expand_as(p)  # one slope for every piece, or one per piece
     fp, fq = fn.df(p) - a, fn.df(q) - a
     has = (p < q) & torch.where(rising, (fp <= 0) & (fq >= 0), (fp >= 0) & (fq <= 0))
     Lx = L.expand_as(p)
     lo, hi = torch.where(has, p, Lx), torch.where(has, q, Lx)
-    for _ in range(steps):
+
+    def brackets(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Where f' − a changes sign across [lo, hi] the way the piece's root needs."""
+        flo, fhi = fn.df(lo) - a, fn.df(hi) - a
+        return torch.where(rising, (flo <= 0) & (fhi >= 0), (flo >= 0) & (fhi <= 0))
+
+    bisect = steps
+    if fn.inverse is not None:
+        r = torch.nan_to_num(fn.inverse(a), nan=0.0)
+        r = torch.minimum(torch.maximum(r, lo), hi)
+        d = ROOT_BRACKET * (1 + r.abs())
+        rlo, rhi = torch.maximum(r - d, lo), torch.minimum(r + d, hi)
+        ok = brackets(rlo, rhi)
+        lo, hi = torch.where(ok, rlo, lo), torch.where(ok, rhi, hi)
+        if not bool((has & ~ok).any()):  # one read: every root bracketed, nothing to bisect
+            bisect = 0
+    for _ in range(bisect):
         mid = 0.5 * (lo + hi)
         go_up = ((fn.df(mid) - a) < 0) == rising  # the root lies above mid on a rising piece where f' < a
         lo, hi = torch.where(go_up, mid, lo), torch.where(go_up, hi, mid)
@@ -154,6 +201,31 @@ def intercepts(fn: Function, L: torch.Tensor, U: torch.Tensor, a: torch.Tensor,
             slacks.append(torch.zeros_like(cands[-1]))
         P, S = torch.cat(cands), torch.cat(slacks)
     return extremes(fn.f, P, S, a)
+
+
+def line_intercepts(fn: Function, L: torch.Tensor, U: torch.Tensor, a_lo: torch.Tensor, a_up: torch.Tensor,
+                    steps: int = BISECT_STEPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min of f − a_lo·y, max of f − a_up·y) over [L, U] (finite ends), widened as `intercepts`: the two lines'
+    intercepts, each side from its own candidates only. Inside a piece f − a·y has its local minima where f' = a with
+    f' rising and its maxima where f' falls, so one root per piece, for the slope of the side it can serve."""
+    L, U, a_lo, a_up = torch.broadcast_tensors(L, U, a_lo, a_up)
+    with torch.no_grad():
+        rising = torch.tensor(fn.rising, device=L.device).view(len(fn.rising), *([1] * L.dim()))
+        root, slack = _roots(fn, L, U, torch.where(rising, a_lo.detach(), a_up.detach()), steps)
+        root = torch.where(torch.isnan(root), L, root)
+        ends = [L[None], U[None]]
+        if fn.breaks:
+            b = torch.tensor(fn.breaks, dtype=DTYPE, device=L.device).view(len(fn.breaks), *([1] * L.dim()))
+            ends.append(torch.minimum(torch.maximum(b, L), U))
+        E = torch.cat(ends)
+        zero = torch.zeros_like(E)
+
+        def side(rises: bool) -> tuple[torch.Tensor, torch.Tensor]:  # the ends, breaks and the side's own roots
+            own = [i for i, r in enumerate(fn.rising) if r == rises]
+            return torch.cat([E, *(root[i:i + 1] for i in own)]), torch.cat([zero, *(slack[i:i + 1] for i in own)])
+
+        lo_pts, up_pts = side(True), side(False)
+    return extreme(fn.f, *lo_pts, a_lo, upper=False), extreme(fn.f, *up_pts, a_up, upper=True)
 
 
 def interval(fn: Function, l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,9 +263,7 @@ def lines(fn: Function, l: torch.Tensor, u: torch.Tensor, slopes: tuple[torch.Te
     L, U = torch.where(finite, l, torch.zeros_like(l)), torch.where(finite, u, torch.zeros_like(u))
     if slopes is None:
         a_lo, a_up = default_slopes(fn, L, U)
-    ends = torch.stack([L, L]), torch.stack([U, U])
-    lo, hi = intercepts(fn, *ends, torch.stack([a_lo, a_up]), steps)  # one call for both lines
-    bl, bu = lo[0], hi[1]
+    bl, bu = line_intercepts(fn, L, U, a_lo, a_up, steps)
     if not bool(finite.all()):
         rlo, rhi = interval(fn, l, u)
         zero = torch.zeros_like(L)
@@ -218,6 +288,8 @@ class Smooth(Activation):
 
     # branch and bound splits its units' input intervals at a point (`smooth_bab`), not at 0 with ReLU's rules
     splittable: ClassVar[bool] = True
+    # every unit's lines tighten with its interval (none is ever stable), so α-CROWN optimizes the intervals too
+    alpha_bounds: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         function(self.kind, self.alpha, self.gamma)  # an unknown kind is refused when the graph is built
