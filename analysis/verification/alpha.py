@@ -22,8 +22,10 @@ class Adam:
     torch.optim: its first use in a process imports torch._dynamo (1.5–5 s measured here), time a verifier under a
     limit of a second or two cannot spend and that no budget check can interrupt."""
 
-    def __init__(self, params: Sequence[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params, self.lr, self.eps = list(params), float(lr), eps
+    def __init__(self, params: Sequence[torch.Tensor], lr: float | Sequence[float], betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        self.params, self.eps = list(params), eps
+        self.lrs = [float(v) for v in lr] if isinstance(lr, Sequence) else [float(lr)] * len(self.params)  # per tensor
         self.b1, self.b2 = betas
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
@@ -38,14 +40,14 @@ class Adam:
     def step(self) -> None:
         self.t += 1
         c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for p, m, v, d in zip(self.params, self.m, self.v, self.d):
+        for p, m, v, d, lr in zip(self.params, self.m, self.v, self.d, self.lrs):
             if p.grad is None:
                 continue
             m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
             v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
             # p −= lr·(m/c1)/(√(v/c2) + eps) (torch.optim.Adam's order of operations), the denominator in a kept buffer
             torch.sqrt(v, out=d)
-            p.addcdiv_(m, d.div_(math.sqrt(c2)).add_(self.eps), value=-self.lr / c1)
+            p.addcdiv_(m, d.div_(math.sqrt(c2)).add_(self.eps), value=-lr / c1)
 
 
 class AlphaCrown:
@@ -71,11 +73,12 @@ class AlphaCrown:
         sites = [s for s in self.sites_before(node) if self.optimizable(s)]
         rows = A.shape[0]
         slopes = {s: self.initial_slopes(s, rows) for s in sites}
-        params = []
+        params, lrs = [], []
         for s in sites:
             for p in (slopes[s] if isinstance(slopes[s], tuple) else (slopes[s],)):
                 p.requires_grad_(True)
                 params.append(p)
+                lrs.append(lr * self.op(s).alpha_lr)
         relu = [s for s in sites if self.op(s).branchable]
 
         def remember(better: torch.Tensor | None) -> None:  # the slopes of each row's best bound so far
@@ -89,7 +92,7 @@ class AlphaCrown:
         remember(None)
         if not params or done(best):
             return best
-        opt = Adam(params, lr=lr)
+        opt = Adam(params, lr=lrs)
         for _ in range(steps):
             if stop():
                 break

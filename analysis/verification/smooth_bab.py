@@ -120,9 +120,11 @@ class Search(SmoothBranching):
 
 
 def search(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[], bool],
-           confirm: Callable[[np.ndarray], Any], settings: Settings | None = None) -> tuple[str, np.ndarray | None, str, dict]:
+           confirm: Callable[[np.ndarray], Any], settings: Settings | None = None,
+           prior: torch.Tensor | None = None) -> tuple[str, np.ndarray | None, str, dict]:
     """Branch and bound on the smooth units of `b`'s network over the open `disjuncts` of `spec` (module docstring):
-    (status, counterexample or None, message, stats)."""
+    (status, counterexample or None, message, stats). `prior`: sound lower bounds of the disjuncts' rows on the whole
+    box (α-CROWN's), which the root and so every domain keeps where they beat its own pass."""
     s = settings or Settings()
     srch = Search(b, spec, disjuncts, s)
     t0 = time.perf_counter()
@@ -131,7 +133,7 @@ def search(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable
     one = lambda t: t.reshape(1, -1).clone()  # noqa: E731
     dom = _Domains([one(l) for l, _ in pre], [one(u) for _, u in pre], [[one(t) for t in ls] for ls in root_lines],
                    torch.zeros(1, srch.R, dtype=DTYPE, device=b.device))
-    lower, points, record = srch.bound(dom, None)
+    lower, points, record = srch.bound(dom, None if prior is None else prior.reshape(1, -1).to(DTYPE))
     dom.lower = lower
     stats = {"domains": 1, "rounds": 0}
     pending_scores = srch.scores(dom, lower, record)

@@ -132,7 +132,8 @@ class Activation(Op):
 
     What the engine asks of every activation site (each has a default here):
     - `crown_lines(l, u, slopes, exact)`: the relaxation CROWN and α-CROWN use, with α-CROWN's slopes when given;
-    - `optimizable()`, `initial_slopes(lines, rows)`, `project(slopes, l, u)`: the α it optimizes, if any;
+    - `optimizable()`, `initial_slopes(lines, rows)`, `project(slopes, l, u)`, `alpha_lr`: the α it optimizes, if any,
+      and its learning rate's factor;
     - `query(l, u)`: the units whose interval is worth tightening by CROWN; `unstable(l, u)`: the units a split would
       help (counted in reports); `constant(l, u)`: the units whose lines are 0 there (no query reads through them);
     - `branchable`: branch and bound splits its units at 0 with ReLU's rules (`relu.ReluLines`);
@@ -150,6 +151,8 @@ class Activation(Op):
     # True: the interval of its `query` units is worth α-CROWN's optimization before a search (its lines tighten with
     # it, and a search splits it); its units are done once none is `unstable`
     alpha_bounds: ClassVar[bool] = False
+    # α-CROWN's learning rate for its slopes, as a factor of the one asked for (set for slopes in [0, 1], ReLU's range)
+    alpha_lr: ClassVar[float] = 1.0
     # True: `interval(l, u)` is the op's exact range over [l, u], so a per-unit copy of a unit whose interval CROWN
     # bounded needs no CROWN query of its own (`crown.CrownPass._copied`)
     exact_interval: ClassVar[bool] = False
