@@ -110,19 +110,20 @@ STAGES: dict[str, Stage] = {
 }
 
 
-def check_outputs(name: str, run: RunDir, variants: list[str], written: dict[str, str]) -> None:
-    """PipelineError (one line) when a stage has written a file its declaration does not name, or finished without a file
-    it declares it always writes: either is a bug in the stage, named before it is recorded as done."""
+def check_outputs(name: str, run: RunDir, variants: list[str], written: dict[str, str]) -> str | None:
+    """One line when a stage has written a file its declaration does not name, or finished without a file it declares it
+    always writes (either is a bug in the stage); None when its files match its declaration."""
     stage = STAGES[name]
     where = "its OUTPUTS (its module in pipeline/stages/)"
     stray = [rel for rel in written if not any(o.matches(rel) for o in stage.outputs)]
     if stray:
-        raise PipelineError(f"the {name} stage wrote {stray[0]}, which {where} do not declare: a bug in the stage, declare "
-                            f"it there ({len(stray)} undeclared file{'s' if len(stray) > 1 else ''})")
+        return (f"the {name} stage wrote {stray[0]}, which {where} do not declare: a bug in the stage, declare it there "
+                f"({len(stray)} undeclared file{'s' if len(stray) > 1 else ''})")
     missing = [p for o in stage.outputs for p in o.missing(run, variants)]
     if missing:
-        raise PipelineError(f"the {name} stage finished without writing {missing[0]}, which {where} say it always "
-                            f"writes: a bug in the stage ({len(missing)} missing)")
+        return (f"the {name} stage finished without writing {missing[0]}, which {where} say it always writes: a bug in "
+                f"the stage ({len(missing)} missing)")
+    return None
 
 
 def first_readers() -> dict[str, str]:
