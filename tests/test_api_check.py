@@ -172,10 +172,11 @@ def test_the_growth_note_credits_each_rise_of_the_largest_box_to_its_function():
 
 
 def test_a_vacuous_bound_names_the_functions_its_boxes_grow_through(capsys):
-    """Eight GELU layers converted at λ = 1: a gate deviates from ReLU by up to 0.17 and every Linear carries the box as
-    |W|·d, so the per-sample bound is far above every margin; api.check's line says it grows at `linear`."""
+    """Eight GELU layers converted at λ = 1: a gate deviates from ReLU by up to 0.17, the LayerNorm after the first has
+    no signed rule (the change restarts from its box there) and every Linear after it carries the box as |W|·d, so the
+    per-sample bound is far above every margin; api.check's line says it grows at `linear`."""
     torch.manual_seed(0)
-    layers = [nn.Linear(6, 32), nn.GELU()]
+    layers = [nn.Linear(6, 32), nn.GELU(), nn.LayerNorm(32)]
     for _ in range(7):
         layers += [nn.Linear(32, 32), nn.GELU()]
     model, _ = to_gates(nn.Sequential(*layers, nn.Linear(32, 3)).eval())

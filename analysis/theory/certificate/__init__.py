@@ -32,9 +32,16 @@ Channels (a box each): `exact` bounds |R − S| (δ, or B in the global walk); `
 around any point, so the unknown R is never needed. Then |R̃ − S̃| ≤ δ̃ + ε̃ and ≤ |R̃ − R| + |R − S| +
 |S − S̃| ≤ ρ + B + ε̃.
 
+Per sample, the exact channel also carries its change with signs (`signed.py`): a centre c and a radius r with
+|v − z − c| ≤ r, through W·c instead of |W|·d, cut to the box after every op; the box becomes |c| + r where that is
+smaller, so the changes of two gates cancel where the weights cancel them. Its statement is about R in real
+arithmetic from the values both networks share against S as the walk evaluates it in float64; the float64 rounding
+of both is in r, and compounds by |W| per layer like any box.
+
 ## Where
 `core.py` (constants, channels, `_Dev`, `_Call`), `interpreter.py` (the walk, `Certifier`), `rules/` (one file per
-family of torch functions, `RULES`), `activations.py` (gates and the other activations, as modules), `chain32.py`
+family of torch functions, `RULES`), `signed.py` (the per-sample change with its signs), `activations.py` (gates and
+the other activations, as modules), `chain32.py`
 (each network's float32 rounding carried through its own Jacobian, for chains of Linear layers and activations:
 the boxes compound |W| per layer, ~15× per 256-wide layer, and keep no prediction of the default MLP provably).
 

@@ -18,7 +18,16 @@ from torch import nn
 
 from pipeline.activations import Gate, LogSigmoid, PReLU, gate_of
 
-from .core import SAFETY, ULP_ELEMENTWISE, U32, Refused, _Dev, _gate_lipschitz, _per_unit, gate_constant, gate_rounding
+from .core import EXACT, SAFETY, ULP_ELEMENTWISE, U32, Refused, _Dev, _gate_lipschitz, _per_unit, gate_constant, gate_rounding
+from .signed import finite, monotone_image, signed_of
+
+
+def _signed(x: _Dev, h: Callable, y: torch.Tensor, ops: int):
+    """The exact channel's signed change after a monotone h (`signed.monotone_image`), or None when the walk carries none."""
+    if not x.walk.signed:
+        return None
+    c, r = signed_of(x, EXACT)
+    return finite(*monotone_image(h, x.value.to(torch.float64), y.to(torch.float64), c, r, ops))
 
 def _gate_forward(fam: str, lam: torch.Tensor, orig: Callable, x: Any) -> Any:
     if not isinstance(x, _Dev):
@@ -37,7 +46,7 @@ def _gate_forward(fam: str, lam: torch.Tensor, orig: Callable, x: Any) -> Any:
         else:  # R̃ vs R: ReLU on both sides, 1-Lipschitz and exact in float
             b = d
         boxes.append(b)
-    return walk.wrap(y, boxes)
+    return walk.wrap(y, boxes, _signed(x, F.relu, y, 0))  # ReLU against the gate's value
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,8 @@ def _activation_forward(rule: ActivationRule, m: nn.Module, orig: Callable, x: A
         if ch.rounding and rule.ulps:
             b = b + SAFETY * rule.ulps * U32 * (y.abs() + b + z.abs() + d + rule.const(m))
         boxes.append(b)
-    return walk.wrap(y, boxes)
+    signed = _signed(x, orig, y, rule.ulps + 1) if rule.monotone(m) and not rule.jumps(m) else None
+    return walk.wrap(y, boxes, signed)
 
 
 def _intercept(net: nn.Module) -> None:

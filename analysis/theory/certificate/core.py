@@ -164,11 +164,12 @@ class _Dev(torch.Tensor):
     value: torch.Tensor
     boxes: tuple[torch.Tensor, ...]
     walk: Any  # interpreter._Walk (which imports this module)
+    signed: tuple[torch.Tensor, torch.Tensor] | None  # the exact change's signed centre and radius (`signed.py`)
 
     @staticmethod
     def __new__(cls, value: torch.Tensor, boxes: tuple[torch.Tensor, ...], walk: Any):
         t = torch.Tensor._make_subclass(cls, value)
-        t.value, t.boxes, t.walk = value, boxes, walk
+        t.value, t.boxes, t.walk, t.signed = value, boxes, walk, None
         return t
 
     @classmethod
@@ -183,7 +184,7 @@ class _Dev(torch.Tensor):
             base = INPLACE[name]
             res = devs[0].walk.apply(base.__name__, base, args, kwargs, base(*_map(args, plain), **_map(kwargs, plain)), devs)
             args[0].value.copy_(res.value)
-            args[0].boxes = res.boxes
+            args[0].boxes, args[0].signed = res.boxes, res.signed
             return args[0]
         out = func(*_map(args, plain), **_map(kwargs, plain))
         if (name in CASTS and isinstance(args[0], _Dev) and args[0].value.is_floating_point()

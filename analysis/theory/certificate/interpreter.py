@@ -23,12 +23,14 @@ from .activations import _intercept
 from .core import (EXACT, GLOBAL_CHANNELS, RELU32, RELU_ROUNDING, SAMPLE_CHANNELS, SMOOTH32, Refused, _Call, _Channel,
                    _Dev, _devs, _inf_for_nan, _injected, _NoRule)
 from .rules import DECOMPOSED, RULES
+from .signed import carry
 
 class _Walk:
     """One pass of `_Dev` boxes through a model: the channels, and which of them were refused where."""
 
-    def __init__(self, channels: tuple[_Channel, ...], stack: list[tuple[str, str]] | None = None):
+    def __init__(self, channels: tuple[_Channel, ...], stack: list[tuple[str, str]] | None = None, signed: bool = False):
         self.channels = channels
+        self.signed = signed  # the exact channel also carries its change with signs (`signed.py`)
         self.refused: dict[int, str] = {}  # channel index -> the first reason
         self.stack = stack if stack is not None else []  # (fqn, class) of the modules whose forward runs now
         # (torch function, innermost module, largest exact input box, largest exact output box) per op, when asked for
@@ -44,8 +46,12 @@ class _Walk:
     def zeros(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros(like.shape, dtype=torch.float64) for _ in self.channels)
 
-    def wrap(self, value: torch.Tensor, boxes: list[torch.Tensor]) -> _Dev:
-        return _Dev(value, tuple(_inf_for_nan(b.to(torch.float64)) for b in boxes), self)
+    def wrap(self, value: torch.Tensor, boxes: list[torch.Tensor], signed: tuple[torch.Tensor, torch.Tensor] | None = None) -> _Dev:
+        d = _Dev(value, tuple(_inf_for_nan(b.to(torch.float64)) for b in boxes), self)
+        if signed is not None:  # the box takes the signed form where that is tighter (`signed.py`)
+            d.boxes = (torch.minimum(d.boxes[EXACT], signed[0].abs() + signed[1]), *d.boxes[1:])
+        d.signed = signed
+        return d
 
     def fail(self, ci: int, reason: str) -> None:
         if self.channels[ci].rounding:  # only a float32 statement is lost
@@ -86,7 +92,10 @@ class _Walk:
                     self.fail(ci, f"{self.where()}: {exc}")
                     b = [torch.full(o.shape, math.inf, dtype=torch.float64) for o in outs]
             boxes.append(b)
-        wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))]) for j, o in enumerate(outs)]
+        signed = [None] * len(outs)
+        if self.signed and name not in ("shape",) and all(isinstance(d.value, torch.Tensor) for d in devs):
+            signed = carry(name, func, args, kwargs, outs, boxes[EXACT], EXACT)
+        wrapped = [self.wrap(o, [boxes[ci][j] for ci in range(len(self.channels))], signed[j]) for j, o in enumerate(outs)]
         if self.trace is not None and self.channels[EXACT].sample:
             top = lambda ts: max((float(t.max()) for t in ts if t.numel()), default=0.0)
             self.trace.append((name, self.stack[-1][0] if self.stack else "", top([d.boxes[EXACT] for d in devs]),
@@ -165,10 +174,10 @@ class Certifier:
         if self.records is not None and isinstance(output, _Dev):
             self.records.append({"name": name, "type": type(module).__name__, "max_deviation": float(output.boxes[EXACT].max())})
 
-    def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...],
-              trace: bool = False) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
+    def _walk(self, x: torch.Tensor, channels: tuple[_Channel, ...], trace: bool = False,
+              signed: bool = False) -> tuple[_Dev, _Walk, list[dict[str, Any]]]:
         self.stack.clear()  # a refused walk may have left modules on it
-        walk = _Walk(channels, self.stack)
+        walk = _Walk(channels, self.stack, signed)
         walk.trace = [] if trace else None
         value = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
         self.records = []
@@ -189,12 +198,14 @@ class Certifier:
         per_logit = out.boxes[EXACT].reshape(-1)
         return SwapBound(per_logit=per_logit, max=float(per_logit.max()), layers=layers)
 
-    def per_sample(self, x: torch.Tensor, trace: bool = False) -> SwapBound:
+    def per_sample(self, x: torch.Tensor, trace: bool = False, signed: bool = True) -> SwapBound:
         """δ(x) (exact), δ̃ + ε̃ (float32) and ρ + ε̃ (rounding beside a global bound) for a batch x [N, ...]; `trace`:
-        also where the exact boxes grow (`growth`)."""
-        out, walk, layers = self._walk(x, SAMPLE_CHANNELS, trace)
+        also where the exact boxes grow (`growth`); `signed`: δ(x) is the tighter of the box and the change carried
+        with its signs (`signed.py`), else the box alone."""
+        out, walk, layers = self._walk(x, SAMPLE_CHANNELS, trace, signed)
         flat = lambda t: t.reshape(t.shape[0], -1)
-        exact = flat(out.boxes[EXACT])
+        # the signed form where it reached the logits: the box leaves out the smooth network's float64 rounding
+        exact = flat(out.boxes[EXACT] if out.signed is None else out.signed[0].abs() + out.signed[1])
         bound = SwapBound(per_logit=exact, max=float(exact.max()), layers=layers,
                           growth=growth_note(walk.trace, float(exact.max())) if trace else None)
         premise = self.float32_premise
@@ -225,7 +236,8 @@ def growth_note(trace: list[tuple[str, str, float, float]], final: float) -> str
     parts = [f"×{math.exp(lf):.2g} at `{name}` ({n} step{'s' * (n > 1)}, ×{math.exp(lf / n):.3g} each on average)"
              for name, (lf, n) in sorted(credit.items(), key=lambda kv: -kv[1][0])[:3]]
     return (f"its boxes grow from {start:.2g} (the first gate's deviation) to {final:.2g}: " + ", ".join(parts)
-            + " (a box carries |W|·d through a linear map, dropping the signs that cancel)")
+            + " (a box carries |W|·d through a linear map, dropping the signs that cancel; the change carried with its "
+              "signs has float64 rounding in its radius, which |W| compounds the same way)")
 
 
 def swap_bound(model: nn.Module, input_shape: tuple[int, ...], gate_constants: Mapping[str, float] | None = None,
