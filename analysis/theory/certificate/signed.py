@@ -165,6 +165,27 @@ def _linear(s: SCall):
     return F.linear(c, w), F.linear(r, w.abs()) + SAFETY * gamma64(n) * local + SAFETY * n * TINY64
 
 
+def _addmm(s: SCall):
+    """β·input + α·(mat1 @ mat2) with one constant factor (GPT-2's Conv1D): linear in the other."""
+    p = {"beta": 1, "alpha": 1}
+    p.update(zip(("input", "mat1", "mat2"), s.args))
+    p.update(s.kwargs)
+    a, b = p["mat1"], p["mat2"]
+    if isinstance(a, _Dev) == isinstance(b, _Dev):
+        raise _NoRule("a product of two changing factors")
+    alpha, beta = float(p["alpha"]), float(p["beta"])
+    mm = torch.bmm if s.value(a).dim() == 3 else torch.mm
+    (ca, ra), (cb, rb), (ci, ri) = s.sg(a), s.sg(b), s.sg(p["input"])
+    va, vb = s.value(a).detach().to(torch.float64), s.value(b).detach().to(torch.float64)
+    if isinstance(a, _Dev):
+        c, r, local = mm(ca, vb), mm(ra, vb.abs()), mm(ca.abs() + va.abs(), vb.abs())
+    else:
+        c, r, local = mm(va, cb), mm(va.abs(), rb), mm(va.abs(), cb.abs() + vb.abs())
+    n = va.shape[-1] + 1
+    local = abs(alpha) * local + abs(beta) * (ci.abs() + _mag(s, p["input"]))
+    return alpha * c + beta * ci, abs(alpha) * r + abs(beta) * ri + SAFETY * gamma64(n) * local + SAFETY * n * TINY64
+
+
 def _conv(s: SCall):
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     p = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
@@ -236,6 +257,7 @@ SIGNED: dict[str, Callable[[SCall], tuple[torch.Tensor, torch.Tensor]]] = {
     **{n: _mul for n in ("mul", "__mul__", "__rmul__", "multiply")},
     **{n: _div for n in ("div", "__truediv__", "true_divide", "divide")},
     "linear": _linear,
+    "addmm": _addmm,
     **{n: _conv for n in ("conv1d", "conv2d", "conv3d")},
     "pad": _pad,
     "batch_norm": _batch_norm,
