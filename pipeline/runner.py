@@ -179,7 +179,10 @@ def _run_stages(cfg: Config, run: RunDir, redo: list[str] | None = None, log: Ca
     for name in redo if world.main else []:  # old outputs move to superseded/ so nothing stale is resumed and nothing is lost
         d = run.file(STAGES[name].directory)
         if d.is_dir():
-            d.rename(run.dir("superseded") / f"{d.name}-{stamp}")
+            dest, k = run.dir("superseded") / f"{d.name}-{stamp}", 1
+            while dest.exists():  # two redos within one second: keep both, never rename onto the first
+                dest, k = run.dir("superseded") / f"{d.name}-{stamp}-{k}", k + 1
+            d.rename(dest)
         if run.stage_status(name) is not None:
             run.mark_stage(name, status="pending", before={})
     status = distributed.broadcast({s: run.stage_status(s) for s in STAGES} if world.main else None)

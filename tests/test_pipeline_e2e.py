@@ -226,3 +226,18 @@ def test_readme_run_directory_table_names_every_declared_file():
     for name, stage in STAGES.items():
         for o in stage.outputs:
             assert o.path.rsplit("/", 1)[-1] in table, (name, o.path)  # the declaration, as the README spells it
+
+
+def test_two_redos_of_a_stage_within_one_second_keep_both_superseded_outputs(finished, tmp_path, monkeypatch):
+    import shutil
+
+    import pipeline.runner as runner_mod
+
+    run = tmp_path / "r"
+    shutil.copytree(finished, run)
+    monkeypatch.setattr(runner_mod.time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second, twice
+    assert main(["run", "--resume", str(run), "--redo", "report"]) == 0
+    assert main(["run", "--resume", str(run), "--redo", "report"]) == 0
+    kept = sorted(p.name for p in (run / "superseded").iterdir())
+    assert kept == ["report-20260101-000000", "report-20260101-000000-1"], kept
+    assert all((run / "superseded" / k / "report.md").exists() for k in kept)
