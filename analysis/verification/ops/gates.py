@@ -147,7 +147,12 @@ def extremes(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torc
              a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(min, max) of f(y) − a·y over the candidate points P (stacked on dim 0, every point where the extremes may
     lie), each widened by f's rounding and the candidate's own slack S. Differentiable in `a` (envelope theorem)."""
-    return extreme(f, P, S, a, upper=False), extreme(f, P, S, a, upper=True)
+    with torch.no_grad():
+        E, tol = _values(f, P, S, a)
+        y_lo, t_lo = _first_largest(P, tol, tol - E)
+        y_hi, t_hi = _first_largest(P, tol, E + tol)
+    # recomputed with `a` attached: d/da (f(y*) − a·y*) = −y*
+    return f(y_lo) - a * y_lo - t_lo, f(y_hi) - a * y_hi + t_hi
 
 
 def extreme(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torch.Tensor, a: torch.Tensor,
@@ -155,18 +160,27 @@ def extreme(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torch
     """One side of `extremes`: the max (`upper`) or the min of f(y) − a·y over the candidates P, widened outward."""
     sign = 1.0 if upper else -1.0
     with torch.no_grad():
-        ad = a.detach()
-        FP = f(P)
-        tol = G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
-        V = sign * (FP - ad * P) + tol  # the widened value, as a max
-        # the first largest candidate (argmax's, NaN winning) in one elementwise pass per candidate: torch's argmax
-        # over a short leading axis reads it strided, several times slower on a CPU
-        y, t, best = P[0], tol[0], V[0]
-        for i in range(1, P.shape[0]):
-            more = (V[i] > best) | (torch.isnan(V[i]) & ~torch.isnan(best))
-            y, t, best = torch.where(more, P[i], y), torch.where(more, tol[i], t), torch.where(more, V[i], best)
-    # recomputed with `a` attached: d/da (f(y*) − a·y*) = −y*
+        E, tol = _values(f, P, S, a)
+        y, t = _first_largest(P, tol, sign * E + tol)
     return f(y) - a * y + sign * t
+
+
+def _values(f: Callable[[torch.Tensor], torch.Tensor], P: torch.Tensor, S: torch.Tensor,
+            a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """f(y) − a·y at the candidates, and how far each may be off (f's rounding, the candidate's slack)."""
+    ad = a.detach()
+    FP = f(P)
+    return FP - ad * P, G_REL_ERROR * (FP.abs() + (ad * P).abs()) + TINY + S
+
+
+def _first_largest(P: torch.Tensor, tol: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidate with the first largest V along dim 0 (argmax's, NaN winning) and its tolerance, in one elementwise
+    pass per candidate: torch's argmax over a short leading axis reads it strided, several times slower on a CPU."""
+    y, t, best = P[0], tol[0], V[0]
+    for i in range(1, P.shape[0]):
+        more = (V[i] > best) | (torch.isnan(V[i]) & ~torch.isnan(best))
+        y, t, best = torch.where(more, P[i], y), torch.where(more, tol[i], t), torch.where(more, V[i], best)
+    return y, t
 
 
 def slope_range(gate: SmoothGate, L: torch.Tensor, U: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
