@@ -5,6 +5,7 @@ inputs, and every counterexample reproduced in onnxruntime."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -753,15 +754,10 @@ def test_a_transformer_quantized_with_16_bit_activations_keeps_float32_gemms_and
 GEMM_T_ATOL = 1e-5  # float32 Gemm with the weight transposed: another summation order at most
 
 
-def test_units_read_only_by_dead_clamps_are_not_queried_and_the_bounds_do_not_move(tmp_path, monkeypatch):
-    """A rounding's unit whose clamp ReLU is dead on the interval it gets has coefficient 0 in every back-substitution:
-    CROWN skips its query (`CrownPass._read_only_by_zeros`). Its own interval stays interval arithmetic's, but every
-    ReLU's stable and unstable units and the output bounds equal those of the pass that queries it (the reference: the
-    same pass with the skip turned off)."""
+def _counted_pass(graph, lb, ub, monkeypatch) -> tuple[int, list, tuple[np.ndarray, np.ndarray]]:
+    """(units CROWN queried, per ReLU site its (dead, active) masks, the output bounds) of one CROWN pass."""
     from analysis.verification import crown
 
-    _, int8 = _builtin_int8(tmp_path, "cnn", channels=[4, 8], cnn_hidden=16)
-    graph = from_onnx(int8)
     queried = [0]
     rows = crown.CrownPass._rows
 
@@ -769,27 +765,69 @@ def test_units_read_only_by_dead_clamps_are_not_queried_and_the_bounds_do_not_mo
         queried[0] += idx.numel()
         return rows(self, j, idx, n, *a, **k)
 
-    monkeypatch.setattr(crown.CrownPass, "_rows", counting)
+    with monkeypatch.context() as m:
+        m.setattr(crown.CrownPass, "_rows", counting)
+        b = Bounder(graph, lb, ub)
+        b.crown()
+        states = [(u <= 0, l >= 0) for (l, u), k in zip(b.pre, b.sites) if isinstance(b.net.nodes[k].op, ReLU)]
+        return queried[0], states, _output_bounds(graph, lb, ub)
+
+
+@pytest.mark.parametrize("skip", ["dead clamps", "first quantization"])
+def test_units_read_only_by_dead_clamps_are_not_queried_and_the_bounds_do_not_move(tmp_path, monkeypatch, skip):
+    """Two queries CROWN skips because they cannot change a bound: a rounding's unit whose clamp ReLU is dead on the
+    interval it gets has coefficient 0 in every back-substitution (`CrownPass._not_worth_querying`; its own interval
+    stays interval arithmetic's), and the first conv after the input's quantization, whose constant lines make CROWN's
+    bound of it interval arithmetic's (`_exact_by_ibp`, `flat_lines`). Every ReLU's stable and unstable units and the
+    output bounds equal those of the pass that queries them (the reference: the same pass with that skip turned off;
+    both with `Rounding.LOOSE_STEPS` infinite, so that only these skips differ)."""
+    from analysis.verification import crown
+
+    _, int8 = _builtin_int8(tmp_path, "cnn", channels=[4, 8], cnn_hidden=16)
+    graph = from_onnx(int8)
+    monkeypatch.setattr(Rounding, "LOOSE_STEPS", math.inf)
     rng = np.random.default_rng(3)
     skipped = 0
     for eps in (0.002, 0.02, 0.1):
         x0 = rng.uniform(0, 1, 64)
         lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
-        out = {}
-        for skip in (True, False):
-            if not skip:
-                monkeypatch.setattr(crown.CrownPass, "_read_only_by_zeros", lambda self, s: None)
-            queried[0] = 0
-            b = Bounder(graph, lb, ub)
-            b.crown()
-            states = [(u <= 0, l >= 0) for (l, u), k in zip(b.pre, b.sites) if isinstance(b.net.nodes[k].op, ReLU)]
-            out[skip] = (queried[0], states, _output_bounds(graph, lb, ub))
-            monkeypatch.undo() if not skip else None
-            monkeypatch.setattr(crown.CrownPass, "_rows", counting)
-        assert out[True][0] <= out[False][0]
-        skipped += out[False][0] - out[True][0]
-        for (dead, active), (dead0, active0) in zip(out[True][1], out[False][1]):
+        n, states, bounds = _counted_pass(graph, lb, ub, monkeypatch)
+        with monkeypatch.context() as m:
+            if skip == "dead clamps":
+                m.setattr(crown.CrownPass, "_not_worth_querying", lambda self, s: None)
+            else:
+                m.setattr(QuantizedInput, "flat_lines", False)
+            n0, states0, bounds0 = _counted_pass(graph, lb, ub, monkeypatch)
+        assert n <= n0
+        skipped += n0 - n
+        for (dead, active), (dead0, active0) in zip(states, states0):
             assert torch.equal(dead, dead0) and torch.equal(active, active0), eps
-        for a, c in zip(out[True][2], out[False][2]):
+        for a, c in zip(bounds, bounds0):
             assert np.allclose(a, c, atol=SUM_TOL, rtol=0), eps
-    assert skipped > 0  # some clamp was dead on some box
+    assert skipped > 0  # the skip had something to skip on some box
+
+
+def test_rounding_units_over_many_steps_with_a_stable_clamp_are_not_queried_and_the_bounds_contain_onnxruntime(
+        tmp_path, monkeypatch):
+    """A grid rounding's unit whose interval spans more than `Rounding.LOOSE_STEPS` steps and whose clamp ReLUs are
+    stable there keeps its lines x ± E whatever CROWN would say, so it is not queried (`_not_worth_querying`): the pass
+    queries fewer units than with LOOSE_STEPS infinite on some box, and its output bounds, each side apart, still
+    contain what onnxruntime's int8 model computes at sampled points (uniform and corners) of each box."""
+    _, int8 = _builtin_int8(tmp_path, "cnn", channels=[4, 8], cnn_hidden=16)
+    graph = from_onnx(int8)
+    sess = ort_util.session(int8)
+    rng = np.random.default_rng(5)
+    skipped = 0
+    for eps in (0.01, 0.05, 0.1):
+        x0 = rng.uniform(0, 1, 64)
+        lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+        n, _, (lo, hi) = _counted_pass(graph, lb, ub, monkeypatch)
+        with monkeypatch.context() as m:
+            m.setattr(Rounding, "LOOSE_STEPS", math.inf)
+            n0, _, _ = _counted_pass(graph, lb, ub, monkeypatch)
+        skipped += n0 - n
+        pts = np.concatenate([rng.uniform(lb, ub, (400, 64)), np.where(rng.random((400, 64)) < 0.5, lb, ub), x0[None]])
+        y = sess.run(None, {sess.get_inputs()[0].name: pts.reshape(-1, 1, 8, 8).astype(np.float32)})[0]
+        assert np.all(y >= lo - SUM_TOL), (eps, float((lo - y).max()))
+        assert np.all(y <= hi + SUM_TOL), (eps, float((y - hi).max()))
+    assert skipped > 0

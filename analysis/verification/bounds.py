@@ -134,7 +134,7 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
         self._cross: dict[int, torch.Tensor] = {}  # its crossing units (`_crossing`), as long
         self._plan: tuple[set[int], set[int]] | None = None
         self._needed: list[torch.Tensor] | None = None  # per node, the units the output depends on (`needed`)
-        self._consumers: list[list[int]] | None = None  # per node, the nodes reading it (`_read_only_by_zeros`)
+        self._consumers: list[list[int]] | None = None  # per node, the nodes reading it (`_not_worth_querying`)
         self.crown_failed: Exception | None = None  # what stopped the last `crown()` (an exp that may overflow)
         # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
         # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere

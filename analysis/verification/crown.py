@@ -34,10 +34,17 @@ class CrownPass:
         return self.op(s).query(*self.pre[s])
 
     def _exact_by_ibp(self, s: int) -> bool:
-        """A site fed by one affine op on the input (or the input itself): its interval bounds are the exact range."""
+        """A site fed by one affine op on the input (or the input itself): its interval bounds are the exact range. So
+        are those of one affine op on a site whose lines are flat (`flat_lines`: an int8 graph's first quantization),
+        as far as CROWN can tell: its back-substitution reaches that site's constant lines, the interval's ends."""
         j = self.site_input[s]
         node = self.net.nodes[j]
-        return j == 0 or (node.op.affine and all(i == 0 for i in node.inputs) and len(node.inputs) == 1)
+        if j == 0:
+            return True
+        if not node.op.affine or len(node.inputs) != 1:
+            return False
+        i = node.inputs[0]
+        return i == 0 or (i in self.site_of and self.op(self.site_of[i]).flat_lines)
 
     def _copied(self, s: int) -> tuple[int, torch.Tensor] | None:
         """(site t, the unit of t per unit of s) when site s's input is per-unit copies (`unit_sources`) of the output of
@@ -55,29 +62,49 @@ class CrownPass:
         t = self.site_of[j]
         return (t, units) if units is not None and self.op(t).exact_interval else None
 
-    def _read_only_by_zeros(self, s: int) -> torch.Tensor | None:
-        """Mask of site s's units whose output reaches the rest of the graph only through one-input elementwise affine
-        ops into units of one later site t that are `constant` over the interval t's input gets from s's current one
-        (an int8 rounding followed by its clamp's dead ReLU): every back-substitution gives them coefficient 0, and
-        t's interval of them only narrows, so CROWN need not query them. None where s's output is read otherwise, or
-        where s's op is not elementwise (a LayerNorm's variance: its output units are not its input's, which CROWN
-        queries)."""
+    def _not_worth_querying(self, s: int) -> torch.Tensor | None:
+        """Mask of site s's units whose CROWN query would change no relaxation. Their output reaches the rest of the graph
+        only through one-input elementwise affine ops and elementwise sites (an int8 rounding's clamp: two ReLUs) up to
+        an op that mixes units, and on the interval each site gets from s's current one, either
+        - some site on the way is `constant` (the clamp's dead ReLU): every back-substitution gives them coefficient 0,
+          and the sites' intervals only narrow; or
+        - every site on the way is `fixed` (a stable ReLU: x or 0 on any narrower interval) and s's own lines are `loose`
+          (a grid rounding over many steps): the tighter interval would move no line, only the interval arithmetic
+          after the mixing op, which the next sites' own queries tighten.
+        None where s's output is read otherwise (two consumers, a site that is not elementwise), or where s's op is not
+        elementwise (a LayerNorm's variance: its output units are not its input's, which CROWN queries)."""
         if not self.op(s).elementwise:
             return None
         if self._consumers is None:
             self._consumers = self.net.consumers()
         lo, hi = (t[None] for t in self.op(s).interval(*self.pre[s]))
-        j = self.sites[s]
-        while j != self.net.output and len(self._consumers[j]) == 1:
+        skip = torch.zeros(lo.shape[1], dtype=torch.bool, device=lo.device)
+        through = ~skip  # fixed lines at every site so far
+        j, mixed = self.sites[s], False
+        while j != self.net.output:
+            if len(self._consumers[j]) != 1:
+                break
             j = self._consumers[j][0]
             if j in self.site_of:
-                return self.op(self.site_of[j]).constant(lo[0], hi[0])
+                t = self.op(self.site_of[j])
+                if not t.elementwise:
+                    break
+                dead = t.constant(lo[0], hi[0])
+                skip = skip | (through & dead)
+                through = through & t.fixed(lo[0], hi[0]) & ~dead
+                lo, hi = (v[None] for v in t.interval(lo[0], hi[0]))
+                continue
             op = self.net.nodes[j].op
             src = op.unit_sources() if op.affine and len(self.net.nodes[j].inputs) == 1 else None
             if src is None or src.numel() != lo.shape[1] or not torch.equal(src, torch.arange(src.numel(), device=src.device)):
-                return None
+                mixed = op.affine  # interval arithmetic alone reads them there
+                break
             lo, hi = op.ibp((lo, hi))
-        return None
+        else:
+            mixed = True  # the output: the spec rows read no interval
+        if mixed:
+            skip = skip | (through & self.op(s).loose(*self.pre[s]))
+        return skip if bool(skip.any()) else None
 
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
@@ -245,9 +272,9 @@ class CrownPass:
             if copied is not None and copied[0] in queried:
                 idx = idx[~queried[copied[0]][copied[1][idx]]]
             idx = idx[need[j][idx]]  # the units the output depends on (`needed`)
-            zeros = self._read_only_by_zeros(s)
-            if zeros is not None:
-                idx = idx[~zeros[idx]]
+            skip = self._not_worth_querying(s)
+            if skip is not None:
+                idx = idx[~skip[idx]]
             queried[s] = torch.zeros(self.net.sizes[j], dtype=torch.bool, device=idx.device)
             queried[s][idx] = True
             if idx.numel() == 0:

@@ -156,6 +156,9 @@ class Activation(Op):
     # True: `interval(l, u)` is the op's exact range over [l, u], so a per-unit copy of a unit whose interval CROWN
     # bounded needs no CROWN query of its own (`crown.CrownPass._copied`)
     exact_interval: ClassVar[bool] = False
+    # True: its lines have slope 0 on every interval (the graph input's first quantization, `QuantizedInput`), so CROWN's
+    # bound of one affine map of its output is interval arithmetic's (`crown.CrownPass._exact_by_ibp`)
+    flat_lines: ClassVar[bool] = False
     # "sign": CROWN screens the site's input with float32 convolutions and redoes in float64 the units still crossing 0
     # (a ReLU's relaxation of a stable unit is exact whatever its interval); "gate": float32 throughout when
     # `float32.FLOAT32_GATES`; None: float64 (the relaxation depends on every unit's interval)
@@ -200,7 +203,17 @@ class Activation(Op):
 
     def constant(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Mask of the units whose lines on [l, u] and on every interval inside it are 0·x + 0 (a dead ReLU): a unit
-        read only by such units gets coefficient 0 in every back-substitution (`crown.CrownPass._read_only_by_zeros`)."""
+        read only by such units gets coefficient 0 in every back-substitution (`crown.CrownPass._not_worth_querying`)."""
+        return torch.zeros_like(l, dtype=torch.bool)
+
+    def fixed(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Mask of the units whose lines are the same on every interval inside [l, u] (a stable ReLU's: x or 0), so a
+        tighter interval of them changes nothing of this site's relaxation (`crown.CrownPass._not_worth_querying`)."""
+        return self.constant(l, u)
+
+    def loose(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Mask of the units whose lines CROWN's tighter interval would almost surely leave as they are (a grid rounding
+        over many steps: x ± E on any interval wider than two steps); none by default."""
         return torch.zeros_like(l, dtype=torch.bool)
 
     def unstable(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

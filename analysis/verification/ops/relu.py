@@ -74,6 +74,9 @@ class ReLU(Activation):
     def constant(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         return u <= 0  # dead: both lines 0 (`ReluLines`), whatever α chooses
 
+    def fixed(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return (u <= 0) | (l >= 0)
+
     def gap(self, l: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return torch.where(u + d <= 0, torch.zeros_like(d), d)  # 1-Lipschitz, and 0 where dead on the widened interval
 
