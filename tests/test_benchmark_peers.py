@@ -157,3 +157,43 @@ def test_a_pass_past_its_limit_is_killed_and_said(tmp_path):
     assert done["ended"] == "ok" and done["peak_rss_mib"] > 0
     failed = run_limited([sys.executable, "-c", "raise SystemExit('error: no model')"], {}, 30, tmp_path / "log3.txt")
     assert failed["ended"] == "exit 1: error: no model"
+
+
+def test_lirpa_downstream_runs_alpha_crown_only_where_crown_left_a_correctly_classified_sample(monkeypatch):
+    """The auto_LiRPA peer's α-CROWN step, with auto_LiRPA's bounds replaced by the closed form of a linear network
+    (exact lower margins; "CROWN" looser by LOOSE): CROWN-certified samples count for α-CROWN, a sample misclassified
+    at its box's centre is never sent, each other sample is sent alone, and the driver's record turns the flags into
+    fractions."""
+    from benchmarks.peers import lirpa_downstream_peer as peer
+    from benchmarks.peers.lirpa_downstream import record
+
+    loose = 0.3
+    net = nn.Linear(2, 3)  # y = (x0, x1, 0.5): class 0's margins are x0 - x1 and x0 - 0.5
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+        net.bias.copy_(torch.tensor([0.0, 0.0, 0.5]))
+    # exact lower margins at radius 0.1: A 0.4 (CROWN 0.1), B 0.15 (CROWN -0.15), C -0.3 (centre margin -0.2),
+    # D -0.05 (centre margins 0.55, 0.05)
+    centres = torch.tensor([[1.0, 0.0], [0.75, 0.3], [0.3, 0.0], [0.55, 0.0]])
+    lo, hi = centres - 0.1, centres + 0.1
+    C = torch.tensor([[[1.0, -1.0, 0.0], [1.0, 0.0, -1.0]]]).repeat(4, 1, 1)
+    calls = []
+
+    def closed_form(net_, lo_, hi_, C_, method):
+        A = C_.double() @ net_.weight.double()  # samples × margins × inputs
+        mid, rad = ((lo_ + hi_) / 2).double(), ((hi_ - lo_) / 2).double()
+        exact = (torch.einsum("sji,si->sj", A, mid) - torch.einsum("sji,si->sj", A.abs(), rad)
+                 + C_.double() @ net_.bias.double())
+        calls.append((method, [round(v, 6) for v in mid[:, 0].tolist()]))
+        return exact - (loose if method == "CROWN" else 0.0), 0.0, None
+
+    monkeypatch.setattr(peer, "bounds", closed_form)
+    monkeypatch.setattr(peer, "unstable", lambda bounded, n: [3] * n)
+    res = peer.one_eps(net, lo, hi, C, 0.1)
+    assert res["crown_certified"] == [1, 0, 0, 0]
+    assert res["alpha_crown_certified"] == [1, 1, 0, 0]
+    assert calls == [("CROWN", [1.0, 0.75, 0.3, 0.55]), ("alpha-CROWN", [0.75]), ("alpha-CROWN", [0.55])]
+    out = record({"version": "v", "rows": [{"name": "relu", "eps": [res]}]}, {"samples": 4})
+    row = out["variants"]["relu"][0]
+    assert (row["crown_certified"], row["alpha_crown_certified"], row["alpha_crown_samples"]) == (0.25, 0.5, 2)
+    assert row["crown_unstable_mean"] == 3.0

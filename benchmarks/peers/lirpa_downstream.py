@@ -76,7 +76,8 @@ def _classes(run: RunDir, summary: dict, name: str) -> int:
 
 
 def record(peer: dict, setting: dict) -> dict:
-    """lirpa.json: per variant and ε the certified fractions by CROWN and α-CROWN and the mean unstable ReLUs."""
+    """lirpa.json: per variant and ε the certified fractions by CROWN and α-CROWN, the mean unstable ReLUs, each
+    method's seconds and how many samples α-CROWN ran on (those CROWN did not certify; lirpa_downstream_peer.py)."""
     out = {"version": peer["version"], "samples": setting["samples"], "variants": {}}
     for row in peer["rows"]:
         out["variants"][row["name"]] = [
@@ -84,7 +85,8 @@ def record(peer: dict, setting: dict) -> dict:
              "crown_certified": sum(r["crown_certified"]) / r["samples"],
              "alpha_crown_certified": sum(r["alpha_crown_certified"]) / r["samples"],
              "crown_unstable_mean": float(np.mean(r["crown_unstable"])),
-             "crown_seconds": r["crown_seconds"], "alpha_crown_seconds": r["alpha_crown_seconds"]} for r in row["eps"]]
+             "crown_seconds": r["crown_seconds"], "alpha_crown_seconds": r["alpha_crown_seconds"],
+             "alpha_crown_samples": r["alpha_crown_samples"]} for r in row["eps"]]
     return out
 
 
