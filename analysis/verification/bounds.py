@@ -135,6 +135,7 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
         self._plan: tuple[set[int], set[int]] | None = None
         self._needed: list[torch.Tensor] | None = None  # per node, the units the output depends on (`needed`)
         self._consumers: list[list[int]] | None = None  # per node, the nodes reading it (`_not_worth_querying`)
+        self._ranges: list[torch.Tensor] | None = None  # per site, its output's sampled range (`_sampled_ranges`)
         self.crown_failed: Exception | None = None  # what stopped the last `crown()` (an exp that may overflow)
         # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
         # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere
@@ -229,7 +230,8 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
                  exact: bool = True, bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
                  extra: dict[int, torch.Tensor] | None = None, record: dict[int, torch.Tensor] | None = None,
                  inputs: list[torch.Tensor] | None = None, float32: bool = False,
-                 cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None, depth: int = 1) -> torch.Tensor:
+                 cuts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None, depth: int = 1,
+                 consts: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Lower bounds of A·h over the box, h the value of graph node `node`; A (rows, size), computed in A's dtype
         (float64 unless branch and bound searches in float32; what float32 closes is re-checked in float64 there).
         `float32`: the Convs that pay run in float32 with their rounding error added (`_float32_back`): sound, and
@@ -239,7 +241,8 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
         site's `ReluLines`, a grid rounding's `FixedLines` on a domain's index range: computed once for many
         passes); `extra[s]` is added to
         the coefficients of site s's input after its relaxation (β·split terms); `record[s]` receives the
-        coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in).
+        coefficients of site s's output; `inputs` receives the final coefficients on the input (rows, n_in), `consts`
+        the constant (rows): each row's lower bound as a linear function of the input.
 
         `cuts` (CROWN's intermediate bounds, `crown`): nodes with a known interval [l, u]; once every coefficient of
         the pass has reached one of them (a cut of the graph: all that is left flows through it) after at least one
@@ -312,6 +315,8 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
             A_in = A.new_zeros(rows, self.net.num_inputs)
         if inputs is not None:
             inputs.append(A_in.detach())
+        if consts is not None:
+            consts.append(const.detach())
         return A_in.clamp(min=0) @ self.lb.to(dtype) + A_in.clamp(max=0) @ self.ub.to(dtype) + const
 
     def _crossing(self, s: int, al: torch.Tensor, au: torch.Tensor, bu: torch.Tensor) -> torch.Tensor:

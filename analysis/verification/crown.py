@@ -1,8 +1,10 @@
 """CROWN's intermediate bounds (`CrownPass`, a part of `bounds.Bounder`): site by site in topological order, the units
 each op says are worth it (`Activation.query`) queried by back-substitution in batches, through copies to their
-sources on a graph with attention, only the units the output depends on, and each interval intersected with interval
-arithmetic's; a site's op may raise its own rows (`Activation.refine_rows`) and say why a bound is missing
-(`Activation.unbounded_note`)."""
+sources on a graph with attention (elsewhere where those sources are exact already), only the units the output depends
+on and, at a smooth site, only those whose lines are not already near-exact on their interval arithmetic interval
+(`_near_exact`), a site behind a 1×1 expansion through the expansion's input (`_rows_through`); each interval
+intersected with interval arithmetic's; a site's op may raise its own rows (`Activation.refine_rows`) and say why a
+bound is missing (`Activation.unbounded_note`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,17 @@ CPU_CROWN_CHUNK = 2 ** 17
 # head) and a batch of 2^17 elements is ~7 rows, whose per-op overhead dominates; 2^19 is the fastest measured on the
 # 64-token ViT (`benchmarks/verify-results/VIT64.md`)
 CPU_CROWN_CHUNK_ATTENTION = 2 ** 19
+# A smooth site's unit is left unqueried when the gap between its lines on its interval arithmetic interval is at most
+# this part of its output's range over NEAR_EXACT_SAMPLES points of the box (`CrownPass._near_exact`): a query could
+# narrow that gap, never below 0, so each back-substitution through the unit loses at most this part of what the unit
+# moves. 0 queries every unit.
+NEAR_EXACT = 0.01
+NEAR_EXACT_SAMPLES = 64
+# A smooth site's input j = M h_k + b read from a node k of at most this part of the units queried at j: CROWN bounds
+# k's units as linear functions of the input and substitutes them into M (`CrownPass._rows_through`), so many fewer
+# rows go back through the graph (a squeeze-excite block's 1×1 expansion: 6× fewer)
+THROUGH_RATIO = 0.5
+THROUGH_ELEMENTS = 2 ** 25  # k's linear bounds (2·n_k rows × the input's units, float64: 256 MB) at most this many
 CUT_DEPTH = 1  # on a wide graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
 CUT_MIN_WIDTH = 8192  # "wide": a node of this many units (the 64-token ViT's qkv: 12,480; deit_tiny 32×2 on 8×8: 2,176)
 
@@ -106,6 +119,91 @@ class CrownPass:
             skip = skip | (through & self.op(s).loose(*self.pre[s]))
         return skip if bool(skip.any()) else None
 
+    def _near_exact(self, s: int, idx: torch.Tensor) -> torch.Tensor:
+        """Mask of the units idx of site s that CROWN need not query: the op allows it (`skip_near_exact`: a smooth
+        curve) and the gap of its lines on the unit's current interval (`line_gap`) is at most NEAR_EXACT times the
+        range of the unit's output over sampled points of the box (`_sampled_ranges`), so tightening the interval
+        could make its lines better by at most that. Sound whatever it says (an unqueried unit keeps its interval
+        arithmetic bounds); the samples only say where a query pays."""
+        op = self.op(s)
+        if not NEAR_EXACT or not op.skip_near_exact or idx.numel() == 0:
+            return torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
+        gap = op.line_gap(*self.pre[s])[idx]  # on the whole site: an op's tensors are per unit (a gate's λ)
+        return gap <= NEAR_EXACT * self._sampled_ranges()[s][idx]
+
+    def _sampled_ranges(self) -> list[torch.Tensor]:
+        """Per site, the range (max − min) of each output unit over NEAR_EXACT_SAMPLES points of the box (a quarter of
+        them corners, the rest uniform; seed 0), computed once."""
+        if self._ranges is None:
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            n = NEAR_EXACT_SAMPLES
+            t = torch.rand(n, self.lb.numel(), generator=gen, dtype=DTYPE, device=self.device)
+            t[: n // 4] = (t[: n // 4] > 0.5).to(DTYPE)
+            lo = [None] * len(self.sites)
+            hi = [None] * len(self.sites)
+            for i in range(0, n, 16):  # a few points at a time: every node's values are kept until the last
+                vals = self.net.values(self.lb + t[i:i + 16] * (self.ub - self.lb))
+                for s, k in enumerate(self.sites):
+                    v = vals[k]
+                    lo[s] = v.min(0).values if lo[s] is None else torch.minimum(lo[s], v.min(0).values)
+                    hi[s] = v.max(0).values if hi[s] is None else torch.maximum(hi[s], v.max(0).values)
+            self._ranges = [h - l for l, h in zip(lo, hi)]
+        return self._ranges
+
+    def _through(self, s: int, idx: torch.Tensor) -> bool:
+        """Are site s's units idx better bounded through the input of its input node (`_rows_through`)? Its op allows
+        it (`skip_near_exact`: a smooth curve; a ReLU site's few unstable units go straight back), its input is a
+        one-input affine map of a node k ≠ the input, with at most THROUGH_RATIO times as many units as idx, whose
+        linear bounds fit THROUGH_ELEMENTS."""
+        j = self.site_input[s]
+        node = self.net.nodes[j]
+        if not self.op(s).skip_near_exact or self.cut_depth or not node.op.affine or len(node.inputs) != 1 \
+                or node.inputs[0] == 0:
+            return False
+        n_k = self.net.sizes[node.inputs[0]]
+        return n_k <= THROUGH_RATIO * idx.numel() and 2 * n_k * self.net.num_inputs <= THROUGH_ELEMENTS
+
+    def _rows_through(self, j: int, idx: torch.Tensor, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """CROWN's (lower, upper) bounds of the units idx of the affine node j = M h_k + b by way of its input node k:
+        CROWN's lower and upper linear functions of the input, L(x) ≤ h_k(x) ≤ U(x) on the box (one query row per unit
+        of k and side), substituted into M: with mid = (L + U)/2 and rad = (U − L)/2 ≥ 0,
+
+            M·mid(x) − |M|·rad(x) + b ≤ h_j(x) ≤ M·mid(x) + |M|·rad(x) + b,
+
+        each side linear in x, concretized on the box. Sound; looser than querying j's units themselves by |M|·rad,
+        the gaps of the relaxations behind k, and 2·n_k rows go back instead of 2·|idx|. The caller queries straight
+        back the units whose lines on these bounds are not near-exact (`_near_exact`), where that looseness would
+        reach the site's relaxation."""
+        op = self.net.nodes[j].op
+        k = self.net.nodes[j].inputs[0]
+        n_k, n_in = self.net.sizes[k], self.net.num_inputs
+        chunk = CPU_CROWN_CHUNK if self.device.type == "cpu" else CHUNK_ELEMENTS
+        step = max(1, chunk // max(1, self.width(k)) // 2)
+        units = torch.arange(n_k, device=self.device)
+        coef, const = [], []
+        for i in range(0, n_k, step):
+            part = units[i:i + step]
+            self.backward(self._query_rows(part, n_k), k, float32=float32, inputs=coef, consts=const)
+        lower_c = torch.cat([c[:c.shape[0] // 2] for c in coef])  # rows e_i: h_k ≥ L; rows −e_i: −h_k ≥ −U
+        upper_c = -torch.cat([c[c.shape[0] // 2:] for c in coef])
+        lower_b = torch.cat([c[:c.shape[0] // 2] for c in const])
+        upper_b = -torch.cat([c[c.shape[0] // 2:] for c in const])
+        mid_c, rad_c = ((upper_c + lower_c) / 2).T, ((upper_c - lower_c) / 2).T  # [n_in, n_k]
+        del coef, lower_c, upper_c
+        bias = op.forward(torch.zeros(1, n_k, dtype=DTYPE, device=self.device))[0]
+        mid_b = op.forward(((upper_b + lower_b) / 2)[None])[0]
+        rad_b = op.abs_forward(((upper_b - lower_b) / 2)[None])[0]
+        lo, up = mid_b - rad_b, mid_b + rad_b
+        rows = max(1, chunk // max(1, self.net.sizes[j]))
+        for i in range(0, n_in, rows):  # the inputs' coefficients a few at a time: M·mid_c is n_in × n_j
+            m = op.forward(mid_c[i:i + rows]) - bias
+            r = op.abs_forward(rad_c[i:i + rows])
+            xl, xu = self.lb[i:i + rows, None], self.ub[i:i + rows, None]
+            c_lo, c_up = m - r, m + r
+            lo = lo + (c_lo.clamp(min=0) * xl + c_lo.clamp(max=0) * xu).sum(0)
+            up = up + (c_up.clamp(min=0) * xu + c_up.clamp(max=0) * xl).sum(0)
+        return lo[idx], up[idx]
+
     def _query_rows(self, idx: torch.Tensor, n: int) -> torch.Tensor:
         """Rows e_i and −e_i for the units idx of an n-vector: lower bounds of both give the interval."""
         E = torch.zeros(2 * idx.numel(), n, dtype=DTYPE, device=idx.device)
@@ -120,16 +218,18 @@ class CrownPass:
         a LayerNorm's (x, x − mean x), a broadcast 1/√var) is bounded through its sources, each queried once however
         many sites read it. A source needs no query when interval arithmetic is already exact on it: the input, an
         affine map of the input alone, the output of an elementwise activation (its range over its input's interval,
-        which CROWN cannot beat: a 1/√var spread over a token's N units, queried N times before)."""
+        which CROWN cannot beat: a 1/√var spread over a token's N units, queried N times before).
+
+        Without attention, only the sites whose every source is exact already (a squeeze-excite's product x·σ(pooled),
+        both operands activations' outputs): a copy that feeds a ReLU from an affine node (a BatchNorm's Scale) is
+        queried at the site itself, its unstable units alone."""
         if self._plan is None:
             via: set[int] = set()
             nodes: set[int] = set()
             for s, j in enumerate(self.site_input):
-                # only with attention: elsewhere a copy feeds a ReLU (a BatchNorm's Scale), whose unstable units alone
-                # are queried at the site itself
-                if not self.attention or j == 0 or not self.net.nodes[j].op.copies:
+                if j == 0 or not self.net.nodes[j].op.copies:
                     continue
-                via.add(s)
+                sources: set[int] = set()
                 stack = [j]
                 while stack:
                     k = stack.pop()
@@ -139,7 +239,10 @@ class CrownPass:
                     if node.op.copies:
                         stack.extend(node.inputs)
                     elif not (node.op.affine and all(i == 0 for i in node.inputs)):
-                        nodes.add(k)
+                        sources.add(k)
+                if self.attention or not sources:
+                    via.add(s)
+                    nodes |= sources
             self._plan = (via, nodes)
         return self._plan
 
@@ -275,16 +378,20 @@ class CrownPass:
             skip = self._not_worth_querying(s)
             if skip is not None:
                 idx = idx[~skip[idx]]
+            idx = idx[~self._near_exact(s, idx)]
             queried[s] = torch.zeros(self.net.sizes[j], dtype=torch.bool, device=idx.device)
             queried[s][idx] = True
             if idx.numel() == 0:
                 return self.pre[s]
             n = self.pre[s][0].numel()
-            if screen and self.op(s).float32_rows == "sign":
-                lo, up = self._relu_rows(j, idx, n)
-            else:
-                lo, up = self._rows(j, idx, n, float32=screen and self.op(s).float32_rows == "gate", cuts=cuts)
-            self._tighten(s, idx, lo, up)
+            f32 = screen and self.op(s).float32_rows == "gate"
+            if self._through(s, idx):
+                self._tighten(s, idx, *self._rows_through(j, idx, float32=f32))
+                idx = idx[~self._near_exact(s, idx)]  # lines still far from exact there: straight back
+            if idx.numel() and screen and self.op(s).float32_rows == "sign":
+                self._tighten(s, idx, *self._relu_rows(j, idx, n))
+            elif idx.numel():
+                self._tighten(s, idx, *self._rows(j, idx, n, float32=f32, cuts=cuts))
             if cuts is not None and every:  # every needed unit queried (the rest are read by no query row)
                 cuts[j] = self.pre[s]
             return self.pre[s]

@@ -163,6 +163,10 @@ class Activation(Op):
     # (a ReLU's relaxation of a stable unit is exact whatever its interval); "gate": float32 throughout when
     # `float32.FLOAT32_GATES`; None: float64 (the relaxation depends on every unit's interval)
     float32_rows: ClassVar[str | None] = None
+    # True: CROWN may leave a unit unqueried when its lines on its interval arithmetic interval are already nearly
+    # exact (`line_gap` a small part of how far the unit moves: `crown.CrownPass._near_exact`); a smooth curve's
+    # relaxation gap shrinks with its interval's square, a ReLU's kink does not
+    skip_near_exact: ClassVar[bool] = False
 
     def in_sizes(self) -> tuple[int, ...]:
         return (self.size,)
@@ -188,6 +192,13 @@ class Activation(Op):
 
     def optimizable(self) -> bool:
         return False
+
+    def line_gap(self, l: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The largest distance between the upper and the lower line of `crown_lines` on [l, u], per unit (at an end:
+        both are lines)."""
+        al, bl, au, bu = self.crown_lines(l, u)
+        d, b = au - al, bu - (0 if bl is None else bl)
+        return torch.maximum(d * l, d * u) + b
 
     def initial_slopes(self, lines: tuple, rows: int):
         """α-CROWN's start for `rows` query rows: CROWN's own lines' slopes (lower, upper), one copy per row."""

@@ -253,6 +253,7 @@ class Gate(Activation):
     source: str = ""
 
     float32_rows: ClassVar[str | None] = "gate"
+    skip_near_exact: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.kind not in gates.GATES:

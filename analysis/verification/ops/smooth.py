@@ -293,6 +293,7 @@ class Smooth(Activation):
     # its slopes live in f''s range on the interval, a sigmoid's within [0, ¼]: a ReLU-sized Adam step (≈ lr) jumps across
     # it, and the optimized bounds end far looser (benchmarks/peers/eran-sigmoid-30s/README.md)
     alpha_lr: ClassVar[float] = 0.1
+    skip_near_exact: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         function(self.kind, self.alpha, self.gamma)  # an unknown kind is refused when the graph is built
