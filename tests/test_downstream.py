@@ -132,3 +132,21 @@ def test_properties_never_posed_for_lack_of_budget_are_counted_and_named_in_the_
     (line, blank) = st.unposed_lines(variants)
     assert "ReLU from scratch seed 4 int8 269" in line and "GELU" not in line and "seed 0" not in line and blank == ""
     assert st.unposed_lines({"relu": {0: {"unposed": {"float": 0, "int8": 0}}}}) == []
+
+
+def test_the_figure_s_steps_equal_the_share_proved_at_every_eps_and_the_axis_stops_where_curves_do():
+    from pipeline.stages.downstream import certified_steps, shown_eps_max
+
+    rng = np.random.default_rng(0)
+    brackets = [{"clean": bool(c), "proved": float(p) if c else 0.0, "open": float(p) + 0.01}
+                for c, p in zip(rng.random(40) > 0.2, rng.uniform(0, 0.2, 40))]
+    xs, ys = certified_steps(brackets)
+    for eps in rng.uniform(1e-6, 0.25, 2000):  # steps-post: the value of the last step starting at or before ε
+        i = max(k for k, x in enumerate(xs) if x < eps)
+        truth = sum(b["clean"] and b["proved"] >= eps for b in brackets) / len(brackets)
+        assert abs(ys[i] - truth) <= EXACT
+    assert ys[0] == sum(b["clean"] for b in brackets) / len(brackets)
+    rec = {"v": {"radius": {"relu": {"eps_max": 1.0, "brackets": brackets}}}}
+    assert shown_eps_max(rec) == pytest.approx(1.5 * max(b["open"] for b in brackets), abs=EXACT)
+    brackets[3]["open"] = None  # one radius reached eps_max: the axis goes there
+    assert shown_eps_max(rec) == 1.0
