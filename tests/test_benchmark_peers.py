@@ -197,3 +197,17 @@ def test_lirpa_downstream_runs_alpha_crown_only_where_crown_left_a_correctly_cla
     row = out["variants"]["relu"][0]
     assert (row["crown_certified"], row["alpha_crown_certified"], row["alpha_crown_samples"]) == (0.25, 0.5, 2)
     assert row["crown_unstable_mean"] == 3.0
+
+
+def test_the_downstream_check_finds_a_linear_networks_least_margin_at_a_sampled_vertex(linear):
+    # the soundness check behind lirpa_downstream_check.py: onnxruntime on the batch-1 file made batch-free, at
+    # sampled vertices of the box; y0 - y1 = x0 - 2 x1 + 0.5 is least at the vertex x = (0.2, 0.1), where it is 0.5
+    import onnxruntime as ort
+
+    from benchmarks.peers.lirpa_downstream_check import batch_free, sampled_margins
+
+    d, _ = linear
+    session = ort.InferenceSession(batch_free(str(d / "lin.onnx")), providers=["CPUExecutionProvider"])
+    least = sampled_margins(session, np.array([0.2, -0.3]), np.array([0.6, 0.1]), np.array([[1.0, -1.0]]), (2,), 200,
+                            np.random.default_rng(0))
+    assert least == pytest.approx([0.5], abs=MARGIN_TOL)

@@ -90,6 +90,14 @@ def record(peer: dict, setting: dict) -> dict:
     return out
 
 
+def run_peer(jobs: list[dict], tmp: Path, peer_python: str, peer_path: str = "") -> dict:
+    """The peer's answers to `jobs` (lirpa_downstream_peer.py in auto_LiRPA's interpreter, files under `tmp`)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(STAND_INS), peer_path) if p))
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    subprocess.run([peer_python, str(PEER), str(tmp / "jobs.json"), str(tmp / "out.json")], env=env, check=True)
+    return json.loads((tmp / "out.json").read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
@@ -101,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no peer interpreter at {args.peer_python}; build it with benchmarks/peers/auto_lirpa_setup.sh "
               "or pass --peer-python", file=sys.stderr)
         return 2
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(STAND_INS), args.peer_path) if p))
     for run_path in args.runs:
         dest = run_path / "downstream" / "lirpa.json"
         if dest.is_file() and not args.force:
@@ -113,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             except FileNotFoundError as e:
                 print(e)
                 continue
-            (Path(tmp) / "jobs.json").write_text(json.dumps(jobs))
-            subprocess.run([args.peer_python, str(PEER), str(Path(tmp) / "jobs.json"), str(Path(tmp) / "out.json")],
-                           env=env, check=True)
-            peer = json.loads((Path(tmp) / "out.json").read_text())
+            peer = run_peer(jobs, Path(tmp), args.peer_python, args.peer_path)
         atomic_write_json(dest, record(peer, setting))
         print(f"{run_path}: {dest}")
     return 0

@@ -12,11 +12,12 @@ Per network and ε, CROWN is one batched compute_bounds over all samples (auto_L
 mode for convolutions, sparse intermediate bounds and alphas). α-CROWN (auto_LiRPA's defaults: 20 iterations, Adam at
 lr 0.5, intermediate layers' alphas optimized too) then runs as α,β-CROWN runs its first α-CROWN pass: a sample CROWN
 certifies counts as certified (α-CROWN's first iteration is that CROWN bound and it keeps the best), one whose margin
-at the box's centre is not positive (misclassified) as not certified, and every other sample is its own compute_bounds
-call that stops once all its margins are positive (stop_criterion_all(0), α,β-CROWN's criterion for such a property).
-One call per sample because auto_LiRPA sizes a batch's sparse alphas by the union of its samples' unstable neurons, so
-on the CNNs a batched call costs many times the sum of single ones; the optimisation per sample is the batched one's
-(each sample's alphas get only its own margins' gradient), so the certified fractions are those of one batched call.
+at the box's centre is not positive (misclassified: α,β-CROWN's attack ends there first) as not certified, and every
+other sample is its own compute_bounds call that stops once all its margins are positive (stop_criterion_all(0),
+α,β-CROWN's criterion for such a property). One call per sample because auto_LiRPA sizes a batch's sparse alphas by
+the union of its samples' unstable neurons, so on the CNNs a batched call costs more than the single calls together;
+the optimisation per sample is the batched one's (each sample's alphas get only its own margins' gradient), so the
+certified fractions are those of one batched call.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def one_eps(net, lo, hi, C, eps: float) -> dict:
     lb, crown_seconds, bounded = bounds(net, lo, hi, C, "CROWN")
     crown = (lb > 0).all(dim=1)
     res = {"eps": eps, "samples": n, "crown_certified": crown.int().tolist(), "crown_seconds": crown_seconds,
-           "crown_unstable": unstable(bounded, n), "crown_min_margin": lb.min(dim=1).values.tolist()}
+           "crown_unstable": unstable(bounded, n), "crown_lower": lb.tolist()}
     del bounded
     alpha, alpha_seconds = crown.clone(), 0.0
     with torch.no_grad():  # a sound lower bound never exceeds the margin at the box's centre, so there it must be > 0
