@@ -6,7 +6,7 @@ side (run each tree as a script with its own PYTHONPATH, alternating, in one hol
 RUN is a run directory with verify/onnx/VARIANT-int8.onnx and verify/vnnlib/VARIANT_<sample>_<eps>.vnnlib (the verify
 stage's files). TIMED properties (default 8: samples 1.. at ε 0.002 and 0.005, half each) are passed through
 `Bounder.crown()` and the spec rows, one torch thread, min of two passes each; then the first DECIDED samples (default
-20) at ε 0.002 and 0.005 are bounded once each, a property counted decided by CROWN when every disjunct of its unsafe set
+20; 0 skips them) at ε 0.002 and 0.005 are bounded once each, a property counted decided by CROWN when every disjunct of its unsafe set
 is excluded (some row's lower bound > 0, the verify stage's first-pass rule). Prints `RESULT TAG ...` lines: seconds
 per pass, the smallest row bound per property (the margin of a robustness property, one row per disjunct), the decided count, the units CROWN queried per pass.
 """
@@ -73,6 +73,9 @@ def main(argv: list[str]) -> None:
         print(f"RESULT {tag} {name} seconds {times[-1]:.3f} margin {runs[0][2]:.6f} queried {queried[0] // 2}",
               flush=True)
     decided, margins = 0, []
+    if not decided_n:
+        print(f"RESULT {tag} {variant}-int8 seconds_per_pass {sum(times) / len(times):.3f} over {len(times)}", flush=True)
+        return
     for name, spec in _properties(run, variant, range(decided_n)):
         _, ok, m = _bound(graph, spec)
         decided += ok

@@ -831,3 +831,58 @@ def test_rounding_units_over_many_steps_with_a_stable_clamp_are_not_queried_and_
         assert np.all(y >= lo - SUM_TOL), (eps, float((lo - y).max()))
         assert np.all(y <= hi + SUM_TOL), (eps, float((y - hi).max()))
     assert skipped > 0
+
+
+LOCAL_TOL = 1e-9  # relative: the same sums of products in another order (float64)
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+def test_query_rows_carried_on_their_receptive_field_give_the_full_rows_bounds(tmp_path, monkeypatch, quantized):
+    """CROWN's query rows of a conv's units carried through the per-unit ops behind it on the units they reach alone
+    (`CrownPass._local_back`): every site's interval and the output bounds equal those of the full rows' pass (the
+    reference: the same pass with `_local_back` off), on the int8 CNN and on its float model, over three boxes."""
+    from analysis.verification import crown
+
+    fp32, int8 = _builtin_int8(tmp_path, "cnn", channels=[4, 8], cnn_hidden=16)
+    graph = from_onnx(int8 if quantized else fp32)
+    rng = np.random.default_rng(7)
+    used = 0
+    local = crown.CrownPass._local_back
+
+    def counting(self, idx, j):
+        nonlocal used
+        out = local(self, idx, j)
+        used += out is not None
+        return out
+
+    for eps in (0.002, 0.02, 0.1):
+        x0 = rng.uniform(0, 1, 64)
+        lb, ub = np.clip(x0 - eps, 0, 1), np.clip(x0 + eps, 0, 1)
+        passes = []
+        for on in (True, False):
+            with monkeypatch.context() as m:
+                m.setattr(crown.CrownPass, "_local_back", counting if on else (lambda self, idx, j: None))
+                b = Bounder(graph, lb, ub)
+                b.crown()
+                passes.append((b.pre, _output_bounds(graph, lb, ub)))
+        for (l, u), (l0, u0) in zip(passes[0][0], passes[1][0]):
+            assert torch.allclose(l, l0, rtol=LOCAL_TOL, atol=LOCAL_TOL) and torch.allclose(u, u0, rtol=LOCAL_TOL, atol=LOCAL_TOL), eps
+        for a, c in zip(passes[0][1], passes[1][1]):
+            assert np.allclose(a, c, rtol=LOCAL_TOL, atol=LOCAL_TOL), eps
+    assert used > 0  # some query went the local way
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (1, 1), (1, 1)), ((2, 1), (1, 0), (1, 2)), ((2, 2), (0, 0), (1, 1))])
+def test_a_convs_unit_rows_are_its_transposed_convolution_of_one_hot_rows(stride, padding, dilation):
+    """`Conv.unit_rows` (each unit's kernel placed on its window) equals `back` of the units' one-hot rows
+    (conv_transpose2d) exactly, taps in the padding included."""
+    from analysis.verification.ops.affine import Conv
+
+    g = torch.Generator().manual_seed(0)
+    conv = Conv(torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64),
+                (3, 9, 7), stride, padding, dilation)
+    units = torch.arange(conv.out_size)
+    E = torch.eye(conv.out_size, dtype=torch.float64)
+    (rows0,), c0 = conv.back(E)
+    rows, c = conv.unit_rows(units)
+    assert torch.equal(rows, rows0) and torch.equal(c, c0)

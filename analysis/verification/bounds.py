@@ -136,6 +136,7 @@ class Bounder(CrownPass, AlphaCrown, Float32Back):
         self._needed: list[torch.Tensor] | None = None  # per node, the units the output depends on (`needed`)
         self._consumers: list[list[int]] | None = None  # per node, the nodes reading it (`_not_worth_querying`)
         self._ranges: list[torch.Tensor] | None = None  # per site, its output's sampled range (`_sampled_ranges`)
+        self._chains: dict[int, tuple[list[int], int] | None] = {}  # per queried node, `_local_chain`
         self.crown_failed: Exception | None = None  # what stopped the last `crown()` (an exp that may overflow)
         # attention (a product of two variables, a softmax): a site read through copies is bounded through their sources
         # (`_crown_plan`), and on a wide graph CROWN's intermediate queries stop at the first cut; neither elsewhere

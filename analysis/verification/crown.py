@@ -35,6 +35,8 @@ NEAR_EXACT_SAMPLES = 64
 # rows go back through the graph (a squeeze-excite block's 1×1 expansion: 6× fewer)
 THROUGH_RATIO = 0.5
 THROUGH_ELEMENTS = 2 ** 25  # k's linear bounds (2·n_k rows × the input's units, float64: 256 MB) at most this many
+# `_local_back`: query rows carried on the units they reach only where those are at most this share of the node's
+LOCAL_SHARE = 0.25
 CUT_DEPTH = 1  # on a wide graph with attention: CROWN's intermediate queries concretize at this many cuts behind them
 CUT_MIN_WIDTH = 8192  # "wide": a node of this many units (the 64-token ViT's qkv: 12,480; deit_tiny 32×2 on 8×8: 2,176)
 
@@ -291,6 +293,62 @@ class CrownPass:
             self._needed = masks
         return self._needed
 
+    def _local_chain(self, j: int) -> tuple[list[int], int] | None:
+        """(the nodes behind node j's one-input affine op that map unit i to unit i, in back-substitution order: elementwise
+        sites and ops with `back_units`, each read by the one before it alone; the node behind them), or None where node
+        j is not a one-input affine op or no such node follows it (`_local_back`)."""
+        if j not in self._chains:
+            node, out = self.net.nodes[j], None
+            if j and node.op.affine and len(node.inputs) == 1:
+                if self._consumers is None:
+                    self._consumers = self.net.consumers()
+                chain, k = [], node.inputs[0]
+                while k and len(self._consumers[k]) == 1:
+                    op = self.net.nodes[k].op
+                    if k in self.site_of:
+                        if not op.elementwise:
+                            break
+                    else:
+                        src = op.unit_sources() if op.affine and len(self.net.nodes[k].inputs) == 1 else None
+                        if src is None or src.numel() != self.net.sizes[self.net.nodes[k].inputs[0]] \
+                                or not torch.equal(src, torch.arange(src.numel(), device=src.device)) \
+                                or op.back_units(torch.zeros(1, 1, dtype=DTYPE, device=src.device), src[:1]) is None:
+                            break
+                    chain.append(k)
+                    k = self.net.nodes[k].inputs[0]
+                out = (chain, k) if chain else None
+            self._chains[j] = out
+        return self._chains[j]
+
+    def _local_back(self, idx: torch.Tensor, j: int) -> torch.Tensor | None:
+        """`backward` of CROWN's query rows of node j's units idx (`_query_rows`): back through j's affine op they are
+        its rows as a matrix (`unit_rows`: a conv's kernel on its window), nonzero on few units, so through the
+        unit-to-unit ops behind it (`_local_chain`: an int8 rounding, its clamp's ReLUs and Scales) they are carried on
+        the units some row reaches alone, and scattered into full rows where the next op mixes units, from which
+        `backward` goes on. The same bounds up to float64 summation order; None where node j has no such chain."""
+        chain = self._local_chain(j)
+        if chain is None:
+            return None
+        nodes, m = chain
+        R, c = self.net.nodes[j].op.unit_rows(idx)
+        A, const = torch.cat([R, -R]), torch.cat([c, -c])
+        units = torch.nonzero((A != 0).any(0)).flatten()
+        if units.numel() > LOCAL_SHARE * A.shape[1]:
+            return const + self.backward(A, nodes[0])
+        A = A[:, units]
+        for k in nodes:
+            if k in self.site_of:
+                al, bl, au, bu = (None if t is None else t[units] for t in self.relaxation(self.site_of[k]))
+                An = A.clamp(max=0)  # A⁺·al + A⁻·au as A·al + A⁻·(au − al), as `backward`
+                const = const + An @ bu + (0 if bl is None else A.clamp(min=0) @ bl)
+                A = torch.addcmul(A * al, An, au - al)
+            else:
+                A, c = self.net.nodes[k].op.back_units(A, units)
+                const = const + c
+        full = A.new_zeros(A.shape[0], self.net.sizes[m])
+        full[:, units] = A
+        return const + self.backward(full, m)
+
     def _rows(self, j: int, idx: torch.Tensor, n: int, float32: bool = False,
               cuts: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """CROWN's (lower, upper) bounds of the units idx of node j's value (n units), in batches of rows (on the CPU
@@ -301,7 +359,9 @@ class CrownPass:
         los, ups = [], []
         for i in range(0, idx.numel(), step):
             part = idx[i:i + step]
-            b = self.backward(self._query_rows(part, n), j, float32=float32, cuts=cuts, depth=self.cut_depth or 1)
+            b = None if float32 or cuts is not None else self._local_back(part, j)
+            if b is None:
+                b = self.backward(self._query_rows(part, n), j, float32=float32, cuts=cuts, depth=self.cut_depth or 1)
             los.append(b[:part.numel()])
             ups.append(-b[part.numel():])
         lo, up = torch.cat(los), torch.cat(ups)

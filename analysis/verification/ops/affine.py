@@ -53,6 +53,9 @@ class Linear(Affine):
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         return [A @ self.W], A @ self.b
 
+    def unit_rows(self, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.W[units], self.b[units]
+
     def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lo, hi = bounds
         # W⁺l + W⁻u, not centre/radius: equal to a per-neuron loop up to summation order
@@ -115,6 +118,27 @@ class Conv(Affine):
         _, ho, wo = self.out_shape
         return [h - ((ho - 1) * self.stride[0] - 2 * self.padding[0] + self.dilation[0] * (kh - 1) + 1),
                 w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
+
+    def unit_rows(self, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel of each output unit placed on its window of the input (taps in the padding dropped): `back` of a
+        one-hot row, without a transposed convolution of a whole row of zeros."""
+        if self.groups != 1:
+            return super().unit_rows(units)
+        c, h, w = self.in_shape
+        _, ho, wo = self.out_shape
+        kh, kw = self.weight.shape[2:]
+        k = units.numel()
+        co, y, x = units // (ho * wo), units % (ho * wo) // wo, units % wo
+        dev = units.device
+        iy = y.view(k, 1, 1, 1) * self.stride[0] - self.padding[0] + torch.arange(kh, device=dev).view(1, 1, kh, 1) * self.dilation[0]
+        ix = x.view(k, 1, 1, 1) * self.stride[1] - self.padding[1] + torch.arange(kw, device=dev).view(1, 1, 1, kw) * self.dilation[1]
+        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        flat = torch.arange(c, device=dev).view(1, c, 1, 1) * (h * w) + iy * w + ix
+        vals = torch.where(inside, self.weight[co], torch.zeros((), dtype=self.weight.dtype, device=dev))
+        rows = torch.zeros(k, c * h * w, dtype=self.weight.dtype, device=dev)
+        rows.scatter_add_(1, torch.where(inside, flat, torch.zeros_like(flat)).expand(k, c, kh, kw).reshape(k, -1),
+                          vals.reshape(k, -1))  # distinct taps, distinct inputs: each a sum of one weight and zeros
+        return rows, self.bias[co]
 
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """A (rows, C_out·Ho·Wo) -> (A·Conv as a matrix, via conv_transpose2d, and A·bias)."""
@@ -248,6 +272,9 @@ class Scale(Affine):
 
     def back(self, A: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         return [A * self.scale], A @ self.shift
+
+    def back_units(self, A: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return A * self.scale[units], A @ self.shift[units]
 
     def ibp(self, bounds: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.forward(bounds[0]), self.forward(bounds[1])

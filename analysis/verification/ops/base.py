@@ -116,6 +116,20 @@ class Affine(Op):
         unit per output unit; None otherwise."""
         return None
 
+    def unit_rows(self, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows of a one-input op as a matrix for its output units `units`, their constants): `back` of those
+        units' one-hot rows (`crown.CrownPass._local_back`: CROWN's query rows)."""
+        E = torch.zeros(units.numel(), self.out_size, dtype=DTYPE, device=units.device)
+        E[torch.arange(units.numel(), device=units.device), units] = 1.0
+        (rows,), c = self.back(E)
+        return rows, c
+
+    def back_units(self, A: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`back` of a one-input op whose output unit i is an affine function of input unit i, for rows A given on the
+        units `units` alone (the rest 0): (the rows on the same input units, their constant); None for other ops
+        (`crown.CrownPass._local_back`)."""
+        return None
+
     def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
         """Σ_i |M_i| d_i: how far the output can move when each input moves by at most d_i (elementwise)."""
         raise NotImplementedError
