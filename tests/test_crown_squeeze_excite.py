@@ -2,7 +2,7 @@
 product sites bounded from their exact operands, smooth units whose lines are already near-exact left unqueried, and
 1×1 expansions bounded through their input's linear bounds (`crown.CrownPass`). The bounds hold at sampled points,
 each side apart; every unit left unqueried meets the stated criterion; the logit bounds stay near those of CROWN
-querying every unit; a ReLU network's pass is unchanged."""
+querying every unit; a ReLU network's pass is unchanged, its squeeze-excite products included."""
 
 from __future__ import annotations
 
@@ -147,21 +147,26 @@ def test_unqueried_units_meet_the_criterion_and_logits_stay_near_full_crown(tmp_
 
 
 def test_a_relu_network_pass_is_unchanged(tmp_path, monkeypatch):
-    class ReluExpand(nn.Module):  # a 1×1 expansion into a ReLU: the smooth sites' new routes must not touch it
+    class ReluExpand(nn.Module):  # a 1×1 expansion into a ReLU, a squeeze-excite whose hard sigmoid is a ReLU clamp
         def __init__(self):
             super().__init__()
             self.stem, self.exp, self.dw = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 32, 1), nn.Conv2d(32, 32, 3, padding=1, groups=32)
+            self.reduce, self.expand = nn.Conv2d(32, 4, 1), nn.Conv2d(4, 32, 1)
             self.head = nn.Linear(32 * 64, 10)
 
         def forward(self, x):
             h = torch.relu(self.dw(torch.relu(self.exp(torch.relu(self.stem(x))))))
+            h = h * nn.functional.hardsigmoid(self.expand(torch.relu(self.reduce(h.mean((2, 3), keepdim=True)))))
             return self.head(h.flatten(1))
 
     net, lb, ub = _net(tmp_path, ReluExpand())
+    assert "Product" in {type(net.nodes[k].op).__name__ for k in net.activations}
     b = Bounder(net, lb, ub)
     b.crown()
     with monkeypatch.context() as m:
         _full(m)
+        # and every copy site queried at the site itself (a ReLU's stable units keep interval arithmetic's bounds)
+        m.setattr(crown.CrownPass, "_crown_plan", lambda self: (set(), set()))
         ref = Bounder(net, lb, ub)
         ref.crown()
     for (l, u), (rl, ru) in zip(b.pre, ref.pre):

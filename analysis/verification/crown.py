@@ -222,9 +222,12 @@ class CrownPass:
         affine map of the input alone, the output of an elementwise activation (its range over its input's interval,
         which CROWN cannot beat: a 1/√var spread over a token's N units, queried N times before).
 
-        Without attention, only the sites whose every source is exact already (a squeeze-excite's product x·σ(pooled),
-        both operands activations' outputs): a copy that feeds a ReLU from an affine node (a BatchNorm's Scale) is
-        queried at the site itself, its unstable units alone."""
+        Without attention, only the sites whose every source is the input or a smooth curve's output (`skip_near_exact`:
+        a squeeze-excite's product x·σ(pooled) of SiLU outputs), whose every unit CROWN queried or left with lines
+        near-exact on its interval: a ReLU's or a HardSwish's stable units keep interval arithmetic's bounds (their
+        lines are exact whatever the interval), which a product reading them would inherit (mobilenetv3's
+        squeeze-excite, whose hard sigmoid is a clamp's two ReLUs), and a copy that feeds a
+        ReLU from an affine node (a BatchNorm's Scale) is queried at the site itself, its unstable units alone."""
         if self._plan is None:
             via: set[int] = set()
             nodes: set[int] = set()
@@ -236,7 +239,7 @@ class CrownPass:
                 while stack:
                     k = stack.pop()
                     node = self.net.nodes[k]
-                    if k == 0 or (k in self.site_of and node.op.elementwise):
+                    if k == 0 or (k in self.site_of and node.op.elementwise and (self.attention or node.op.skip_near_exact)):
                         continue
                     if node.op.copies:
                         stack.extend(node.inputs)
