@@ -9,7 +9,7 @@ and graphviz (auto_lirpa_setup.sh's packages, installed beside the project's own
 instance: the network through onnx2pytorch, the box and the unsafe set from the project's VNN-LIB parser, α-CROWN on
 every disjunct's rows at once (lower bounds of A y − b; a disjunct is excluded when some row's bound is > 0), its
 `--iterations` steps; "unsat" when every disjunct is excluded, else "unknown" (no attack: it proves
-only), "timeout" past the limit. The network is built once per file, outside the clock, as a verifier builds it once.
+only), "timeout" past the limit, "error" where auto_LiRPA raises (its message on stderr). The network is built once per file, outside the clock, as a verifier builds it once.
 """
 
 from __future__ import annotations
@@ -59,8 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         b = np.concatenate([bb for _, bb in spec.disjuncts])
         owner = np.concatenate([[k] * a.shape[0] for k, (a, _) in enumerate(spec.disjuncts)])
         x = BoundedTensor((lo + hi) / 2, PerturbationLpNorm(x_L=lo, x_U=hi))
-        lb, _ = bounded.compute_bounds(x=(x,), C=torch.tensor(A, dtype=torch.float32)[None], method="CROWN-Optimized",
-                                       bound_upper=False)
+        try:
+            lb, _ = bounded.compute_bounds(x=(x,), C=torch.tensor(A, dtype=torch.float32)[None],
+                                           method="CROWN-Optimized", bound_upper=False)
+        except Exception as exc:  # the peer's own failure is its answer on this row; the other rows still run
+            spent = time.perf_counter() - t0
+            lines.append(f"{args.folder.name},{onnx_rel},{vnnlib_rel},0.0,error,{spent:.6f}")
+            print(f"lirpa: {vnnlib_rel}: error ({spent:.2f} s): {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                  file=sys.stderr, flush=True)
+            continue
         margins = lb[0].detach().double().numpy() - b
         spent = time.perf_counter() - t0
         excluded = [bool(np.any(margins[owner == k] > 0)) for k in range(len(spec.disjuncts))]
