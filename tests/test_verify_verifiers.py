@@ -725,3 +725,19 @@ def test_a_chain_skips_branch_and_bound_on_smooth_gates_and_says_why():
     assert alone.status == "error" and "to_relu" in alone.message
     relu_net = from_torch(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, NUM_CLASSES)).eval(), (4,))
     assert get_verifier("bab").refuses(Problem([spec], relu_net)) is None
+
+
+def test_a_cpu_search_that_fills_its_memory_share_ends_as_a_timeout_that_says_so(monkeypatch):
+    """The open domains of a search on the CPU are capped like a GPU's (the host's available memory, its share per
+    worker): past the cap the search answers timeout with the reason, never grows until the kernel kills the process."""
+    from analysis.verification import bab as bab_mod
+
+    free, total = bab_mod.host_memory()
+    assert 0 < free <= total
+    assert bab_mod.device_memory(torch.device("cpu"), sharers=4) <= total / 4
+    net, spec, b = _three_layer_case(7, 10, 0.8)  # needs several rounds of batch 4
+    every = list(range(len(spec.disjuncts)))
+    monkeypatch.setattr(bab_mod, "device_memory", lambda device, sharers=1: 1)  # room for no open domain
+    status, x, msg, stats = bab(b, spec, every, lambda: False, lambda: 30.0, Settings(batch=4, steps=3))
+    assert status == "timeout" and x is None and "domains open" in msg and "this process may keep on cpu" in msg
+    assert stats["rounds"] == 1

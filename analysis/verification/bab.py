@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,9 +44,10 @@ from .bounds import Bounder
 from .ops.base import DTYPE
 from .vnnlib import VnnlibSpec
 
-# the open domains may take at most this share of a GPU's memory (divided among the processes sharing it); a search
-# that fills it ends as a timeout that says so (a CPU search holds what its 30 s make: ~1.5 GB for 40k domains of 256x2)
-GPU_STORE_SHARE = 0.4
+# the open domains may take at most this share of the device's memory, a GPU's or the host's (divided among the
+# processes searching at once); a search that fills it ends as a timeout that says so, not as the kernel's OOM kill
+# (a CNN's domains hold α and β over ~1500 unstable units: minutes of search filled 24 GB)
+STORE_SHARE = 0.4
 
 # a leaf (no unstable ReLU) whose grid units could still be split: seconds its MILP may take, and how many such leaves
 # per search try it, before the grid splits go on instead (the bit-exact reference's tiny nets: their leaf MILPs decide
@@ -65,10 +67,21 @@ PASS_BYTES_PER_ROW_UNIT = 4 * 24
 
 
 def device_memory(device: torch.device, sharers: int = 1) -> int:
-    """Bytes of `device` this process may plan with: its free memory, at most its share of the total when `sharers`
-    processes search on it at once."""
-    free, total = torch.cuda.mem_get_info(device)
+    """Bytes of `device` this process may plan with: its free memory (the host's available memory for the CPU), at
+    most its share of the total when `sharers` processes search on it at once."""
+    free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else host_memory()
     return int(min(free, total / max(1, sharers)))
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of the host's memory: Linux's MemAvailable, else the total for both."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024, total
+    except (OSError, KeyError, ValueError):
+        return total, total
 
 
 def default_batch(b: Bounder, rows: int, units: int, sharers: int = 1) -> int:
@@ -180,7 +193,7 @@ def _bab(b: Bounder, spec: VnnlibSpec, disjuncts: list[int], expired: Callable[[
     R, U, V, dev = search.R, search.U, search.V, b.device
     batch = s.batch or default_batch(b, R, U, s.sharers)
     stats["batch"] = batch
-    store_cap = GPU_STORE_SHARE * device_memory(dev, s.sharers) if dev.type == "cuda" else math.inf
+    store_cap = STORE_SHARE * device_memory(dev, s.sharers)
     store_dt = search.store
 
     sub = VnnlibSpec(spec.lb, spec.ub, tuple(spec.disjuncts[k] for k in disjuncts), spec.num_outputs)  # the open disjuncts
