@@ -254,7 +254,7 @@ def report_section(cfg: Config, run: RunDir) -> str | None:
          "property); certified accuracy at ε = share of samples proved at ε or beyond (a misclassified sample never). "
          "'censored': proved at eps_max (radius ≥ eps_max); 'falsified': a strict counterexample found within eps_max. "
          f"The figure draws each network's curve exactly from its proved radii; it and the table stop at ε = "
-         f"{shown_eps_max(variants):.3g}, past which no curve changes."),
+         f"{right:.3g}, past which no curve changes."),
         f"![certified accuracy vs ε](../downstream/{CURVE_FILE})",
         render.table(["network", "median radius ≥", "censored", "falsified",
                       *(f"cert. acc. at ε={e:.3g} (%)" for e in shown)], curve_rows),
