@@ -77,6 +77,19 @@ class CrownPass:
         t = self.site_of[j]
         return (t, units) if units is not None and self.op(t).exact_interval else None
 
+    def _readers(self, j: int) -> list[int]:
+        """The nodes reading node j's value (the graph's consumer lists, built once)."""
+        if self._consumers is None:
+            self._consumers = self.net.consumers()
+        return self._consumers[j]
+
+    def _unit_to_unit(self, k: int) -> bool:
+        """Is node k a one-input affine op whose output unit i reads its input's unit i alone (a Scale)?"""
+        node = self.net.nodes[k]
+        src = node.op.unit_sources() if node.op.affine and len(node.inputs) == 1 else None
+        return (src is not None and src.numel() == self.net.sizes[node.inputs[0]]
+                and torch.equal(src, torch.arange(src.numel(), device=src.device)))
+
     def _not_worth_querying(self, s: int) -> torch.Tensor | None:
         """Mask of site s's units whose CROWN query would change no relaxation. Their output reaches the rest of the graph
         only through one-input elementwise affine ops and elementwise sites (an int8 rounding's clamp: two ReLUs) up to
@@ -90,16 +103,14 @@ class CrownPass:
         elementwise (a LayerNorm's variance: its output units are not its input's, which CROWN queries)."""
         if not self.op(s).elementwise:
             return None
-        if self._consumers is None:
-            self._consumers = self.net.consumers()
         lo, hi = (t[None] for t in self.op(s).interval(*self.pre[s]))
         skip = torch.zeros(lo.shape[1], dtype=torch.bool, device=lo.device)
         through = ~skip  # fixed lines at every site so far
         j, mixed = self.sites[s], False
         while j != self.net.output:
-            if len(self._consumers[j]) != 1:
+            if len(self._readers(j)) != 1:
                 break
-            j = self._consumers[j][0]
+            j = self._readers(j)[0]
             if j in self.site_of:
                 t = self.op(self.site_of[j])
                 if not t.elementwise:
@@ -110,8 +121,7 @@ class CrownPass:
                 lo, hi = (v[None] for v in t.interval(lo[0], hi[0]))
                 continue
             op = self.net.nodes[j].op
-            src = op.unit_sources() if op.affine and len(self.net.nodes[j].inputs) == 1 else None
-            if src is None or src.numel() != lo.shape[1] or not torch.equal(src, torch.arange(src.numel(), device=src.device)):
+            if not self._unit_to_unit(j):
                 mixed = op.affine  # interval arithmetic alone reads them there
                 break
             lo, hi = op.ibp((lo, hi))
@@ -303,20 +313,16 @@ class CrownPass:
         if j not in self._chains:
             node, out = self.net.nodes[j], None
             if j and node.op.affine and len(node.inputs) == 1:
-                if self._consumers is None:
-                    self._consumers = self.net.consumers()
                 chain, k = [], node.inputs[0]
-                while k and len(self._consumers[k]) == 1:
+                while k and len(self._readers(k)) == 1:
                     op = self.net.nodes[k].op
                     if k in self.site_of:
                         if not op.elementwise:
                             break
-                    else:
-                        src = op.unit_sources() if op.affine and len(self.net.nodes[k].inputs) == 1 else None
-                        if src is None or src.numel() != self.net.sizes[self.net.nodes[k].inputs[0]] \
-                                or not torch.equal(src, torch.arange(src.numel(), device=src.device)) \
-                                or op.back_units(torch.zeros(1, 1, dtype=DTYPE, device=src.device), src[:1]) is None:
-                            break
+                    elif not self._unit_to_unit(k) or op.back_units(
+                            torch.zeros(1, 1, dtype=DTYPE, device=self.device),
+                            torch.zeros(1, dtype=torch.long, device=self.device)) is None:  # no rows on units alone
+                        break
                     chain.append(k)
                     k = self.net.nodes[k].inputs[0]
                 out = (chain, k) if chain else None
