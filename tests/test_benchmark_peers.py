@@ -211,3 +211,76 @@ def test_the_downstream_check_finds_a_linear_networks_least_margin_at_a_sampled_
     least = sampled_margins(session, np.array([0.2, -0.3]), np.array([0.6, 0.1]), np.array([[1.0, -1.0]]), (2,), 200,
                             np.random.default_rng(0))
     assert least == pytest.approx([0.5], abs=MARGIN_TOL)
+
+
+# What α,β-CROWN prints around its answer in single-instance mode (utils.Logger.summarize_results), abridged.
+ABCROWN_TAIL = """Attack finished in 1.1519 seconds.
+initial CROWN bounds (first 10 items): [10.158, 5.4005]
+Verified with initial CROWN!
+Result: {answer}
+Time: {seconds}
+"""
+# A stand-in for α,β-CROWN's abcrown.py: prints that tail and writes its results file as α,β-CROWN does (a witness
+# after "sat"), its answer, own seconds, witness and a sleep before all that read from the environment;
+# ABCROWN_FAKE_ANSWER=none writes no results file.
+FAKE_ABCROWN = '''import os, sys, time
+args = sys.argv[1:]
+time.sleep(float(os.environ["ABCROWN_FAKE_SLEEP"]))
+answer, seconds = os.environ["ABCROWN_FAKE_ANSWER"], os.environ["ABCROWN_FAKE_SECONDS"]
+assert args[args.index("--device") + 1] == "cpu" and os.environ["OMP_NUM_THREADS"] == "1"
+print(open(os.environ["ABCROWN_FAKE_TAIL"]).read().format(answer=answer, seconds=seconds))
+if answer != "none":
+    with open(args[args.index("--results_file") + 1], "w") as f:
+        f.write(answer + ("\\n" + os.environ["ABCROWN_FAKE_CEX"] if answer == "sat" else ""))
+'''
+
+
+def test_abcrowns_output_becomes_the_row_it_means():
+    from benchmarks.peers.abcrown_vnncomp import parse_output
+
+    out = ABCROWN_TAIL.format(answer="unsat", seconds="1.5590438842773438")
+    assert parse_output(out, "unsat") == ("unsat", 1.5590438842773438, None)
+    cex = "((X_0 0.5)\n (X_1 0.5)\n (Y_0 0.5)\n (Y_1 0.5))"
+    answer, seconds, witness = parse_output(ABCROWN_TAIL.format(answer="sat", seconds="2.25"), "sat\n" + cex)
+    assert (answer, seconds) == ("sat", 2.25)
+    assert witness == "sat\n" + cex + "\n"
+    # killed before its answer: no results file and no Time line
+    assert parse_output("Attack finished in 1.1519 seconds.\n", None) == (None, None, None)
+
+
+@pytest.mark.parametrize("answer, seconds, sleep, expect", [
+    ("sat", "2.25", 0, "sat"), ("unsat", "31.0", 0, "timeout"), ("timeout", "30.4", 0, "timeout"),
+    ("none", "1.0", 0, "error"), ("unsat", "1.0", 5, "timeout")])
+def test_a_fake_abcrown_run_becomes_a_vnncomp_results_row(linear, tmp_path, monkeypatch, answer, seconds, sleep, expect):
+    from analysis.verification.vnncomp import read_results
+    from benchmarks.peers import abcrown_vnncomp
+
+    d, _ = linear
+    (d / "instances.csv").write_text("lin.onnx,p.vnnlib,30\n")
+    write_vnnlib(d / "p.vnnlib", robustness_spec(np.array([0.5, 0.5]), 0.25, 0.0, 1.0, 0, 2))
+    src = tmp_path / "abcrown" / "src" / "complete_verifier"
+    src.mkdir(parents=True)
+    (src / "abcrown.py").write_text(FAKE_ABCROWN)
+    (tmp_path / "tail.txt").write_text(ABCROWN_TAIL)
+    cex = format_witness(np.array([0.5, 0.5]), np.array([0.5, 0.5])).removeprefix("sat\n")
+    fake = {"ANSWER": answer, "SECONDS": seconds, "TAIL": str(tmp_path / "tail.txt"), "CEX": cex, "SLEEP": str(sleep)}
+    for k, v in fake.items():
+        monkeypatch.setenv(f"ABCROWN_FAKE_{k}", v)
+    out = tmp_path / "res" / "abcrown.csv"
+    limit = ["--timeout", "0.5", "--grace", "0.5"] if sleep else []  # the process is killed 1 s in, mid-sleep
+    assert abcrown_vnncomp.main([str(d), "--out", str(out), "--dest", str(tmp_path / "abcrown"), "--config", "none",
+                                 *limit]) == 0
+    (row,) = read_results(out)
+    assert (row["category"], row["onnx"], row["vnnlib"], row["result"]) == (d.name, "lin.onnx", "p.vnnlib", expect)
+    assert row["prepare_time"] == 0.0
+    record = json.loads(out.with_suffix(".json").read_text())["rows"][0]
+    if sleep:
+        assert record["killed"] and record["message"] == "killed after the grace period"
+        assert row["run_time"] == pytest.approx(record["wall"], abs=1e-6)  # no clock of its own: the process's
+    else:
+        assert row["run_time"] == pytest.approx(float(seconds), abs=1e-6)  # its own clock, not the process's
+    if answer == "none" and not sleep:
+        assert record["message"] == "Time: 1.0"  # its last line of output
+    if expect == "sat":
+        assert record["witness_check"]["valid"]
+        assert record["witness_check"]["unsafe_margin"] == pytest.approx(0.0, abs=MARGIN_TOL)

@@ -36,7 +36,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -79,6 +79,23 @@ def check_witness(onnx_path: Path, vnnlib_path: Path, witness: Path) -> dict[str
             "y_diff": float(np.max(np.abs(y - y_w))) if y_w.size == y.size else None}
 
 
+def run_process(cmd: list[str], cwd: Path, env: dict[str, str], kill_after: float) -> tuple[str, float, bool, int]:
+    """One peer process on the CPU with one torch / OpenMP / MKL thread (`env` added to ours), killed after
+    `kill_after` wall seconds: its stdout and stderr together, wall seconds, whether it was killed, its exit code."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               **env)
+    t0 = time.perf_counter()
+    killed = False
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            killed = True
+    return out, time.perf_counter() - t0, killed, proc.returncode
+
+
 def run_one(python: Path, src: Path, folder: Path, onnx_rel: str, vnnlib_rel: str, limit: float, grace: float,
             log_dir: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """One neuralsat process on one instance: its answer, wall seconds, and the witness text when sat."""
@@ -90,17 +107,7 @@ def run_one(python: Path, src: Path, folder: Path, onnx_rel: str, vnnlib_rel: st
         if settings:
             (Path(tmp) / "settings.json").write_text(json.dumps(settings))
             cmd += ["--setting_file", str(Path(tmp) / "settings.json")]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        t0 = time.perf_counter()
-        killed = False
-        with subprocess.Popen(cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            try:
-                out, _ = proc.communicate(timeout=limit + grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                killed = True
-        wall = time.perf_counter() - t0
+        out, wall, killed, returncode = run_process(cmd, src, {}, limit + grace)
         stem = witness_path(log_dir / "x.csv", onnx_rel, vnnlib_rel).stem
         atomic_write_text(log_dir / f"{stem}.log", out)
         lines = result_file.read_text().splitlines() if result_file.is_file() else []
@@ -108,17 +115,17 @@ def run_one(python: Path, src: Path, folder: Path, onnx_rel: str, vnnlib_rel: st
         last = next((m for m in (_LAST.match(s.strip()) for s in reversed(out.splitlines())) if m), None)
         row: dict[str, Any] = {"onnx": onnx_rel, "vnnlib": vnnlib_rel, "limit": limit, "wall": wall, "killed": killed,
                                "answer": answer, "self_reported_seconds": float(last.group(2)) if last else None,
-                               "returncode": proc.returncode}
+                               "returncode": returncode}
         if answer == "sat" and len(lines) > 1:
             row["witness"] = "sat\n" + "\n".join(lines[1:]) + "\n"
         if answer is None:
             tail = [s for s in out.splitlines() if s.strip()]
-            row["message"] = "killed after the grace period" if killed else (tail[-1][:300] if tail else f"exit {proc.returncode}")
+            row["message"] = "killed after the grace period" if killed else (tail[-1][:300] if tail else f"exit {returncode}")
         return row
 
 
 def run_time(row: dict[str, Any]) -> float:
-    """neuralsat's own seconds (after its imports), or the process's wall seconds where it printed none."""
+    """The peer's own seconds (after its imports), or the process's wall seconds where it printed none."""
     return row["self_reported_seconds"] if row["self_reported_seconds"] is not None else row["wall"]
 
 
@@ -133,36 +140,19 @@ def scored(row: dict[str, Any]) -> str:
     return row["answer"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("folder", help="VNN-COMP benchmark folder (instances.csv, onnx/, vnnlib/)")
-    p.add_argument("--out", required=True, help="results.csv to write; witnesses go to counterexamples/ beside it")
-    p.add_argument("--timeout", type=float, default=None, help="wall seconds per instance (default: instances.csv's)")
-    p.add_argument("--jobs", type=int, default=1, help="instances run at once (one core each)")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds past the limit before a process is killed")
-    p.add_argument("--rows", default=None, metavar="START:END", help="only these rows of instances.csv (Python slice)")
-    p.add_argument("--instances", default="instances.csv")
-    p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
-    p.add_argument("--python", default=str(VENV / "bin" / "python"), help="the neuralsat venv's python")
-    p.add_argument("--no-mip-verify", action="store_true",
-                   help="neuralsat's use_mip_verify off: on networks with at most 2 ReLU layers it otherwise tries one "
-                        "MIP of the whole network first, which the size-limited Gurobi licence refuses on 784-input nets "
-                        "(\"Model too large for size-limited license\"; neuralsat then exits with an error)")
-    args = p.parse_args(argv)
-    folder, out = Path(args.folder), Path(args.out)
-    python = Path(args.python)
-    if not python.is_file():
-        print(f"error: {python} is missing; run benchmarks/peers/neuralsat_setup.sh first", file=sys.stderr)
-        return 2
-    if not (folder / args.instances).is_file():
-        print(f"error: {folder / args.instances} is missing: a VNN-COMP benchmark folder lists its instances there", file=sys.stderr)
-        return 2
-    src = source_dir(python)
-    rows_in = read_instances_csv(folder / args.instances)
-    if args.rows:
-        a, _, b = args.rows.partition(":")
-        rows_in = rows_in[slice(int(a) if a else None, int(b) if b else None)]
-    category = args.category or folder.name
+def select_rows(rows: list[tuple[str, str, float]], spec: str | None) -> list[tuple[str, str, float]]:
+    """The rows `--rows START:END` names (a Python slice of instances.csv's rows; all when None)."""
+    if not spec:
+        return rows
+    a, _, b = spec.partition(":")
+    return rows[slice(int(a) if a else None, int(b) if b else None)]
+
+
+def run_rows(folder: Path, rows: list[tuple[str, str, float]], out: Path, category: str, jobs: int,
+             timeout: float | None, run: Callable[[str, str, float, Path], dict[str, Any]], about: dict[str, Any]) -> None:
+    """A peer on every row, `jobs` at a time: `run(onnx, vnnlib, limit, log_dir)` returns `run_one`'s row; each row is
+    scored, its sat witness kept and checked in onnxruntime, and `out` (VNN-COMP's results.csv) and the JSON beside it
+    (`about`, the folder, the rows) rewritten after every instance, so a killed run keeps what it finished."""
     log_dir = out.parent / f"{out.stem}-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     done: dict[int, dict[str, Any]] = {}
@@ -181,21 +171,48 @@ def main(argv: list[str] | None = None) -> int:
         ordered = [done[k] for k in sorted(done)]
         write_results(out, [{"category": category, "onnx": r["onnx"], "vnnlib": r["vnnlib"], "prepare_time": 0.0,
                              "result": r["result"], "run_time": run_time(r)} for r in ordered])
-        atomic_write_text(out.with_suffix(".json"), json.dumps({"tool": "neuralsat 0.2.17", "folder": str(folder),
-                                                                "flags": "--device cpu --disable_stabilize --export_cex"
-                                                                         + (" use_mip_verify=false" if args.no_mip_verify else ""),
-                                                                "jobs": args.jobs, "rows": ordered}, indent=2) + "\n")
-        print(f"{r_name(row)}: {row['result']} ({row['answer']}) {run_time(row):.1f} s, process {row['wall']:.1f} s", flush=True)
+        atomic_write_text(out.with_suffix(".json"), json.dumps({**about, "folder": str(folder), "jobs": jobs,
+                                                                "rows": ordered}, indent=2) + "\n")
+        print(f"{Path(row['onnx']).stem} {Path(row['vnnlib']).stem}: {row['result']} ({row['answer']}) "
+              f"{run_time(row):.1f} s, process {row['wall']:.1f} s", flush=True)
 
-    def r_name(row: dict[str, Any]) -> str:
-        return f"{Path(row['onnx']).stem} {Path(row['vnnlib']).stem}"
-
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_one, python, src, folder, o, v, float(args.timeout if args.timeout is not None else t),
-                               args.grace, log_dir, {"use_mip_verify": False} if args.no_mip_verify else None): i
-                   for i, (o, v, t) in enumerate(rows_in)}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run, o, v, float(timeout if timeout is not None else t), log_dir): i
+                   for i, (o, v, t) in enumerate(rows)}
         for fut in as_completed(futures):
             finish(futures[fut], fut.result())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", help="VNN-COMP benchmark folder (instances.csv, onnx/, vnnlib/)")
+    p.add_argument("--out", required=True, help="results.csv to write; witnesses go to counterexamples/ beside it")
+    p.add_argument("--timeout", type=float, default=None, help="wall seconds per instance (default: instances.csv's)")
+    p.add_argument("--jobs", type=int, default=1, help="instances run at once (one core each)")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds past the limit before a process is killed")
+    p.add_argument("--rows", default=None, metavar="START:END", help="only these rows of instances.csv (Python slice)")
+    p.add_argument("--instances", default="instances.csv")
+    p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
+    p.add_argument("--python", default=str(VENV / "bin" / "python"), help="the neuralsat venv's python")
+    p.add_argument("--no-mip-verify", action="store_true",
+                   help="neuralsat's use_mip_verify off: on networks with at most 2 ReLU layers it otherwise tries one "
+                        "MIP of the whole network first, which the size-limited Gurobi licence refuses on 784-input nets "
+                        "(\"Model too large for size-limited license\"; neuralsat then exits with an error)")
+    args = p.parse_args(argv)
+    folder, python = Path(args.folder), Path(args.python)
+    if not python.is_file():
+        print(f"error: {python} is missing; run benchmarks/peers/neuralsat_setup.sh first", file=sys.stderr)
+        return 2
+    if not (folder / args.instances).is_file():
+        print(f"error: {folder / args.instances} is missing: a VNN-COMP benchmark folder lists its instances there", file=sys.stderr)
+        return 2
+    src = source_dir(python)
+    rows_in = select_rows(read_instances_csv(folder / args.instances), args.rows)
+    flags = "--device cpu --disable_stabilize --export_cex" + (" use_mip_verify=false" if args.no_mip_verify else "")
+    settings = {"use_mip_verify": False} if args.no_mip_verify else None
+    run_rows(folder, rows_in, Path(args.out), args.category or folder.name, args.jobs, args.timeout,
+             lambda o, v, limit, log_dir: run_one(python, src, folder, o, v, limit, args.grace, log_dir, settings),
+             {"tool": "neuralsat 0.2.17", "flags": flags})
     return 0
 
 

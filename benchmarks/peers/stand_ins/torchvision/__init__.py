@@ -2,8 +2,9 @@
 
 onnx2pytorch 0.6.0 and onnx2torch 1.5.15 require torchvision and import it at the top of the modules of a few image
 and detection ops (NonMaxSuppression, RoiAlign, MaxRoiPool, DeformConv, ImageDecoder). PyPI's torchvision 0.28.0, the
-build for torch 2.13, fails at import on the CPU torch ("operator torchvision::nms does not exist"). None of the graphs
-we ship has one of those ops: here every name exists and raises when it is used, so such a graph fails in its own terms.
+build for torch 2.13, fails at import on the CPU torch ("operator torchvision::nms does not exist"). α,β-CROWN imports
+its `datasets` and `transforms` at the top of its data loading, used only for its built-in image datasets, never for
+a VNN-COMP instance's ONNX + VNN-LIB. None of the graphs we ship has one of those ops: here every name exists and raises when it is used, so such a graph fails in its own terms.
 """
 
 from __future__ import annotations
