@@ -3,6 +3,11 @@ pass takes, and how many of its properties at ε 0.002 are decided.
 
     flock /tmp/heavy.lock python -m benchmarks.mobilenet_verify --kind random --out benchmarks/verify-results/mobilenet-relu6.json
     flock /tmp/heavy.lock python -m benchmarks.mobilenet_verify --kind trained --out ...
+    flock /tmp/heavy.lock python -m benchmarks.mobilenet_verify --kind trained --samples 10 --vnncomp runs/mobilenet-relu6
+
+`--vnncomp DIR` verifies nothing: it writes the same net and properties as a VNN-COMP folder (DIR/onnx/, DIR/vnnlib/,
+DIR/instances.csv at `--timeout`) for `pipeline vnncomp` and the peer verifiers (benchmarks/peers/), the ONNX file
+checked against the net in onnxruntime (`write_checked`; onnxsim folds the BatchNorms, ReLU6 stays a Clip).
 
 The net is `crown_time.mobilenet(BLOCKS_13K)` (stem, six inverted residual blocks with depthwise 3×3 convolutions,
 BatchNorm, ReLU6, a 1×1 conv to 64 channels, average pooling, a Linear; seed 0). `random`: its random weights, the
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +62,20 @@ def net_and_properties(kind: str, n: int) -> tuple[torch.nn.Module, torch.Tensor
     return model, x[TRAIN:TRAIN + n], y[TRAIN:TRAIN + n], info
 
 
+def export_folder(model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, eps: float, timeout: float, out: Path,
+                  name: str) -> None:
+    """The net and one robustness property per input (ε box clipped to [0, 1], as `api.verify` takes it) as a VNN-COMP
+    folder under `out`."""
+    from analysis.verification.vnnlib import write_robustness_benchmark
+    from quantize.export import write_checked
+
+    with tempfile.TemporaryDirectory() as tmp:
+        written = write_checked(model, xs[:1], Path(tmp) / f"{name}.onnx", xs, dynamic_batch=False)
+        rows = write_robustness_benchmark(out, written.path, xs.numpy(), [int(c) for c in ys], eps, 0.0, 1.0,
+                                          int(model(xs[:1]).shape[1]), timeout, prefix="digits")
+    print(f"{len(rows)} instances in {out}; the ONNX file against the net: {written.check}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from analysis import api
 
@@ -64,10 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--eps", type=float, default=0.002)
     p.add_argument("--timeout", type=float, default=20.0)
-    p.add_argument("--out", type=Path, required=True)
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", type=Path, help="the JSON that keeps each kind's api.verify answers")
+    out.add_argument("--vnncomp", type=Path, metavar="DIR", help="write the net and properties as a VNN-COMP folder")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     model, xs, ys, info = net_and_properties(a.kind, a.samples)
+    if a.vnncomp:
+        export_folder(model, xs, ys, a.eps, a.timeout, a.vnncomp, f"mobilenet_relu6_{a.kind}")
+        return 0
     t0 = time.perf_counter()
     out = api.verify(model, (xs, ys), epsilons=[a.eps], low=0.0, high=1.0, samples=a.samples, timeout_s=a.timeout,
                      progress=False)

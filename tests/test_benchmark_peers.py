@@ -284,3 +284,15 @@ def test_a_fake_abcrown_run_becomes_a_vnncomp_results_row(linear, tmp_path, monk
     if expect == "sat":
         assert record["witness_check"]["valid"]
         assert record["witness_check"]["unsafe_margin"] == pytest.approx(0.0, abs=MARGIN_TOL)
+
+
+def test_published_answers_take_the_trusted_tools_and_refuse_a_contradiction(tmp_path):
+    from benchmarks.peers.abcrown_compare import published_answers
+
+    path = tmp_path / "published.csv"
+    path.write_text("row,vnnlib,a-b-CROWN,ERAN,Debona\n0,a.vnnlib,UNSAT,timeout,violated\n1,b.vnnlib,timeout,violated,holds\n"
+                    "2,c.vnnlib,timeout,unknown,holds\n")
+    # Debona is not trusted: its 'violated' on a and 'holds' on c are not answers here
+    assert published_answers(path, ["a-b-CROWN", "ERAN"]) == {"a.vnnlib": "unsat", "b.vnnlib": "sat"}
+    with pytest.raises(ValueError, match="a.vnnlib"):
+        published_answers(path, ["a-b-CROWN", "Debona"])

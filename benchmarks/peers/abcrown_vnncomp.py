@@ -6,7 +6,8 @@ VNN-COMP folder's instances, one row per instance in `pipeline vnncomp`'s result
 
 As VNN-COMP runs it (its vnncomp_scripts/run_instance.sh → complete_verifier/vnncomp_main.py): one process per
 instance, `abcrown.py --config YAML --precompile_jit --onnx_path --vnnlib_path --results_file --timeout
---save_adv_example`, here with `--device cpu`, one torch / OpenMP / MKL thread, killed `--grace` seconds past the limit.
+--save_adv_example`, here with `--device cpu`, one torch / OpenMP / MKL thread, killed `--grace` seconds past the limit,
+its address space capped at `--memory-gb` (its allocation error is then its answer: `error`).
 Its answer is the first line of its results file (sat / unsat / timeout: α,β-CROWN writes "timeout" for every
 undecided end, its own limit or "unknown"), the witness the lines after "sat"; a process that wrote no results file
 is `error` (its last line of output in the JSON) or `timeout` when killed. Times as `run_neuralsat.py` takes
@@ -18,7 +19,8 @@ witness is re-checked in onnxruntime (`run_neuralsat.check_witness`).
 The config, by default, is the one α,β-CROWN's repository gives the benchmark family (`default_config`: vnncomp_main.py's
 table, and its 2021 table, kept there as comments, for eran), with its `general.device` set to cpu on the command
 line; a family it has no config for runs on α,β-CROWN's built-in defaults (arguments.py: PGD, α-CROWN, then β-CROWN
-branch and bound, on ReLUs and, GenBaB, on the other nonlinearities), which the JSON then says.
+branch and bound, on ReLUs and, GenBaB, on the other nonlinearities; `abcrown_defaults.yaml`, which only sets the CPU),
+which the JSON then says.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline.atomic_io import atomic_write_text
 from .run_neuralsat import ROOT, run_process, run_rows, select_rows
 
 DEST = ROOT / ".peers" / "abcrown"
+DEFAULTS = ROOT / "benchmarks" / "peers" / "abcrown_defaults.yaml"  # its built-in defaults (it needs a --config file)
 # (pattern on "category/onnx path", config under complete_verifier/): the families α,β-CROWN has a VNN-COMP config for.
 CONFIGS = [
     (r"eran.*SIGMOID|SIGMOID.*eran", "exp_configs/vnncomp21/eran_sigmoid.yaml"),
@@ -47,10 +50,10 @@ CONFIGS = [
 _TIME = re.compile(r"^Time:\s*([0-9.eE+-]+)\s*$")  # α,β-CROWN's own seconds for the instance
 
 
-def default_config(category: str, onnx_rel: str) -> str | None:
-    """The config α,β-CROWN's repository runs this family's instances with, or None (its built-in defaults)."""
+def default_config(category: str, onnx_rel: str) -> str:
+    """The config α,β-CROWN's repository runs this family's instances with, else `DEFAULTS` (its built-in defaults)."""
     key = f"{category}/{onnx_rel}"
-    return next((cfg for pattern, cfg in CONFIGS if re.search(pattern, key)), None)
+    return next((cfg for pattern, cfg in CONFIGS if re.search(pattern, key)), str(DEFAULTS))
 
 
 def parse_output(output: str, results: str | None) -> tuple[str | None, float | None, str | None]:
@@ -72,17 +75,16 @@ def flags(settings: list[str]) -> list[str]:
     return out
 
 
-def command(python: str, config: str | None, onnx: Path, vnnlib: Path, results: Path, cex: Path, limit: float,
+def command(python: str, config: str, onnx: Path, vnnlib: Path, results: Path, cex: Path, limit: float,
             settings: list[str]) -> list[str]:
     """vnncomp_main.py's command line for one instance, on the CPU, its counterexample written to `cex`."""
-    cmd = [python, "abcrown.py"] + (["--config", config] if config else [])
-    return cmd + ["--device", "cpu", "--precompile_jit", "--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib),
+    return [python, "abcrown.py", "--config", config, "--device", "cpu", "--precompile_jit", "--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib),
                   "--results_file", str(results), "--timeout", f"{limit:g}", "--save_adv_example", "--cex_path",
                   str(cex)] + settings
 
 
 def run_one(python: str, dest: Path, folder: Path, onnx_rel: str, vnnlib_rel: str, limit: float, grace: float,
-            log_dir: Path, config: str | None, settings: list[str]) -> dict[str, Any]:
+            log_dir: Path, config: str, settings: list[str], memory_bytes: int | None = None) -> dict[str, Any]:
     """One α,β-CROWN process on one instance: `run_neuralsat.run_one`'s row (answer, own and wall seconds, witness)."""
     src = dest / "src" / "complete_verifier"
     with tempfile.TemporaryDirectory(prefix="abcrown_") as tmp:
@@ -90,7 +92,7 @@ def run_one(python: str, dest: Path, folder: Path, onnx_rel: str, vnnlib_rel: st
         cmd = command(python, config, (folder / onnx_rel).resolve(), (folder / vnnlib_rel).resolve(), results,
                       Path(tmp) / "cex.txt", limit, settings)
         pythonpath = f"{dest / 'pkgs'}:{ROOT / 'benchmarks' / 'peers' / 'stand_ins'}"
-        out, wall, killed, returncode = run_process(cmd, src, {"PYTHONPATH": pythonpath}, limit + grace)
+        out, wall, killed, returncode = run_process(cmd, src, {"PYTHONPATH": pythonpath}, limit + grace, memory_bytes)
         stem = witness_path(log_dir / "x.csv", onnx_rel, vnnlib_rel).stem
         atomic_write_text(log_dir / f"{stem}.log", out)
         answer, seconds, witness = parse_output(out, results.read_text() if results.is_file() else None)
@@ -117,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="one more α,β-CROWN command-line flag, e.g. --set complete_verifier=bab (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="instances run at once (one core each)")
     p.add_argument("--grace", type=float, default=20.0, help="seconds past the limit before a process is killed")
+    p.add_argument("--memory-gb", type=float, default=8.0, help="each process's address-space cap (GiB); past it "
+                   "α,β-CROWN fails with its allocation error, an `error` row")
     p.add_argument("--category", default=None, help="the category column (default: the folder's name)")
     p.add_argument("--dest", type=Path, default=DEST, help="abcrown_setup.sh's DEST")
     p.add_argument("--python", default=sys.executable, help="the interpreter abcrown_setup.sh checked")
@@ -130,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     category = args.category or args.folder.name
     settings = flags(args.settings)
     rows = select_rows(read_instances_csv(args.folder / args.instances), args.rows)
-    configs = {o: (None if args.config == "none" else args.config or default_config(category, o)) for o, _, _ in rows}
+    configs = {o: (str(DEFAULTS) if args.config == "none" else args.config or default_config(category, o)) for o, _, _ in rows}
     commits = (args.dest / "COMMITS").read_text().split() if (args.dest / "COMMITS").is_file() else []
     run_rows(args.folder, rows, args.out, category, args.jobs, args.timeout,
              lambda o, v, limit, log_dir: run_one(args.python, args.dest, args.folder, o, v, limit, args.grace, log_dir,
-                                                  configs[o], settings),
+                                                  configs[o], settings, int(args.memory_gb * 2**30)),
              {"tool": "α,β-CROWN " + " ".join(commits), "flags": "--device cpu --precompile_jit --save_adv_example "
-              + " ".join(settings), "configs": sorted({str(c) for c in configs.values()})})
+              + " ".join(settings), "configs": sorted(set(configs.values())),
+              "memory_gb": args.memory_gb})
     return 0
 
 

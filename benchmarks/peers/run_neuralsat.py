@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -79,14 +80,22 @@ def check_witness(onnx_path: Path, vnnlib_path: Path, witness: Path) -> dict[str
             "y_diff": float(np.max(np.abs(y - y_w))) if y_w.size == y.size else None}
 
 
-def run_process(cmd: list[str], cwd: Path, env: dict[str, str], kill_after: float) -> tuple[str, float, bool, int]:
+def run_process(cmd: list[str], cwd: Path, env: dict[str, str], kill_after: float,
+                memory_bytes: int | None = None) -> tuple[str, float, bool, int]:
     """One peer process on the CPU with one torch / OpenMP / MKL thread (`env` added to ours), killed after
-    `kill_after` wall seconds: its stdout and stderr together, wall seconds, whether it was killed, its exit code."""
+    `kill_after` wall seconds: its stdout and stderr together, wall seconds, whether it was killed, its exit code.
+    `memory_bytes` caps its address space, so that a peer that outgrows the machine fails alone instead of drawing the
+    kernel's out-of-memory killer onto other jobs."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                **env)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
     t0 = time.perf_counter()
     killed = False
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=cap if memory_bytes else None) as proc:
         try:
             out, _ = proc.communicate(timeout=kill_after)
         except subprocess.TimeoutExpired:
