@@ -296,3 +296,13 @@ def test_published_answers_take_the_trusted_tools_and_refuse_a_contradiction(tmp
     assert published_answers(path, ["a-b-CROWN", "ERAN"]) == {"a.vnnlib": "unsat", "b.vnnlib": "sat"}
     with pytest.raises(ValueError, match="a.vnnlib"):
         published_answers(path, ["a-b-CROWN", "Debona"])
+
+
+def test_each_family_gets_the_config_abcrowns_repository_gives_it():
+    from benchmarks.peers.abcrown_vnncomp import DEFAULTS, default_config
+
+    assert default_config("eran_sig", "nets/ffnnSIGMOID__Point_6x200.onnx") == "exp_configs/vnncomp21/eran_sigmoid.yaml"
+    assert default_config("vit23", "onnx/ibp_3_3_8.onnx") == "exp_configs/vnncomp23/vit.yaml"
+    # a ReLU eran net and a family it has no config for run on its built-in defaults
+    assert default_config("eran", "nets/ffnnRELU__Point_6x100.onnx") == str(DEFAULTS)
+    assert default_config("mobilenet-relu6", "onnx/mobilenet_relu6_trained.onnx") == str(DEFAULTS)

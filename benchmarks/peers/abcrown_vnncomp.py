@@ -14,7 +14,9 @@ is `error` (its last line of output in the JSON) or `timeout` when killed. Times
 neuralsat's: run_time is α,β-CROWN's own clock (its "Time:" line, from before it reads the network and the property
 to its answer, as its --timeout counts), prepare_time 0; the process's wall time (with the Python imports and the JIT
 precompilation every new process pays) is kept in the JSON. An answer after the limit counts as `timeout`; every sat
-witness is re-checked in onnxruntime (`run_neuralsat.check_witness`).
+witness is re-checked in onnxruntime (`run_neuralsat.check_witness`). Not done here: run_instance.sh's second try with
+`--bound_prop_method crown` after a process that exits non-zero without an answer (its way around running out of GPU
+memory).
 
 The config, by default, is the one α,β-CROWN's repository gives the benchmark family (`default_config`: vnncomp_main.py's
 table, and its 2021 table, kept there as comments, for eran), with its `general.device` set to cpu on the command
@@ -42,10 +44,10 @@ DEST = ROOT / ".peers" / "abcrown"
 DEFAULTS = ROOT / "benchmarks" / "peers" / "abcrown_defaults.yaml"  # its built-in defaults (it needs a --config file)
 # (pattern on "category/onnx path", config under complete_verifier/): the families α,β-CROWN has a VNN-COMP config for.
 CONFIGS = [
-    (r"eran.*SIGMOID|SIGMOID.*eran", "exp_configs/vnncomp21/eran_sigmoid.yaml"),
-    (r"vit", "exp_configs/vnncomp23/vit.yaml"),
-    (r"acasxu|ACASXU", "exp_configs/vnncomp21/acasxu.yaml"),
-    (r"nn4sys", "exp_configs/vnncomp23/nn4sys.yaml"),
+    (r"^eran.*/.*SIGMOID", "exp_configs/vnncomp21/eran_sigmoid.yaml"),
+    (r"^vit", "exp_configs/vnncomp23/vit.yaml"),
+    (r"^acasxu", "exp_configs/vnncomp21/acasxu.yaml"),
+    (r"^nn4sys", "exp_configs/vnncomp23/nn4sys.yaml"),
 ]
 _TIME = re.compile(r"^Time:\s*([0-9.eE+-]+)\s*$")  # α,β-CROWN's own seconds for the instance
 
@@ -78,9 +80,9 @@ def flags(settings: list[str]) -> list[str]:
 def command(python: str, config: str, onnx: Path, vnnlib: Path, results: Path, cex: Path, limit: float,
             settings: list[str]) -> list[str]:
     """vnncomp_main.py's command line for one instance, on the CPU, its counterexample written to `cex`."""
-    return [python, "abcrown.py", "--config", config, "--device", "cpu", "--precompile_jit", "--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib),
-                  "--results_file", str(results), "--timeout", f"{limit:g}", "--save_adv_example", "--cex_path",
-                  str(cex)] + settings
+    return [python, "abcrown.py", "--config", config, "--device", "cpu", "--precompile_jit", "--onnx_path", str(onnx),
+            "--vnnlib_path", str(vnnlib), "--results_file", str(results), "--timeout", f"{limit:g}", "--save_adv_example",
+            "--cex_path", str(cex)] + settings
 
 
 def run_one(python: str, dest: Path, folder: Path, onnx_rel: str, vnnlib_rel: str, limit: float, grace: float,
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     category = args.category or args.folder.name
     settings = flags(args.settings)
     rows = select_rows(read_instances_csv(args.folder / args.instances), args.rows)
-    configs = {o: (str(DEFAULTS) if args.config == "none" else args.config or default_config(category, o)) for o, _, _ in rows}
+    configs = {o: str(DEFAULTS) if args.config == "none" else args.config or default_config(category, o)
+               for o, _, _ in rows}
     commits = (args.dest / "COMMITS").read_text().split() if (args.dest / "COMMITS").is_file() else []
     run_rows(args.folder, rows, args.out, category, args.jobs, args.timeout,
              lambda o, v, limit, log_dir: run_one(args.python, args.dest, args.folder, o, v, limit, args.grace, log_dir,
