@@ -224,10 +224,10 @@ class VerifyConfig:
     # L∞ radii, data units; boxes clipped to its range: the largest the default run's ReLU properties are all decided
     # at within the budget (docs/EXPERIMENTS.md, "Default radii and budgets")
     epsilons: list[float] = field(default_factory=lambda: [0.002, 0.005, 0.008])
-    # wall seconds for the whole stage, shared by every property (ReLU and smooth): first one bound pass for every
-    # property (a network's properties batched; when this cannot cover it, the stage says so with the budget that
-    # would), then rounds for what is open: easy ones are decided first and the time they leave goes to the hard ones
-    # (analysis.verification.harness.StageBudget)
+    # seconds for the whole stage (on the clock verify.cpu_time chooses), shared by every property (ReLU and smooth):
+    # first one bound pass for every property (a network's properties batched; when this cannot cover it, the stage
+    # says so with the budget that would), then rounds for what is open: easy ones are decided first and the time they
+    # leave goes to the hard ones (analysis.verification.harness.StageBudget)
     budget_s: float = 60.0
     # a cap on any one property's whole time (its share of the first pass and its turns; and smooth certificate);
     # 0 = none, the budget decides
@@ -237,15 +237,17 @@ class VerifyConfig:
     # "a+b" (in order until one answers sat/unsat, one timeout for the chain); "auto" = crown+pgd+alpha-crown+bab.
     # The first writes results.csv; each further one is run beside it for comparison (results.<name>.csv).
     verifiers: list[str] = field(default_factory=lambda: ["auto"])
-    # false: limits count wall-clock seconds (VNN-COMP's rule); true: a property's limit counts CPU seconds of this
-    # process and its children (HiGHS, which takes a wall limit only, then gets the CPU seconds left as wall seconds)
+    # false: limits count wall-clock seconds (VNN-COMP's rule); true: every limit, the stage budgets included, counts
+    # CPU seconds of the process doing the work and its children (each worker its own; HiGHS, which takes a wall limit
+    # only, then gets the CPU seconds left as wall seconds), so a loaded machine gives the same answers, more slowly.
+    # The downstream stage's bisections use the same clock
     cpu_time: bool = False
     smooth: bool = True  # certify the smooth models too: through their gates, and via the swapped ReLU network
     # verify the int8 model of each variant's ReLU form too (the int8 stage's file, as onnxruntime's kernels run it)
     int8: bool = True
-    # wall seconds for the int8 models' properties, after the float ones and apart from budget_s: the open ones are
-    # bound by the rounding, not the time, so more decides little, and 20 keeps the stage within 60 s on 2 cores
-    # (docs/EXPERIMENTS.md, "Default radii and budgets")
+    # seconds for the int8 models' properties (the clock of cpu_time), after the float ones and apart from budget_s:
+    # the open ones are bound by the rounding, not the time, so more decides little, and 20 keeps the stage within
+    # 60 s on 2 cores (docs/EXPERIMENTS.md, "Default radii and budgets")
     int8_budget_s: float = 20.0
     # where the verifiers compute: auto (a GPU when there is one, else the CPU) | cpu | cuda | cuda:N. On a GPU the
     # worker processes share it for their bound passes and searches; the MILP and the re-checks stay on the CPU

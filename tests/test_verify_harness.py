@@ -177,6 +177,31 @@ def test_worker_processes_answer_as_one_process_does():
     assert [(o.key, o.result.status) for o in two] == [(o.key, o.result.status) for o in one]
 
 
+def test_a_cpu_clock_budget_counts_the_work_not_the_waiting():
+    """One stage budget on the two clocks: Sleepy's tasks wait (sleep) rather than compute, so 1 s of wall runs out
+    before the hard ones are decided, while 1 s of this process's CPU does not (the loop's own work is a small part of
+    it). So a loaded machine, which stretches the wall time of the same work, leaves a CPU budget's answers as they are."""
+    needs = [EASY_S] * 2 + [HARD_S] * 2
+    wall = harness.run(_tasks(needs), harness.StageBudget(1.0, first=FIRST_S))
+    assert [o.result.status for o in wall] == ["unsat", "unsat", "timeout", "timeout"]
+    cpu = harness.run(_tasks(needs), harness.StageBudget(1.0, first=FIRST_S), clock="cpu")
+    assert [o.result.status for o in cpu] == ["unsat"] * 4
+    assert sum(o.result.seconds for o in cpu) >= 2 * HARD_S  # reported seconds stay wall seconds
+    two = harness.run(_tasks(needs), harness.StageBudget(1.0, first=FIRST_S), clock="cpu", jobs=2)
+    assert [o.result.status for o in two] == ["unsat"] * 4
+
+
+def test_a_spawned_worker_counts_a_cpu_budget_from_its_own_start():
+    """A CPU clock reads each process's own seconds: a worker's deadline is its start plus the whole budget (the
+    parent's clock, far ahead after a long test session, would give it none or too much); the wall clock is shared."""
+    from analysis.verification.pool import Loop
+
+    cpu = Loop(harness.StageBudget(5.0), deadline=1e6 + 5.0, started=1e6, clock="cpu").here()
+    assert cpu.started <= Budget.read("cpu") and cpu.deadline - cpu.started == pytest.approx(5.0)
+    wall = Loop(harness.StageBudget(5.0), deadline=123.0, started=118.0)
+    assert wall.here() is wall
+
+
 def test_shards_are_disjoint_and_cover():
     items = list(range(11))
     parts = [harness.shard(items, f"{k}/3") for k in range(3)]

@@ -10,9 +10,10 @@ budget covers one pass per property and says so when it does not.
 
 An `Item` is one input box of one property with its verifier's bound-pass state (`Verifier.bound_pass`: it holds a
 `bounds.Bounder`; the links of the property's chain later find its bounds). Each item's share of a batched call's
-time is recorded (`Item.seconds`): the property's reported time includes it. Every pass stops at its deadline (each
-bounder's `expired`, and `problem.hard_limit` from outside); what it leaves is sound (intervals only narrowed), and an
-item whose pass did not finish gets CROWN again in its own turn, within its own limit.
+time is recorded (`Item.seconds`, wall seconds as every reported time): the property's reported time includes it.
+Every pass stops at its deadline, read on the loop's clock (each bounder's `expired`, and `problem.hard_limit` from
+outside on the wall clock); what it leaves is sound (intervals only narrowed), and an item whose pass did not finish
+gets CROWN again in its own turn, within its own limit.
 """
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ def _by_graph(items: Sequence[Item]) -> dict[int, list[Item]]:
     return groups
 
 
-def _until(deadline: float) -> Callable[[], bool]:
-    return lambda: _now() >= deadline
+def _until(deadline: float, clock: str) -> Callable[[], bool]:
+    return lambda: Budget.read(clock) >= deadline
 
 
-def _crown(items: Sequence[Item], deadline: float) -> None:
+def _crown(items: Sequence[Item], deadline: float, clock: str = "wall") -> None:
     """CROWN for the items' bounders (one graph) in one `crown_many` call, each stopping at `deadline`; each item's
     share of the call's time recorded. A bounder whose pass raised (an exp that may overflow) is tried alone, and what
     stopped it is kept for its turn to report (`state.failed`)."""
@@ -78,10 +79,10 @@ def _crown(items: Sequence[Item], deadline: float) -> None:
         return
     for it in todo:
         it.tried = True
-        it.state.bounder.expired = _until(deadline)
+        it.state.bounder.expired = _until(deadline, clock)
     t0 = _now()
     try:
-        with hard_limit(deadline - t0):
+        with hard_limit(deadline - Budget.read(clock), clock):
             try:
                 Bounder.crown_many([it.state.bounder for it in todo])
             except Exception:
@@ -101,26 +102,26 @@ def _crown(items: Sequence[Item], deadline: float) -> None:
         it.state.crowned()
 
 
-def measure(items: Sequence[Item], deadline: Callable[[Item], float], network: str) -> list[Cost]:
+def measure(items: Sequence[Item], deadline: Callable[[Item], float], network: str, clock: str = "wall") -> list[Cost]:
     """The CROWN pass of the first item of each graph among `items` (one network's), alone and timed until
-    `deadline(item)`: what one pass of that graph costs. The rest are left for `crown`."""
+    `deadline(item)` on `clock`: what one pass of that graph costs. The rest are left for `crown`."""
     costs = []
     for group in _by_graph(items).values():
         first = group[0]
         before = first.seconds
-        _crown([first], deadline(first))
+        _crown([first], deadline(first), clock)
         name = network if first.primary else f"{network}, {first.state.what}"
         costs.append(Cost(name, first.seconds - before, first.state.level != "ibp", len(group)))
     return costs
 
 
-def crown(items: Sequence[Item], deadline: float) -> None:
-    """CROWN for every item still without it, batched per graph, until `deadline`."""
+def crown(items: Sequence[Item], deadline: float, clock: str = "wall") -> None:
+    """CROWN for every item still without it, batched per graph, until `deadline` on `clock`."""
     for group in _by_graph(items).values():
-        _crown(group, deadline)
+        _crown(group, deadline, clock)
 
 
-def alpha(items: Sequence[Item], deadline: float) -> None:
+def alpha(items: Sequence[Item], deadline: float, clock: str = "wall") -> None:
     """α-CROWN on the open rows of the items whose chain has α-CROWN (`state.alpha_rows()`), batched per graph and
     settings, the ones nearest to a proof first, until `deadline`. An item it did not finish gets α-CROWN again in its
     turn."""
@@ -130,20 +131,20 @@ def alpha(items: Sequence[Item], deadline: float) -> None:
     for it in todo:
         groups.setdefault((id(it.state.source), it.state.alpha), []).append(it)
     for (_, (steps, lr)), group in groups.items():
-        if _now() >= deadline:
+        if Budget.read(clock) >= deadline:
             return
         for it in group:
-            it.state.bounder.expired = _until(deadline)
+            it.state.bounder.expired = _until(deadline, clock)
         t0 = _now()
         lowers = None
         try:
-            with hard_limit(deadline - t0):
+            with hard_limit(deadline - Budget.read(clock), clock):
                 lowers = Bounder.alpha_spec_many([(it.state.bounder, *it.state.alpha_rows()) for it in group], steps, lr)
         except Overrun:
             pass
         except Exception:  # an op whose lines are refused on this box: the item's own turn reports it
             pass
-        complete = _now() < deadline
+        complete = Budget.read(clock) < deadline
         share = (_now() - t0) / len(group)
         for n, it in enumerate(group):
             it.seconds += share

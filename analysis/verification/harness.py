@@ -21,8 +21,7 @@ Two ways to spend time:
   counts against it: a chunk (a network's tasks, cut into one chunk per job) may spend `PASS_SHARE` of its tasks'
   limits together on the pass, and the first task's measured pass no more than its own limit. With several jobs,
   each worker takes the next chunk from a shared queue.
-- `StageBudget`: one wall-clock budget for all tasks; the pass for all of them comes first, against the one
-  deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
+- `StageBudget`: one budget for all tasks; the pass for all of them comes first, against the one deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
   is left (time left / tasks still open), the nearest to a decision (branch and bound's global lower bound, else the
   margin bound) first; a task is final when it is decided or its method ended undecided inside its limit
   ("unknown"), or when no turn at least `MIN_TURN_SHARE` times its last is left to give it. When the fair share is
@@ -30,6 +29,11 @@ Two ways to spend time:
   finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem between rounds
   in its worker, so the bounds computed once are reused and branch and bound goes on from its open domains. With
   several jobs the tasks are dealt round-robin to the workers, each running its share against the one deadline.
+
+The clock (`clock=`): "wall" counts wall seconds (VNN-COMP's rule); "cpu" counts the CPU seconds of the process
+doing the work, every limit and the run's budget alike (each spawned worker its own from its start, so that each has
+the whole budget, as each has the whole wall budget side by side), so that a loaded machine gives the same answers
+more slowly. Reported seconds are wall seconds either way (and CPU seconds beside them).
 
 Every limit holds within a second: a turn looks at its `Budget`, and past it by `problem.HARD_GRACE_S` it is
 stopped from outside (`problem.hard_limit`). A task's reported seconds are all it spent (its share of the pass and
@@ -269,7 +273,7 @@ def run(tasks: Sequence[Task], limits: PerTask | StageBudget, *, jobs: int = 1, 
 
     indexed = list(enumerate(tasks))
     total = limits.seconds if stage else limits.wall_s
-    started = Budget.read("wall")
+    started = Budget.read(clock)
     deadline = started + (math.inf if total is None else total)
     loop = Loop(limits, deadline, started, clock, options, device, jobs)
     if jobs == 1:

@@ -34,8 +34,9 @@ ALPHA_SHARE = 0.5
 @dataclass(frozen=True)
 class Loop:
     """What every part of one run of the loop shares, in this process and in each worker (it pickles): the limits, the
-    one wall deadline and when the run began (`Budget.read("wall")` seconds), the clock turns are measured on, the
-    verifiers' options, the device they compute on and how many workers share the tasks."""
+    one deadline and when the run began, both read on `clock` (`Budget.read(clock)` seconds): the clock that turns,
+    passes and the run's budget are all measured on; the verifiers' options, the device they compute on and how many
+    workers share the tasks."""
 
     limits: PerTask | StageBudget
     deadline: float
@@ -45,6 +46,17 @@ class Loop:
     device: str = "cpu"
     workers: int = 1
 
+    def now(self) -> float:
+        return Budget.read(self.clock)
+
+    def here(self) -> "Loop":
+        """This loop as a spawned worker reads it: a CPU clock counts each process's own seconds, so a worker's budget
+        starts when it does (each worker its whole budget, as every worker has the whole wall budget side by side)."""
+        if self.clock == "wall":
+            return self
+        now = self.now()
+        return replace(self, started=now, deadline=now + (self.deadline - self.started))
+
 
 class _Worker:
     """One process's share of the tasks: their problems (built once, kept between turns, each network's graph read once
@@ -53,6 +65,7 @@ class _Worker:
 
     def __init__(self, loop: Loop, emit: Callable[[Any], None]):
         self.clock, self.options, self.device, self.emit = loop.clock, loop.options, loop.device, emit
+        self.now = loop.now
         self.cache: dict[Any, Any] = {}
         self.problems: dict[int, tuple[Problem, float]] = {}
         self.spent: dict[int, float] = {}
@@ -84,8 +97,7 @@ class _Worker:
         """The first pass's deadlines (measure, crown, α) for tasks with per-task limits `limit(task)` (∞: none) inside
         one `deadline`: the first property of a network alone within what its limit has left; the batched passes
         within the given shares of what their tasks' limits have left together (and of the time to `deadline`)."""
-        def now() -> float:
-            return Budget.read("wall")
+        now = self.now
 
         def pooled(share: float) -> Callable[[list[int]], float]:
             def at(indices: list[int]) -> float:
@@ -127,21 +139,22 @@ class _Worker:
         for g, members in groups.items():
             items[g] = [it for i, task in members for it in self._items(i, task)]
         costs: list[first_pass.Cost] = []
-        began = Budget.read("wall")
+        began = self.now()
         for g, members in groups.items():
             if items[g]:
-                costs += first_pass.measure(items[g], lambda it: measure_deadline(it.index), members[0][1].network_label())
+                costs += first_pass.measure(items[g], lambda it: measure_deadline(it.index), members[0][1].network_label(),
+                                            self.clock)
         note(costs, sum(c.seconds * (c.properties - 1) for c in costs))
         for primary in (True, False):  # the properties' own networks first, another network's bounds after
             for g, members in groups.items():
                 mine = [it for it in items[g] if it.primary == primary and not it.tried]
                 if mine:
-                    first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})))
+                    first_pass.crown(mine, crown_deadline(sorted({it.index for it in mine})), self.clock)
         every = [it for g in groups for it in items[g]]
-        note(costs, 0.0, first_pass.reached(every), len(every), Budget.read("wall") - began, began)
+        note(costs, 0.0, first_pass.reached(every), len(every), self.now() - began, began)
         at = alpha_deadline([i for members in groups.values() for i, _ in members])  # one share for all networks
         for g in groups:
-            first_pass.alpha(items[g], at)
+            first_pass.alpha(items[g], at, self.clock)
         tasks = dict(indexed)
         still = []
         for g, members in groups.items():
@@ -238,13 +251,13 @@ def closeness(result: Result | None, problem: Problem | None = None) -> float:
 
 def _plan_note(note: Callable[[Plan], None] | None, loop: Loop, limit: float | None = None) -> Callable[..., None]:
     """`send(costs, rest)` before the pass goes on; `send(costs, 0.0, reached, properties, pass_seconds, began)` after
-    it (`began`: when the pass began, on the wall clock)."""
+    it (`began`: when the pass began, on the loop's clock)."""
     def send(costs: list[first_pass.Cost], rest: float, reached: int | None = None, properties: int = 0,
              pass_seconds: float = 0.0, began: float = 0.0) -> None:
         if note is None or not costs:
             return
         started, workers = loop.started, loop.workers
-        now = Budget.read("wall")
+        now = loop.now()
         needed = now - started + rest
         if reached is not None and reached < properties:  # extrapolated from the pass's own rate
             needed = began - started + pass_seconds * properties / max(reached, 1)
@@ -265,19 +278,19 @@ def run_per_task(chunks: Iterable[list[tuple[int, Task]]], loop: Loop, emit: Cal
 
     for chunk in chunks:
         tasks = dict(chunk)
-        if Budget.read("wall") >= deadline:
+        if loop.now() >= deadline:
             for i, task in chunk:
-                emit(Outcome(i, task.key, task.known or Result("timeout", 0.0, message="not run: the run's wall budget was spent"), 0.0))
+                emit(Outcome(i, task.key, task.known or Result("timeout", 0.0, message="not run: the run's budget was spent"), 0.0))
             continue
         # the first property of a network is measured alone, within its own limit; the rest share PASS_SHARE of theirs
         open_ = w.first_pass(chunk, *w.deadlines(tasks, limit, deadline, PASS_SHARE, ALPHA_SHARE),
                              _plan_note(note, loop, min(limit(task) for _, task in chunk)), limit)
         for i in open_:
             task = tasks[i]
-            seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - Budget.read("wall"))
+            seconds = min(limit(task) - w.spent.get(i, 0.0), deadline - loop.now())
             if seconds <= 0:
                 why = (f"its limit of {limit(task):.3g} s went to its first bound pass, which took {w.spent.get(i, 0.0):.3g} s"
-                       if Budget.read("wall") < deadline else "the run's wall budget was spent")
+                       if loop.now() < deadline else "the run's budget was spent")
                 emit(Outcome(i, task.key, w.unrun(i, task, why), w.prepare(i)))
             else:
                 emit(Outcome(i, task.key, w.solve(i, task, seconds, limit(task)), w.prepare(i)))
@@ -321,7 +334,7 @@ def run_rounds(indexed: Sequence[tuple[int, Task]], loop: Loop, emit: Callable[[
         still = []
         queue = list(open_)  # the nearest to a decision first
         while queue:
-            left = deadline - Budget.read("wall")
+            left = deadline - loop.now()
             # when what is left cannot give every task in the queue a turn worth having, the farthest from a decision
             # give theirs up, so that the nearest get one (split evenly, the last round's time went to no one)
             while len(queue) > 1 and not worth(queue[-1][0], turn(*queue[-1], left / len(queue))):
@@ -389,6 +402,7 @@ def run_pool(indexed: list[tuple[int, Task]], loop: Loop, emit: Callable[[Outcom
 
 def _worker(mode: str, work: Any, loop: Loop, out: Any) -> None:
     torch.set_num_threads(1)
+    loop = loop.here()
     note = lambda plan: out.put(("plan", plan))  # noqa: E731
     try:
         if mode == "queue":

@@ -158,14 +158,15 @@ class OnnxRecheck:
 @dataclass(frozen=True)
 class PerTask:
     timeout: float  # for tasks without their own
-    # wall seconds for all tasks together (None: no such limit): no task runs past it, one not begun by then is a
-    # timeout that says it was not run (a measurement that must end inside another limit, benchmarks/gpu_verify.py)
+    # seconds for all tasks together, on the run's clock (None: no such limit): no task runs past it, one not begun by
+    # then is a timeout that says it was not run (a measurement that must end inside another limit,
+    # benchmarks/gpu_verify.py)
     wall_s: float | None = None
 
 
 @dataclass(frozen=True)
 class StageBudget:
-    seconds: float  # wall clock for every task together
+    seconds: float  # for every task together, on the run's clock (harness.run's `clock`)
     first: float = 1.0  # the first round's limit per task
 
 

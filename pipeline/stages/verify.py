@@ -3,7 +3,8 @@ int8 model and the smooth network the user trained. The properties and which net
 `analysis/robustness/properties.py`; what the answers say together: `analysis/robustness/chain.py`; the engine that
 decides them: `analysis/verification/`; the stage's section of report.md: `pipeline/stages/verify_report.py`.
 
-Time: one wall-clock budget for the float networks' properties (``verify.budget_s``, ReLU and smooth), shared
+Time: one budget for the float networks' properties (``verify.budget_s``, ReLU and smooth; wall seconds, or CPU
+seconds with ``verify.cpu_time``, as every limit of the stage), shared
 through the one property loop (`analysis.verification.harness.StageBudget`): first one bound pass for every property
 (CROWN, the properties of a network batched; then α-CROWN where there is time), its cost measured on each network's
 first property; when the budget cannot cover one pass per property, one line in the log says so with the budget
@@ -73,9 +74,9 @@ def validate_config(cfg: Config) -> None:
     if v.samples < 1:
         raise ConfigError(f"verify.samples must be >= 1, got {v.samples}")
     if not v.budget_s > 0:
-        raise ConfigError(f"verify.budget_s must be > 0 (wall seconds for the whole stage), got {v.budget_s}")
+        raise ConfigError(f"verify.budget_s must be > 0 (seconds for the whole stage), got {v.budget_s}")
     if v.int8 and not v.int8_budget_s > 0:
-        raise ConfigError(f"verify.int8_budget_s must be > 0 (wall seconds for the int8 properties), got {v.int8_budget_s}; "
+        raise ConfigError(f"verify.int8_budget_s must be > 0 (seconds for the int8 properties), got {v.int8_budget_s}; "
                           "or verify.int8=false")
     if v.timeout_s < 0:
         raise ConfigError(f"verify.timeout_s must be >= 0 (a cap per property; 0 = none), got {v.timeout_s}")
