@@ -145,7 +145,9 @@ def markdown(study: dict[str, Any], numbers: dict[str, Any], out: Path | None) -
           (f"Per benchmark and variant, mean ± {CONFIDENCE:.0%} t-interval over seeds (no ± with one seed). Paired: "
            "annealed − other on the same seed. Verification columns: the verify stage's properties (first validation "
            "examples); radii: bisection over sound answers, a censored radius counted at eps_max (a lower bound). "
-           "Fractions are shares (×100 = %)."), ""]
+           "Fractions are shares (×100 = %). Seconds per decided property are the verify stage's: a network's "
+           "properties, every ε together, share its batched first bound pass evenly, so where that pass decides most "
+           "of them the median is the pass's cost per property, the same at every ε."), ""]
     for bench, t in numbers.items():
         variants = sorted(t["variants"], key=lambda v: ORDER.index(v) if v in ORDER else 9)
         md += [f"### {bench}", "", "Seeds: " + ", ".join(f"{NAMES.get(v, v)} {len(t['seeds'][v])}" for v in variants), ""]
