@@ -4,6 +4,8 @@ with its own PYTHONPATH, in one hold of the shared lock):
     python -m benchmarks.crown_time preact RUN TAG      # our side of peers/crown_side_by_side on RUN's first 3
                                                         # properties of verify/onnx/lambda_gelu.onnx, 5 passes each
     python -m benchmarks.crown_time mobilenet TAG [EPS] [N]   # a MobileNetV2-style ReLU6 net, N properties at EPS
+    python -m benchmarks.crown_time grouped [EPS] [N] [ROUNDS]   # that net with depthwise convs against the same
+                                                        # net with each written as a plain conv, passes interleaved
 
 Each prints `RESULT TAG ...` lines: seconds (min and median for `preact`), the spec rows' bounds, unstable ReLUs.
 The MobileNetV2-style net (random weights, seed 0; inverted residuals with depthwise 3×3 convolutions, BatchNorm,
@@ -94,14 +96,74 @@ def mobilenet_pass(tag: str, eps: float, n: int) -> None:
     print(f"RESULT {tag} mobilenet median {statistics.median(times):.3f} s, decided by CROWN {decided}/{n}")
 
 
+def as_plain(model: nn.Module) -> nn.Module:
+    """A copy of `model` with every grouped convolution written as a plain one computing the same function: its weight
+    block-diagonal over the groups, zero elsewhere (what a depthwise conv costs written without `groups`)."""
+    import copy
+
+    plain = copy.deepcopy(model)
+    for name, mod in list(plain.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, nn.Conv2d) and child.groups > 1:
+                g, co, cig = child.groups, child.out_channels, child.in_channels // child.groups
+                dense = nn.Conv2d(child.in_channels, co, child.kernel_size, child.stride, child.padding,
+                                  child.dilation, 1, child.bias is not None)
+                w = torch.zeros_like(dense.weight)
+                for k in range(g):
+                    rows = slice(k * co // g, (k + 1) * co // g)
+                    w[rows, k * cig:(k + 1) * cig] = child.weight.data[rows]
+                dense.weight.data = w
+                if child.bias is not None:
+                    dense.bias.data = child.bias.data.clone()
+                setattr(mod, child_name, dense)
+    return plain.eval()
+
+
+def grouped_vs_plain(eps: float, n: int, rounds: int) -> None:
+    """CROWN passes on the MobileNetV2-style net (depthwise 3×3 convs) and on `as_plain` of it, interleaved per
+    property and round; prints each pass's seconds, the largest difference between the two nets' margin bounds, and
+    the median ratio grouped / plain."""
+    from analysis.verification.bounds import Bounder, Spec
+    from analysis.verification.readers import from_torch
+
+    model = mobilenet(BLOCKS_13K)
+    nets = {"grouped": from_torch(model, (3, 32, 32)), "plain": from_torch(as_plain(model), (3, 32, 32))}
+    gen = torch.Generator().manual_seed(1)
+    ratios = []
+    for k in range(n):
+        x0 = torch.rand(3 * 32 * 32, generator=gen, dtype=torch.float64)
+        label = int(nets["grouped"].forward(x0[None])[0].argmax())
+        C = -torch.eye(10, dtype=torch.float64)
+        C[:, label] += 1
+        C = torch.cat([C[:label], C[label + 1:]])
+        secs: dict[str, list[float]] = {"grouped": [], "plain": []}
+        lower: dict[str, torch.Tensor] = {}
+        for _ in range(rounds):
+            for name, net in nets.items():
+                t0 = time.perf_counter()
+                b = Bounder(net, (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1))
+                b.crown()
+                lower[name] = b.spec_bounds(Spec(C, torch.zeros(9)))
+                secs[name].append(time.perf_counter() - t0)
+        ratio = statistics.median(secs["grouped"]) / statistics.median(secs["plain"])
+        ratios.append(ratio)
+        print(f"RESULT grouped_{k}_{eps} grouped {statistics.median(secs['grouped']):.3f} s plain "
+              f"{statistics.median(secs['plain']):.3f} s ratio {ratio:.3f} max_bound_diff "
+              f"{float((lower['grouped'] - lower['plain']).abs().max()):.3e}", flush=True)
+    print(f"RESULT grouped median ratio grouped/plain {statistics.median(ratios):.3f} over {n} properties")
+
+
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     if argv[0] == "preact":
         preact(Path(argv[1]), argv[2])
     elif argv[0] == "mobilenet":
         mobilenet_pass(argv[1], float(argv[2]) if len(argv) > 2 else 0.002, int(argv[3]) if len(argv) > 3 else 10)
+    elif argv[0] == "grouped":
+        grouped_vs_plain(float(argv[1]) if len(argv) > 1 else 0.002, int(argv[2]) if len(argv) > 2 else 5,
+                         int(argv[3]) if len(argv) > 3 else 3)
     else:
-        raise SystemExit(f"error: unknown mode {argv[0]!r}; use preact RUN TAG or mobilenet TAG [EPS] [N]")
+        raise SystemExit(f"error: unknown mode {argv[0]!r}; use preact RUN TAG, mobilenet TAG [EPS] [N] or grouped [EPS] [N] [ROUNDS]")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
 from analysis.verification.bounds import Bounder, Spec
@@ -872,17 +873,29 @@ def test_query_rows_carried_on_their_receptive_field_give_the_full_rows_bounds(t
     assert used > 0  # some query went the local way
 
 
+BACK_TOL = 1e-12  # float64 sums of at most 9·6 products of unit-scale values, in another order than torch's
+
+
 @pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (1, 1), (1, 1)), ((2, 1), (1, 0), (1, 2)), ((2, 2), (0, 0), (1, 1))])
-def test_a_convs_unit_rows_are_its_transposed_convolution_of_one_hot_rows(stride, padding, dilation):
-    """`Conv.unit_rows` (each unit's kernel placed on its window) equals `back` of the units' one-hot rows
-    (conv_transpose2d) exactly, taps in the padding included."""
+@pytest.mark.parametrize("cin,cout,groups", [(3, 4, 1), (4, 4, 4), (4, 6, 2)])  # plain, depthwise, grouped ×3
+def test_a_convs_unit_rows_are_its_transposed_convolution_of_one_hot_rows(stride, padding, dilation, cin, cout, groups):
+    """`Conv.unit_rows` (each unit's kernel placed on its window, a grouped conv's on its group's channels) equals
+    the units' one-hot rows through torch's transposed convolution exactly, taps in the padding included."""
     from analysis.verification.ops.affine import Conv
 
     g = torch.Generator().manual_seed(0)
-    conv = Conv(torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64),
-                (3, 9, 7), stride, padding, dilation)
+    conv = Conv(torch.randn(cout, cin // groups, 3, 3, generator=g, dtype=torch.float64),
+                torch.randn(cout, generator=g, dtype=torch.float64), (cin, 9, 7), stride, padding, dilation, groups)
     units = torch.arange(conv.out_size)
     E = torch.eye(conv.out_size, dtype=torch.float64)
-    (rows0,), c0 = conv.back(E)
+    rows0 = F.conv_transpose2d(E.reshape(-1, *conv.out_shape), conv.weight, None, conv.stride, conv.padding,
+                               tuple(conv._output_padding()), groups, conv.dilation).reshape(conv.out_size, -1)
+    c0 = E.reshape(-1, *conv.out_shape).sum(dim=(2, 3)) @ conv.bias
     rows, c = conv.unit_rows(units)
     assert torch.equal(rows, rows0) and torch.equal(c, c0)
+    # and `back` of dense rows (its grouped and depthwise products on maps too large for its dense matrix)
+    A = torch.randn(5, conv.out_size, generator=g, dtype=torch.float64)
+    (back,), _ = conv.back(A)
+    ref = F.conv_transpose2d(A.reshape(-1, *conv.out_shape), conv.weight, None, conv.stride, conv.padding,
+                             tuple(conv._output_padding()), groups, conv.dilation).reshape(5, -1)
+    assert torch.allclose(back, ref, rtol=BACK_TOL, atol=BACK_TOL)

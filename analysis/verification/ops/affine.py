@@ -120,23 +120,23 @@ class Conv(Affine):
                 w - ((wo - 1) * self.stride[1] - 2 * self.padding[1] + self.dilation[1] * (kw - 1) + 1)]
 
     def unit_rows(self, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel of each output unit placed on its window of the input (taps in the padding dropped): `back` of a
-        one-hot row, without a transposed convolution of a whole row of zeros."""
-        if self.groups != 1:
-            return super().unit_rows(units)
+        """The kernel of each output unit placed on its window of the input (taps in the padding dropped; a grouped
+        conv's on its group's input channels): `back` of a one-hot row, without a transposed convolution of a whole
+        row of zeros."""
         c, h, w = self.in_shape
         _, ho, wo = self.out_shape
-        kh, kw = self.weight.shape[2:]
+        cig, kh, kw = self.weight.shape[1:]
         k = units.numel()
         co, y, x = units // (ho * wo), units % (ho * wo) // wo, units % wo
         dev = units.device
         iy = y.view(k, 1, 1, 1) * self.stride[0] - self.padding[0] + torch.arange(kh, device=dev).view(1, 1, kh, 1) * self.dilation[0]
         ix = x.view(k, 1, 1, 1) * self.stride[1] - self.padding[1] + torch.arange(kw, device=dev).view(1, 1, 1, kw) * self.dilation[1]
         inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-        flat = torch.arange(c, device=dev).view(1, c, 1, 1) * (h * w) + iy * w + ix
+        first = (co // (self.weight.shape[0] // self.groups)) * cig  # the unit's group's first input channel
+        flat = (first.view(k, 1, 1, 1) + torch.arange(cig, device=dev).view(1, cig, 1, 1)) * (h * w) + iy * w + ix
         vals = torch.where(inside, self.weight[co], torch.zeros((), dtype=self.weight.dtype, device=dev))
         rows = torch.zeros(k, c * h * w, dtype=self.weight.dtype, device=dev)
-        rows.scatter_add_(1, torch.where(inside, flat, torch.zeros_like(flat)).expand(k, c, kh, kw).reshape(k, -1),
+        rows.scatter_add_(1, torch.where(inside, flat, torch.zeros_like(flat)).expand(k, cig, kh, kw).reshape(k, -1),
                           vals.reshape(k, -1))  # distinct taps, distinct inputs: each a sum of one weight and zeros
         return rows, self.bias[co]
 
@@ -159,10 +159,15 @@ class Conv(Affine):
                 cols = torch.matmul(self.weight.reshape(self.weight.shape[0], -1).T, Ai.reshape(rows, self.weight.shape[0], -1))
                 back = F.fold(cols, (h, w), (kh, kw), self.dilation, self.padding, self.stride)
                 return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
-            # grouped (a depthwise conv): the same per group, W_gᵀ·A_g as one batched product over the groups
+            # grouped: the same per group, W_gᵀ·A_g as one batched product over the groups; a depthwise conv's (one
+            # input and one output channel a group) as a broadcast product, since a batched product of kh·kw×1 by
+            # 1×pixels matrices costs more than the dense product of the same conv written without groups
             g, (co, cig) = self.groups, self.weight.shape[:2]
-            Wg = self.weight.reshape(g, co // g, cig * kh * kw).transpose(1, 2)
-            cols = torch.matmul(Wg, Ai.reshape(rows, g, co // g, -1)).reshape(rows, g * cig * kh * kw, -1)
+            if self.depthwise:
+                cols = (self.weight.reshape(1, g, kh * kw, 1) * Ai.reshape(rows, g, 1, -1)).reshape(rows, g * kh * kw, -1)
+            else:
+                Wg = self.weight.reshape(g, co // g, cig * kh * kw).transpose(1, 2)
+                cols = torch.matmul(Wg, Ai.reshape(rows, g, co // g, -1)).reshape(rows, g * cig * kh * kw, -1)
             back = F.fold(cols, (h, w), (kh, kw), self.dilation, self.padding, self.stride)
             return [back.reshape(rows, -1)], Ai.sum(dim=(2, 3)) @ self.bias
         back = F.conv_transpose2d(Ai, self.weight, None, self.stride, self.padding, tuple(op), self.groups, self.dilation)
@@ -192,6 +197,11 @@ class Conv(Affine):
         out = B.new_zeros(rows, ci, h, w)
         out[:, :, :(ho - 1) * self.stride[0] + 1:self.stride[0], :(wo - 1) * self.stride[1] + 1:self.stride[1]] = B
         return out.reshape(rows, -1)
+
+    @property
+    def depthwise(self) -> bool:
+        """One input and one output channel a group."""
+        return self.groups > 1 and self.weight.shape[0] == self.groups and self.weight.shape[1] == 1
 
     @property
     def back_terms(self) -> int:
