@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every table and figure under docs/results/ from the current code, in one command:
 #
-#   docs/results/regenerate.sh            # hours on 2 CPU cores; a rerun skips every finished point
+#   docs/results/regenerate.sh            # hours on 2 CPU cores (JOBS=2 uses both); a rerun skips every finished point
 #
 # study/         Table II as a reviewer asks for it: 5 seeds, mean ± 95% t-interval, validation and
 #                test, ReLU trained from scratch, ablations (λ not learned; GELU swapped at e_s then fine-tuned),
@@ -17,6 +17,8 @@
 #   RUNS=runs-paper      where the run directories go (one folder per sweep below it)
 #   RESULTS=docs/results where the reports go
 #   OPTS=                options for every `pipeline sweep`, e.g. "--grid seed=0,1" or "--shard 0/4"
+#   JOBS=1               shards of each sweep run side by side on this machine, one core each (JOBS=2 on 2 cores);
+#                        not with a --shard in OPTS (a cluster task runs one shard)
 #   OVERRIDES=           config overrides for every point, e.g. "train.epochs=2 data.subset=500"
 #   PIPELINE=".venv/bin/python -m pipeline.cli"
 #   LIRPA_PYTHON=.peers/auto_lirpa/bin/python, LIRPA_PATH=   auto_LiRPA's interpreter and an extra PYTHONPATH entry
@@ -33,9 +35,28 @@ RESULTS=${RESULTS:-docs/results}
 OPTS=${OPTS:-}
 OVERRIDES=${OVERRIDES:-}
 
+JOBS=${JOBS:-1}
+if [[ ! "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "regenerate: JOBS must be a positive integer (shards side by side), got '$JOBS'" >&2; exit 2
+fi
+if (( JOBS > 1 )) && [[ "$OPTS" == *--shard* ]]; then
+  echo "regenerate: JOBS=$JOBS and a --shard in OPTS: choose one (JOBS shards here, or one --shard per cluster task)" >&2; exit 2
+fi
+
 sweep() {  # sweep FILE-STEM OUT-SUBDIR: options before the file, overrides after it (argparse takes them in that order)
-  # shellcheck disable=SC2086  # word splitting of PIPELINE, OPTS and OVERRIDES is intended
-  nice -n 19 $PIPELINE sweep --out "$RUNS/$2" $OPTS "configs/sweeps/$1.toml" $OVERRIDES
+  if (( JOBS == 1 )); then
+    # shellcheck disable=SC2086  # word splitting of PIPELINE, OPTS and OVERRIDES is intended
+    nice -n 19 $PIPELINE sweep --out "$RUNS/$2" $OPTS "configs/sweeps/$1.toml" $OVERRIDES
+    return
+  fi
+  local k rc=0 pids=()
+  for ((k = 0; k < JOBS; k++)); do  # the shards share the out folder, each writing its own index
+    # shellcheck disable=SC2086
+    nice -n 19 $PIPELINE sweep --out "$RUNS/$2" $OPTS --shard "$k/$JOBS" "configs/sweeps/$1.toml" $OVERRIDES &
+    pids+=($!)
+  done
+  for k in "${pids[@]}"; do wait "$k" || rc=1; done
+  return $rc
 }
 report() {  # report OUT TITLE DIR...
   local out=$1 title=$2
