@@ -21,9 +21,10 @@ Two ways to spend time:
   counts against it: a chunk (a network's tasks, cut into one chunk per job) may spend `PASS_SHARE` of its tasks'
   limits together on the pass, and the first task's measured pass no more than its own limit. With several jobs,
   each worker takes the next chunk from a shared queue.
-- `StageBudget`: one budget for all tasks; the pass for all of them comes first, against the one deadline. Then rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what
-  is left (time left / tasks still open), the nearest to a decision (branch and bound's global lower bound, else the
-  margin bound) first; a task is final when it is decided or its method ended undecided inside its limit
+- `StageBudget`: one budget for all tasks; the pass for all of them comes first, against the one deadline. Then
+  rounds: every open task gets `first` seconds, then ×4 per round, capped by its fair share of what is left (time
+  left / tasks still open), the nearest to a decision (branch and bound's global lower bound, else the margin bound)
+  first; a task is final when it is decided or its method ended undecided inside its limit
   ("unknown"), or when no turn at least `MIN_TURN_SHARE` times its last is left to give it. When the fair share is
   too short for every open task, the farthest from a decision give their turns up to the nearest. Easy properties
   finish in the first round and the time they leave goes to the hard ones. A task keeps its Problem between rounds
