@@ -47,7 +47,7 @@ class Float32Back:
         float32 precision setting other than IEEE, an input interval or weight outside FLOAT32_RANGE, or a float32
         result that is not finite."""
         op = self.net.nodes[k].op
-        if not FLOAT32_MIN_TERMS or (op.back_terms < FLOAT32_MIN_TERMS and not getattr(op, "depthwise", False)) \
+        if not FLOAT32_MIN_TERMS or (op.back_terms < FLOAT32_MIN_TERMS and not op.depthwise) \
                 or A.requires_grad or A.device.type != "cpu":
             return None
         data = self._f32.get(k)

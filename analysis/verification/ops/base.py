@@ -101,6 +101,7 @@ class Affine(Op):
     # products each coefficient of `back` sums at most; a Conv's decides whether its back-substitution runs in float32
     # (`float32.Float32Back`), 0 elsewhere (float64 always)
     back_terms: ClassVar[int] = 0
+    depthwise: ClassVar[bool] = False  # a Conv of one input and one output channel a group: float32 whatever its terms
 
     def forward(self, *h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
