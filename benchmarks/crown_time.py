@@ -4,8 +4,9 @@ with its own PYTHONPATH, in one hold of the shared lock):
     python -m benchmarks.crown_time preact RUN TAG      # our side of peers/crown_side_by_side on RUN's first 3
                                                         # properties of verify/onnx/lambda_gelu.onnx, 5 passes each
     python -m benchmarks.crown_time mobilenet TAG [EPS] [N]   # a MobileNetV2-style ReLU6 net, N properties at EPS
-    python -m benchmarks.crown_time grouped [EPS] [N] [ROUNDS]   # that net with depthwise convs against the same
-                                                        # net with each written as a plain conv, passes interleaved
+    python -m benchmarks.crown_time grouped [EPS] [N] [ROUNDS] [WIDTH]   # that net with depthwise convs (WIDTH 1) or
+                                                        # grouped ones of WIDTH channels a group against the same net
+                                                        # with each written as a plain conv, passes interleaved
 
 Each prints `RESULT TAG ...` lines: seconds (min and median for `preact`), the spec rows' bounds, unstable ReLUs.
 The MobileNetV2-style net (random weights, seed 0; inverted residuals with depthwise 3×3 convolutions, BatchNorm,
@@ -34,13 +35,14 @@ def preact(run: Path, tag: str) -> None:
 
 
 class InvertedResidual(nn.Module):
-    def __init__(self, cin: int, cout: int, expand: int, stride: int):
+    def __init__(self, cin: int, cout: int, expand: int, stride: int, width: int = 1):
         super().__init__()
         hid = cin * expand
         layers: list[nn.Module] = []
         if expand != 1:
             layers += [nn.Conv2d(cin, hid, 1, bias=False), nn.BatchNorm2d(hid), nn.ReLU6()]
-        layers += [nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
+        # depthwise (width 1) or grouped 3×3 of `width` channels a group (RegNetX's group width)
+        layers += [nn.Conv2d(hid, hid, 3, stride, 1, groups=hid // width, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
                    nn.Conv2d(hid, cout, 1, bias=False), nn.BatchNorm2d(cout)]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
@@ -54,12 +56,13 @@ BLOCKS_10K = ((8, 1, 1), (12, 4, 2), (12, 4, 1), (16, 4, 2), (16, 4, 1))  # 9,99
 BLOCKS_13K = BLOCKS_10K + ((16, 4, 1),)  # 12,906 parameters
 
 
-def mobilenet(blocks: tuple[tuple[int, int, int], ...] = BLOCKS_10K) -> nn.Module:
+def mobilenet(blocks: tuple[tuple[int, int, int], ...] = BLOCKS_10K, width: int = 1) -> nn.Module:
+    """The MobileNetV2-style net; `width` > 1: its 3×3 convolutions grouped with `width` channels a group."""
     torch.manual_seed(0)
     layers: list[nn.Module] = [nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()]
     cin = 8
     for cout, expand, stride in blocks:
-        layers.append(InvertedResidual(cin, cout, expand, stride))
+        layers.append(InvertedResidual(cin, cout, expand, stride, width))
         cin = cout
     m = nn.Sequential(*layers, nn.Conv2d(cin, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(),
                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
@@ -119,14 +122,14 @@ def as_plain(model: nn.Module) -> nn.Module:
     return plain.eval()
 
 
-def grouped_vs_plain(eps: float, n: int, rounds: int) -> None:
-    """CROWN passes on the MobileNetV2-style net (depthwise 3×3 convs) and on `as_plain` of it, interleaved per
-    property and round; prints each pass's seconds, the largest difference between the two nets' margin bounds, and
-    the median ratio grouped / plain."""
+def grouped_vs_plain(eps: float, n: int, rounds: int, width: int = 1) -> None:
+    """CROWN passes on the MobileNetV2-style net (depthwise 3×3 convs, or grouped ones of `width` channels a group)
+    and on `as_plain` of it, interleaved per property and round; prints each pass's seconds, the largest difference
+    between the two nets' margin bounds, and the median ratio grouped / plain."""
     from analysis.verification.bounds import Bounder, Spec
     from analysis.verification.readers import from_torch
 
-    model = mobilenet(BLOCKS_13K)
+    model = mobilenet(BLOCKS_13K, width)
     nets = {"grouped": from_torch(model, (3, 32, 32)), "plain": from_torch(as_plain(model), (3, 32, 32))}
     gen = torch.Generator().manual_seed(1)
     ratios = []
@@ -150,7 +153,8 @@ def grouped_vs_plain(eps: float, n: int, rounds: int) -> None:
         print(f"RESULT grouped_{k}_{eps} grouped {statistics.median(secs['grouped']):.3f} s plain "
               f"{statistics.median(secs['plain']):.3f} s ratio {ratio:.3f} max_bound_diff "
               f"{float((lower['grouped'] - lower['plain']).abs().max()):.3e}", flush=True)
-    print(f"RESULT grouped median ratio grouped/plain {statistics.median(ratios):.3f} over {n} properties")
+    print(f"RESULT grouped median ratio grouped/plain {statistics.median(ratios):.3f} over {n} properties "
+          f"(group width {width})")
 
 
 def main(argv: list[str]) -> None:
@@ -161,9 +165,9 @@ def main(argv: list[str]) -> None:
         mobilenet_pass(argv[1], float(argv[2]) if len(argv) > 2 else 0.002, int(argv[3]) if len(argv) > 3 else 10)
     elif argv[0] == "grouped":
         grouped_vs_plain(float(argv[1]) if len(argv) > 1 else 0.002, int(argv[2]) if len(argv) > 2 else 5,
-                         int(argv[3]) if len(argv) > 3 else 3)
+                         int(argv[3]) if len(argv) > 3 else 3, int(argv[4]) if len(argv) > 4 else 1)
     else:
-        raise SystemExit(f"error: unknown mode {argv[0]!r}; use preact RUN TAG, mobilenet TAG [EPS] [N] or grouped [EPS] [N] [ROUNDS]")
+        raise SystemExit(f"error: unknown mode {argv[0]!r}; use preact RUN TAG, mobilenet TAG [EPS] [N] or grouped [EPS] [N] [ROUNDS] [WIDTH]")
 
 
 if __name__ == "__main__":

@@ -111,6 +111,20 @@ def test_float32_back_is_not_used_with_gradients_or_few_terms(monkeypatch):
     assert b._float32_back(1, A) is None
 
 
+@pytest.mark.parametrize("co,groups,float32", [(4, 1, False), (8, 2, True), (8, 8, True)])
+def test_float32_back_takes_grouped_convs_whatever_their_terms(co, groups, float32):
+    # 3×3 convs of 8 input channels summing 36 terms (plain, 4 outputs; grouped, 4 channels a group) or 9 (depthwise),
+    # all under FLOAT32_MIN_TERMS: a grouped conv's float64 route costs more than float32's (benchmarks.crown_time
+    # grouped), a plain one's does not
+    conv = _conv(((8, 6, 6), co, 3, 1, 1, 1, groups), 6)
+    assert conv.back_terms < float32_mod.FLOAT32_MIN_TERMS
+    net = Graph(conv.in_shape, [Node(conv, (0,))])
+    x0 = torch.zeros(net.num_inputs, dtype=torch.float64)
+    b = Bounder(net, x0 - 0.1, x0 + 0.1)
+    A = torch.randn(3, conv.out_size, dtype=torch.float64)
+    assert (b._float32_back(1, A) is not None) == float32
+
+
 def _preact(seed: int) -> tuple[torch.nn.Module, tuple[int, ...]]:
     import dataclasses
 

@@ -1,5 +1,5 @@
 """Branch and bound on smooth activations' input intervals (`analysis.verification.smooth_bab`) against a dense-grid
-reference on 2-input sigmoid networks: unsat where no grid point is unsafe and the grid's smallest margin is far above
+reference on 2-input sigmoid and tanh networks: unsat where no grid point is unsafe and the grid's smallest margin is far above
 its Lipschitz error (3×), sat where a grid point is unsafe, with a witness strictly unsafe in onnxruntime."""
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ X0 = np.array([0.3, -0.2])
 BUDGET_S = 20.0
 
 
-def _net(path: Path) -> nn.Module:
+ACTS = {"sigmoid": (nn.Sigmoid, 0.25), "tanh": (nn.Tanh, 1.0)}  # the activation and the largest slope it has
+
+
+def _net(path: Path, act: str = "sigmoid") -> nn.Module:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(2, 16), nn.Sigmoid(), nn.Linear(16, 16), nn.Sigmoid(), nn.Linear(16, 2))
+    f = ACTS[act][0]
+    net = nn.Sequential(nn.Linear(2, 16), f(), nn.Linear(16, 16), f(), nn.Linear(16, 2))
     with torch.no_grad():
         for m in net:
             if isinstance(m, nn.Linear):
@@ -37,13 +41,14 @@ def _net(path: Path) -> nn.Module:
 
 
 def _lipschitz(net: nn.Module) -> float:
-    """An upper bound on the margin's Lipschitz constant in ∞-norm: ‖W‖∞ products, σ' ≤ 1/4, the margin's row 2·max."""
+    """An upper bound on the margin's Lipschitz constant in ∞-norm: ‖W‖∞ products, σ' ≤ 1/4 and tanh' ≤ 1, the margin's
+    row 2·max."""
     L = 1.0
     for m in net:
         if isinstance(m, nn.Linear):
             L *= float(m.weight.detach().abs().sum(1).max())
-        elif isinstance(m, nn.Sigmoid):
-            L *= 0.25
+        else:
+            L *= next(slope for f, slope in ACTS.values() if isinstance(m, f))
     return 2 * L
 
 
@@ -58,12 +63,13 @@ def _grid_margin(net: nn.Module, eps: float, label: int, grid: int = GRID) -> fl
 EPS = np.geomspace(0.005, 2.0, 60)  # the radii the reference scans
 
 
+@pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("expect", ["unsat", "sat"])
 @pytest.mark.parametrize("grid", [pytest.param(GRID, marks=pytest.mark.slow), COARSE])
-def test_sigmoid_net_branch_and_bound_agrees_with_a_dense_grid(tmp_path, expect, grid):
+def test_smooth_net_branch_and_bound_agrees_with_a_dense_grid(tmp_path, expect, grid, act):
     """unsat: the largest radius whose grid margin exceeds 3× the grid's Lipschitz error (here the bounds before the
     search decide it); sat: the smallest radius with an unsafe grid point, found by the smooth search's minimizers."""
-    net = _net(tmp_path / "n.onnx")
+    net = _net(tmp_path / "n.onnx", act)
     with torch.no_grad():
         label = int(net(torch.tensor(X0)[None]).argmax())
     L = _lipschitz(net)

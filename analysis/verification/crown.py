@@ -319,9 +319,7 @@ class CrownPass:
                     if k in self.site_of:
                         if not op.elementwise:
                             break
-                    elif not self._unit_to_unit(k) or op.back_units(
-                            torch.zeros(1, 1, dtype=DTYPE, device=self.device),
-                            torch.zeros(1, dtype=torch.long, device=self.device)) is None:  # no rows on units alone
+                    elif not (self._unit_to_unit(k) and op.has_back_units):  # no rows on units alone
                         break
                     chain.append(k)
                     k = self.net.nodes[k].inputs[0]

@@ -13,9 +13,9 @@ from pipeline.numerics import U, UNDERFLOW, dot_error
 
 # A Conv whose back-substitution sums at least this many products per coefficient (`Conv.back_terms`) runs it in
 # float32 on the CPU, its rounding error added to the bound (`Float32Back._float32_back`); below it float64's kernel is as
-# fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). A depthwise conv (kh·kw
-# terms) runs in float32 whatever its terms: its float64 route (im2col, col2im) costs more than oneDNN's float32 grouped
-# transposed convolution. 0 turns it off.
+# fast as the float32 one with the error's extra passes (a 1×1 shortcut, a one-channel stem). A grouped conv (depthwise:
+# kh·kw terms) runs in float32 whatever its terms: its float64 route (a product per group, col2im) costs more than
+# oneDNN's float32 grouped transposed convolution. 0 turns it off.
 FLOAT32_MIN_TERMS = 64
 FLOAT32_RANGE = 2.0 ** 100  # interval ends and weights beyond this (or nonzero weights below its inverse): float64
 # The smooth gates' sites bounded with float32 convolutions too (their rounding error added: sound). A gate's relaxation
@@ -42,12 +42,11 @@ class Float32Back:
         the interval part of the coefficients' contribution (≈ 1e-5 of it for a 3×3 conv of 32 channels).
 
         None (float64's `back`): a node other than a Conv, one that sums fewer than FLOAT32_MIN_TERMS products (unless
-        depthwise), a
-        computation off the CPU (a GPU's float32 convolution may run in TF32) or with gradients (α-CROWN's steps), a
-        float32 precision setting other than IEEE, an input interval or weight outside FLOAT32_RANGE, or a float32
-        result that is not finite."""
+        grouped), a computation off the CPU (a GPU's float32 convolution may run in TF32) or with gradients (α-CROWN's
+        steps), a float32 precision setting other than IEEE, an input interval or weight outside FLOAT32_RANGE, or a
+        float32 result that is not finite."""
         op = self.net.nodes[k].op
-        if not FLOAT32_MIN_TERMS or (op.back_terms < FLOAT32_MIN_TERMS and not op.depthwise) \
+        if not FLOAT32_MIN_TERMS or (op.back_terms < FLOAT32_MIN_TERMS and not op.grouped) \
                 or A.requires_grad or A.device.type != "cpu":
             return None
         data = self._f32.get(k)

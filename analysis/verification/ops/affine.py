@@ -204,6 +204,11 @@ class Conv(Affine):
         return self.groups > 1 and self.weight.shape[0] == self.groups and self.weight.shape[1] == 1
 
     @property
+    def grouped(self) -> bool:
+        """Several groups (depthwise or not)."""
+        return self.groups > 1
+
+    @property
     def back_terms(self) -> int:
         """How many products each coefficient of `back` sums (at most): output channels per group × kernel."""
         kh, kw = self.weight.shape[2:]
@@ -264,6 +269,7 @@ class Scale(Affine):
     shift: torch.Tensor
 
     copies: ClassVar[bool] = True  # each unit an affine function of one input unit
+    has_back_units: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.scale, self.shift = as_tensor(self.scale).reshape(-1), as_tensor(self.shift).reshape(-1)

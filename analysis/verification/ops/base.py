@@ -101,7 +101,8 @@ class Affine(Op):
     # products each coefficient of `back` sums at most; a Conv's decides whether its back-substitution runs in float32
     # (`float32.Float32Back`), 0 elsewhere (float64 always)
     back_terms: ClassVar[int] = 0
-    depthwise: ClassVar[bool] = False  # a Conv of one input and one output channel a group: float32 whatever its terms
+    grouped: ClassVar[bool] = False  # a Conv of several groups: float32 whatever its terms (`float32.FLOAT32_MIN_TERMS`)
+    has_back_units: ClassVar[bool] = False  # `back_units` answers (a Scale): CROWN's query rows cross it on their units
 
     def forward(self, *h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -125,11 +126,11 @@ class Affine(Op):
         (rows,), c = self.back(E)
         return rows, c
 
-    def back_units(self, A: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def back_units(self, A: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`back` of a one-input op whose output unit i is an affine function of input unit i, for rows A given on the
-        units `units` alone (the rest 0): (the rows on the same input units, their constant); None for other ops
+        units `units` alone (the rest 0): (the rows on the same input units, their constant), where `has_back_units`
         (`crown.CrownPass._local_back`)."""
-        return None
+        raise NotImplementedError
 
     def abs_forward(self, *d: torch.Tensor) -> torch.Tensor:
         """Σ_i |M_i| d_i: how far the output can move when each input moves by at most d_i (elementwise)."""
