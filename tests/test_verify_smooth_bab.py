@@ -1,6 +1,6 @@
 """Branch and bound on smooth activations' input intervals (`analysis.verification.smooth_bab`) against a dense-grid
-reference on 2-input sigmoid and tanh networks: unsat where no grid point is unsafe and the grid's smallest margin is far above
-its Lipschitz error (3×), sat where a grid point is unsafe, with a witness strictly unsafe in onnxruntime."""
+reference on 2-input sigmoid and tanh networks: unsat where no grid point is unsafe and the grid's smallest margin is
+far above its Lipschitz error (3×), sat where a grid point is unsafe, with a witness strictly unsafe in onnxruntime."""
 
 from __future__ import annotations
 
