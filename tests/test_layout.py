@@ -442,9 +442,11 @@ def test_every_number_of_float32_rounding_and_of_a_gate_has_one_home():
 def test_the_engine_depends_only_on_itself_and_its_leaves():
     """analysis/verification/ reads the numbers of float32 rounding, the gate families and the few leaf modules of IO
     it shares with the stages; nothing of the stages, the registries or quantize."""
-    # pipeline.distributed: `device=auto|cpu|cuda|cuda:N` resolved as a run resolves it (harness.resolve_device)
+    # pipeline.distributed: `device=auto|cpu|cuda|cuda:N` resolved as a run resolves it (harness.resolve_device);
+    # pipeline.cores: `pipeline vnncomp --threads 0` counts the free cores as a run's `threads = 0` does
     leaves = {"pipeline.numerics", "pipeline.gates", "pipeline.errors", "pipeline.atomic_io", "pipeline.onnx_io",
-              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed", "pipeline.opset"}
+              "pipeline.shards", "pipeline.devices", "pipeline.progress", "pipeline.distributed", "pipeline.opset",
+              "pipeline.cores"}
     engine = {m for m in MODULES if m == "analysis.verification" or m.startswith("analysis.verification.")}
     bad = sorted((m, t) for m in engine for t in GRAPH[m] if t not in engine and t not in leaves)
     assert bad == []

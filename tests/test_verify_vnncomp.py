@@ -163,6 +163,21 @@ def test_a_device_that_is_not_there_exits_2_with_the_fix(small, capsys):
     assert not (small / "results.csv").exists()  # nothing solved, nothing written
 
 
+def test_threads_set_the_one_process_run_and_a_clash_with_jobs_exits_2(small, capsys):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main([str(small), "--threads", "1"]) == 0, capsys.readouterr().err
+        assert torch.get_num_threads() == 1  # --jobs 1 solved in this process, on one thread
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+    for bad in (["--threads", "-1"], ["--jobs", "2", "--threads", "3"]):
+        assert main([str(small), *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"error: --threads {bad[-1]}" in err and "with --jobs" in err
+
+
 def test_timeout_override_and_rerun(small):
     rows = run_benchmark(small, small / "r.csv", timeout_override=0.0)
     assert rows[0]["result"] == "timeout"

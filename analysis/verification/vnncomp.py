@@ -34,8 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pipeline.errors import ConfigError, DeviceError, PipelineError
 from pipeline.atomic_io import atomic_write_text
+from pipeline.cores import choose_threads
 
 from . import harness
 from .problem import RESULTS
@@ -262,8 +265,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--jobs N] [--shard K/N]
-    [--device auto|cpu|cuda]`."""
+    """`pipeline vnncomp FOLDER [--out results.csv] [--timeout S] [--verifier auto] [--jobs N] [--threads T]
+    [--shard K/N] [--device auto|cpu|cuda]`."""
     p = argparse.ArgumentParser(prog="pipeline vnncomp", description="Run a VNN-COMP benchmark folder (instances.csv).")
     p.add_argument("folder", help="benchmark folder with instances.csv (onnx, vnnlib, timeout per row)")
     p.add_argument("--out", default=None, help="results.csv to write (default: <folder>/results.csv)")
@@ -273,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what the timeout counts (default wall, as VNN-COMP)")
     p.add_argument("--instances", default="instances.csv", help="the instance list inside the folder")
     p.add_argument("--jobs", type=int, default=1, help="instances solved at once, one process and one torch thread each")
+    p.add_argument("--threads", type=int, default=0, help="torch threads of --jobs 1, which solves in this process (default 0: "
+                   "the cores other work leaves free; 1 for a one-core measurement beside a one-thread peer)")
     p.add_argument("--device", default="auto", help="where the bounds and branch and bound compute: auto (a GPU when "
                    "there is one), cpu, cuda or cuda:N; the jobs share one GPU, the MILP stays on the CPU")
     p.add_argument("--shard", metavar="K/N", help="only the instances whose row index is K mod N (K = 0..N-1, e.g. "
@@ -293,6 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
+    if args.threads < 0 or (args.jobs > 1 and args.threads > 1):
+        print(f"error: --threads {args.threads}: give 0 (free cores) or a count for --jobs 1; with --jobs {args.jobs} "
+              f"each job runs one thread", file=sys.stderr)
+        return 2
+    if args.jobs == 1:
+        torch.set_num_threads(choose_threads(args.threads))
     name = f"results.shard-{args.shard.replace('/', '-of-')}.csv" if args.shard else "results.csv"
     out = Path(args.out) if args.out else Path(args.folder) / name
     errors: list[str] = []

@@ -13,7 +13,7 @@ cd "$(git rev-parse --show-toplevel)"
 export PYTHONPATH=$PWD
 mkdir -p "$OUT/ours" "$OUT/abcrown"
 echo "== ours $(git rev-parse --short HEAD) $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-$PY -m pipeline.cli vnncomp "$FOLDER" --instances "$ROWS" --timeout "$LIMIT" --out "$OUT/ours/results.csv" 2>&1 |
+$PY -m pipeline.cli vnncomp "$FOLDER" --instances "$ROWS" --timeout "$LIMIT" --threads 1 --out "$OUT/ours/results.csv" 2>&1 |
   grep -v Warn > "$OUT/ours/run.log"
 tail -n 1 "$OUT/ours/run.log"
 echo "== α,β-CROWN $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
