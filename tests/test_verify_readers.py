@@ -74,6 +74,22 @@ def test_mlp_graph_with_normalization_matmul_and_gemm(tmp_path):
     assert _ops(net.merged()) == ["Linear", "ReLU", "Linear"]
 
 
+def test_products_of_constants_fold_into_the_constants_they_are(tmp_path):
+    # VNN-COMP 2024's LSNC controllers subtract the controller at its fixed point: a MatMul (and a Gemm) of two
+    # constants, which the reader once skipped, so the Add reading it was refused as "not computed before it"
+    rng = np.random.default_rng(4)
+    f32 = np.float32
+    inits = {"c": rng.normal(size=(1, 4)).astype(f32), "W": rng.normal(size=(4, 3)).astype(f32),
+             "b": rng.normal(size=3).astype(f32), "V": rng.normal(size=(3, 4)).astype(f32),
+             "e": rng.normal(size=(1, 3)).astype(f32), "X": rng.normal(size=(5, 3)).astype(f32)}
+    nodes = [helper.make_node("MatMul", ["c", "W"], ["cw"]), helper.make_node("Add", ["b", "cw"], ["k"]),
+             helper.make_node("Gemm", ["c", "V", "e"], ["g"], transB=1, alpha=0.5, beta=2.0),
+             helper.make_node("MatMul", ["x", "X"], ["xw"]), helper.make_node("Sub", ["xw", "k"], ["s"]),
+             helper.make_node("Add", ["s", "g"], ["y"])]
+    net = _agree(_save(tmp_path, nodes, inits, [1, 5], [1, 3]), (1, 5))
+    assert "MatMul" not in _ops(net) and len(net.nodes) <= 4  # the products are constants, only x·X is a variable
+
+
 def test_conv_and_batchnorm_graph(tmp_path):
     rng = np.random.default_rng(4)
     f32 = np.float32

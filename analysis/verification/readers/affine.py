@@ -74,9 +74,7 @@ def record_affine(r: OnnxReader, out: Value, x: Value, terms: int, w_scale: np.n
 
 def matmul(r: OnnxReader) -> None:
     a, w = r.node.input
-    if r.is_const(a) and r.is_const(w):
-        return
-    if r.is_const(a):
+    if r.is_const(a):  # (a product of two constants is folded: `constants.CONSTANT_OPS`)
         return _constant_times_variable(r, a, w)
     x = r.var(a)
     if not r.is_const(w):

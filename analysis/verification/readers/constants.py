@@ -1,6 +1,6 @@
 """Constant folding: an op whose inputs are all constants (shape arithmetic, weights behind Cast/Transpose/
-DequantizeLinear, masks) is evaluated with numpy (`CONSTANT_OPS`), and so are the index arrays the shape handlers
-gather with (`slice_index`, `split_parts`)."""
+DequantizeLinear, masks, a product of constant matrices: a controller evaluated at a fixed point) is evaluated with
+numpy (`CONSTANT_OPS`), and so are the index arrays the shape handlers gather with (`slice_index`, `split_parts`)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,17 @@ CONSTANT_OPS: dict[str, ConstantOp] = {
     "ReduceMax": _reduce(np.max),
     "ReduceMin": _reduce(np.min),
     "DequantizeLinear": lambda r, a: [dequantize_const(r, a)],
+    "MatMul": lambda r, a: [np.matmul(a[0], a[1])],
+    "Gemm": lambda r, a: [_gemm(r, a)],
 }
+
+
+def _gemm(r: OnnxReader, a: list[Any]) -> np.ndarray:
+    """alpha·A'·B' + beta·C, A' and B' transposed where transA and transB say."""
+    A = a[0].T if r.attr("transA", 0) else a[0]
+    B = a[1].T if r.attr("transB", 0) else a[1]
+    y = r.attr("alpha", 1.0) * (A @ B)
+    return y + r.attr("beta", 1.0) * a[2] if len(a) > 2 and a[2] is not None else y
 
 
 def _constant_of_shape_value(r: OnnxReader) -> Any:
