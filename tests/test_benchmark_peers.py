@@ -303,6 +303,8 @@ def test_each_family_gets_the_config_abcrowns_repository_gives_it():
 
     assert default_config("eran_sig", "nets/ffnnSIGMOID__Point_6x200.onnx") == "exp_configs/vnncomp21/eran_sigmoid.yaml"
     assert default_config("vit23", "onnx/ibp_3_3_8.onnx") == "exp_configs/vnncomp23/vit.yaml"
+    assert default_config("metaroom", "onnx/4cnn_ry_117_19_no_custom_OP.onnx") == "exp_configs/vnncomp23/metaroom.yaml"
+    assert default_config("dist_shift", "onnx/mnist_concat.onnx") == "exp_configs/vnncomp23/dist-shift.yaml"
     # a ReLU eran net and a family it has no config for run on its built-in defaults
     assert default_config("eran", "nets/ffnnRELU__Point_6x100.onnx") == str(DEFAULTS)
     assert default_config("mobilenet-relu6", "onnx/mobilenet_relu6_trained.onnx") == str(DEFAULTS)

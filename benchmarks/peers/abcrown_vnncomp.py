@@ -48,6 +48,11 @@ CONFIGS = [
     (r"^vit", "exp_configs/vnncomp23/vit.yaml"),
     (r"^acasxu", "exp_configs/vnncomp21/acasxu.yaml"),
     (r"^nn4sys", "exp_configs/vnncomp23/nn4sys.yaml"),
+    (r"^collins_rul_cnn", "exp_configs/vnncomp23/collins-rul-cnn.yaml"),
+    (r"^dist_shift", "exp_configs/vnncomp23/dist-shift.yaml"),
+    (r"^metaroom", "exp_configs/vnncomp23/metaroom.yaml"),
+    (r"^tllverifybench", "exp_configs/vnncomp23/tllVerifyBench.yaml"),
+    (r"^cora", "exp_configs/vnncomp25/cora.yaml"),
 ]
 _TIME = re.compile(r"^Time:\s*([0-9.eE+-]+)\s*$")  # α,β-CROWN's own seconds for the instance
 
