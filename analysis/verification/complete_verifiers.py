@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import bounds, marabou, milp, smooth_bab
+from . import bounds, input_bab, marabou, milp, smooth_bab
 from .problem import BOX_TOL, Budget, Problem
 from .refine import Refiner
 from .registry import Answer, Verifier, confirmed, register_verifier
@@ -93,6 +93,12 @@ class MarabouVerifier(Verifier):
 # the most of the time left that the intermediate layers' α-CROWN may take before branch and bound starts: unbounded, it
 # can take half a limit the search then needs little of (docs/EXPERIMENTS.md, "Branch-and-bound settings")
 INTERMEDIATE_SHARE = 0.25
+# on a network of few inputs (`input_bab.MAX_INPUTS`): the search over ReLU splits first takes at most this share of the
+# time left, then the input search (`input_bab`) at most INPUT_SHARE of what is left, then the ReLU search goes on.
+# Which one decides depends on the net: ACAS Xu's prop_1 falls to the input search in 0.4 s and not to 30 s of ReLU
+# splits; a 2-input TLL net the other way round, 0.4 s against 15 s (benchmarks/peers/vnncomp23-sample-30s/README.md)
+RELU_FIRST_SHARE = 0.2
+INPUT_SHARE = 0.5
 
 
 @register_verifier("bab")
@@ -161,11 +167,24 @@ class BabVerifier(Verifier):
         if (self.refine if self.refine is not None else auto) and Refiner.worth_it(b):
             rows, _ = bounds.Spec.from_disjuncts([spec.disjuncts[d] for d in opn], b.device)
             refiner = Refiner(b, rows.C, budget.left).start()
+        confirm = lambda x: problem.confirm(k, x, budget.expired)[0]  # noqa: E731
+        # a stage budget's next turn on this problem goes on from the domains this one leaves open, and so does the
+        # turn after the input search here
+        cache = problem.cache.setdefault(("bab", k), {})
         try:
-            # a stage budget's next turn on this problem goes on from the domains this one leaves open
-            status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings,
-                                            lambda x: problem.confirm(k, x, budget.expired)[0], refiner,
-                                            problem.cache.setdefault(("bab", k), {}))
+            status, x, msg, stats = "timeout", None, "", {"domains": 0}
+            if problem.network.num_inputs <= input_bab.MAX_INPUTS:  # a few inputs: the box's splits may be the way
+                turn = Budget(RELU_FIRST_SHARE * budget.left(), budget.clock)
+                status, x, msg, stats = bab.bab(b, spec, opn, turn.expired, turn.left, self.settings, confirm, refiner, cache)
+                if status not in ("sat", "unsat"):
+                    share = Budget(INPUT_SHARE * budget.left(), budget.clock)
+                    found, x, msg, boxes = input_bab.search(problem.network, spec, opn, share.expired, confirm)
+                    problem.info["input_boxes"] = boxes["boxes"]
+                    if found in ("sat", "unsat"):
+                        return found, x, f"{len(opn)} open disjuncts: {msg}"
+            if status not in ("sat", "unsat"):
+                status, x, msg, stats = bab.bab(b, spec, opn, budget.expired, budget.left, self.settings, confirm,
+                                                refiner, cache)
         finally:
             if refiner is not None:
                 refiner.stop()
