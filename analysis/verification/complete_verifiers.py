@@ -173,7 +173,7 @@ class BabVerifier(Verifier):
         # turn after the input search here
         cache = problem.cache.setdefault(("bab", k), {})
         try:
-            status, x, msg, stats = "timeout", None, "", {"domains": 0}
+            status = "timeout"  # no search has run yet
             if problem.network.num_inputs <= input_bab.MAX_INPUTS:  # a few inputs: the box's splits may be the way
                 turn = Budget(RELU_FIRST_SHARE * budget.left(), budget.clock)
                 status, x, msg, stats = bab.bab(b, spec, opn, turn.expired, turn.left, self.settings, confirm, refiner, cache)

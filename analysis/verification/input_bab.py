@@ -48,8 +48,7 @@ def search(net: Graph, spec: VnnlibSpec, disjuncts: list[int], expired: Callable
         b.crown()
         inputs: list[torch.Tensor] = []
         with torch.no_grad():
-            lower = (b.backward(rows.C.to(b.device), b.net.output, None, True, None, None, None, inputs)
-                     + rows.d.to(b.device)).cpu()
+            lower = (b.backward(rows.C.to(b.device), b.net.output, inputs=inputs) + rows.d.to(b.device)).cpu()
         stats["boxes"] += 1
         ex = excluded(lower, owner, n)
         if all(ex):
@@ -59,8 +58,7 @@ def search(net: Graph, spec: VnnlibSpec, disjuncts: list[int], expired: Callable
         # the worst open row's minimizer: a corner of the box
         r = int(torch.where(open_rows, lower, torch.full_like(lower, np.inf)).argmin())
         x = np.where(A[r].numpy() >= 0, lb, ub)
-        y = net.forward(torch.as_tensor(x, device=b.device)[None])[0].cpu().numpy()
-        if tried < 64 and spec.violation(y) <= 0:
+        if tried < 64 and spec.violation(net.forward(torch.as_tensor(x, device=b.device)[None])[0].cpu().numpy()) <= 0:
             tried += 1
             x32 = confirm(x)
             if x32 is not None:
