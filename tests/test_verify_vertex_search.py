@@ -176,9 +176,10 @@ def test_after_a_tie_no_bound_runs_and_the_search_has_the_time_left():
 
 def test_a_tie_does_not_end_the_search_for_a_strict_counterexample(monkeypatch):
     """Ties on most of the box, a strict counterexample where 26 of 30 inputs sit at the top (3e-5 of the corners).
-    The probe's share is cut to 20 ms, so the search meets the tie there and finds the counterexample only in the time
-    it gets after the tie; the witness is confirmed on the model."""
-    monkeypatch.setattr(PgdVerifier, "probe_share", 0.001)
+    The probe's share is cut to 20 µs, so its search scores only its first round (`attack.FIRST_BATCH` seeded corners,
+    none strict) and meets the tie there whatever the machine's speed; it finds the counterexample only in the time it
+    gets after the tie; the witness is confirmed on the model."""
+    monkeypatch.setattr(PgdVerifier, "probe_share", 1e-6)
     n = 30
 
     def recheck(x):
