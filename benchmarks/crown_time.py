@@ -75,8 +75,25 @@ def mobilenet(blocks: tuple[tuple[int, int, int], ...] = BLOCKS_10K, width: int 
     return m.eval()
 
 
-def mobilenet_pass(tag: str, eps: float, n: int) -> None:
+def margin_rows(label: int, classes: int = 10) -> torch.Tensor:
+    """The robustness property's rows: y_label − y_j for every other class j (all > 0: the label is kept)."""
+    C = -torch.eye(classes, dtype=torch.float64)
+    C[:, label] += 1
+    return torch.cat([C[:label], C[label + 1:]])
+
+
+def timed_pass(net, x0: torch.Tensor, eps: float, C: torch.Tensor):
+    """One CROWN pass over the box x0 ± eps clipped to [0, 1], timed: (seconds, the rows' lower bounds, the Bounder)."""
     from analysis.verification.bounds import Bounder, Spec
+
+    t0 = time.perf_counter()
+    b = Bounder(net, (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1))
+    b.crown()
+    lower = b.spec_bounds(Spec(C, torch.zeros(len(C))))
+    return time.perf_counter() - t0, lower, b
+
+
+def mobilenet_pass(tag: str, eps: float, n: int) -> None:
     from analysis.verification.readers import from_torch
 
     net = from_torch(mobilenet(), (3, 32, 32))
@@ -84,15 +101,8 @@ def mobilenet_pass(tag: str, eps: float, n: int) -> None:
     times, decided = [], 0
     for k in range(n):
         x0 = torch.rand(3 * 32 * 32, generator=gen, dtype=torch.float64)
-        label = int(net.forward(x0[None])[0].argmax())
-        C = -torch.eye(10, dtype=torch.float64)
-        C[:, label] += 1
-        C = torch.cat([C[:label], C[label + 1:]])
-        t0 = time.perf_counter()
-        b = Bounder(net, (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1))
-        b.crown()
-        lower = b.spec_bounds(Spec(C, torch.zeros(9)))
-        times.append(time.perf_counter() - t0)
+        seconds, lower, b = timed_pass(net, x0, eps, margin_rows(int(net.forward(x0[None])[0].argmax())))
+        times.append(seconds)
         decided += bool((lower > 0).all())
         print(f"RESULT {tag} mobilenet_{k}_{eps} seconds {times[-1]:.3f} margin_lower {float(lower.min()):.10f} "
               f"unstable {sum(b.result().unstable())}", flush=True)
@@ -126,7 +136,6 @@ def grouped_vs_plain(eps: float, n: int, rounds: int, width: int = 1) -> None:
     """CROWN passes on the MobileNetV2-style net (depthwise 3×3 convs, or grouped ones of `width` channels a group)
     and on `as_plain` of it, interleaved per property and round; prints each pass's seconds, the largest difference
     between the two nets' margin bounds, and the median ratio grouped / plain."""
-    from analysis.verification.bounds import Bounder, Spec
     from analysis.verification.readers import from_torch
 
     model = mobilenet(BLOCKS_13K, width)
@@ -135,19 +144,13 @@ def grouped_vs_plain(eps: float, n: int, rounds: int, width: int = 1) -> None:
     ratios = []
     for k in range(n):
         x0 = torch.rand(3 * 32 * 32, generator=gen, dtype=torch.float64)
-        label = int(nets["grouped"].forward(x0[None])[0].argmax())
-        C = -torch.eye(10, dtype=torch.float64)
-        C[:, label] += 1
-        C = torch.cat([C[:label], C[label + 1:]])
+        C = margin_rows(int(nets["grouped"].forward(x0[None])[0].argmax()))
         secs: dict[str, list[float]] = {"grouped": [], "plain": []}
         lower: dict[str, torch.Tensor] = {}
         for _ in range(rounds):
             for name, net in nets.items():
-                t0 = time.perf_counter()
-                b = Bounder(net, (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1))
-                b.crown()
-                lower[name] = b.spec_bounds(Spec(C, torch.zeros(9)))
-                secs[name].append(time.perf_counter() - t0)
+                seconds, lower[name], _ = timed_pass(net, x0, eps, C)
+                secs[name].append(seconds)
         ratio = statistics.median(secs["grouped"]) / statistics.median(secs["plain"])
         ratios.append(ratio)
         print(f"RESULT grouped_{k}_{eps} grouped {statistics.median(secs['grouped']):.3f} s plain "
